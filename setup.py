@@ -1,0 +1,43 @@
+"""wfm_jax: post-training (SFT and RL) for diffusion and world-foundation models in JAX/Flax."""
+from setuptools import find_packages, setup
+
+# Versions are the ones the test suite was run with (see README "Tested with").
+CORE = [
+    "jax==0.10.2",
+    "jaxlib==0.10.2",
+    "flax==0.12.8",
+    "optax==0.2.8",
+    "orbax-checkpoint==0.12.8",
+    "grain==0.2.18",
+    "tensorstore==0.1.86",
+    "ml-collections==1.1.0",
+    "transformers==5.23.0",
+    "diffusers==0.42.1",
+    "safetensors==0.8.0",
+    "sentencepiece",
+    "numpy",
+    "pillow",
+    "tqdm",
+    "requests",
+    "wandb==0.31.0",
+]
+
+EXTRAS = {
+    "cuda12": ["jax[cuda12]==0.10.2"],
+    "tpu": ["jax[tpu]==0.10.2"],
+    "server": ["fastapi", "uvicorn"],
+    "ocr": ["rapidocr-onnxruntime"],
+    # torch is only a parity/benchmark dependency; never torchvision (it breaks `import diffusers`).
+    "test": ["pytest", "torch==2.13.0", "peft==0.21.2", "fastapi", "uvicorn", "httpx",
+             "rapidocr-onnxruntime"],
+}
+
+setup(
+    name="wfm_jax",
+    version="0.1.0",
+    description=__doc__,
+    packages=find_packages(include=["wfm_jax*", "converters*", "reward_client*"]),
+    python_requires=">=3.10",
+    install_requires=CORE,
+    extras_require=EXTRAS,
+)
