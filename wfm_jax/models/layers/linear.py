@@ -1,0 +1,56 @@
+"""Dense layer with logical sharding names and an optional LoRA branch.
+
+Parameters are created with `out_sharding=<logical axis names>` and `eager_sharding=False`: the
+model never places itself on devices; `wfm_jax.mesh` maps the logical names to mesh axes and the
+loaders put each tensor straight into its shards.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+Axes = tuple  # logical axis names, one per dimension (None = replicated)
+
+
+def param(value, axes: Axes, kind=nnx.Param):
+    return kind(value, out_sharding=tuple(axes), eager_sharding=False)
+
+
+class Linear(nnx.Module):
+    """y = x @ kernel + bias (+ (x @ lora_a @ lora_b) * lora_scale when LoRA is attached).
+
+    kernel is (in, out) — the transpose of torch's Linear.weight. `dtype` is the compute dtype;
+    parameters stay in `param_dtype` (fp32 master weights) and are cast at use.
+    """
+
+    def __init__(self, in_features: int, out_features: int, *, rngs: nnx.Rngs, bias: bool = True,
+                 axes: Axes = (None, None), dtype=None, param_dtype=jnp.float32):
+        self.in_features, self.out_features = in_features, out_features
+        self.dtype = dtype
+        self.axes = tuple(axes)
+        init = nnx.initializers.lecun_normal()
+        self.kernel = param(init(rngs.params(), (in_features, out_features), param_dtype), axes)
+        self.bias = param(jnp.zeros((out_features,), param_dtype), (axes[1],)) if bias else None
+        self.lora_a = None
+        self.lora_b = None
+        self.lora_scale = 0.0
+
+    def add_lora(self, rank: int, alpha: float, rngs: nnx.Rngs, dtype=jnp.float32) -> None:
+        """Attach LoRA as peft's `init_lora_weights="gaussian"` does: A ~ N(0, 1/rank), B = 0."""
+        a = jax.random.normal(rngs.params(), (self.in_features, rank), dtype) / rank
+        self.lora_a = param(a, (self.axes[0], None), nnx.LoRAParam)
+        self.lora_b = param(jnp.zeros((rank, self.out_features), dtype), (None, self.axes[1]),
+                            nnx.LoRAParam)
+        self.lora_scale = float(alpha) / float(rank)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        dtype = self.dtype or x.dtype
+        x = x.astype(dtype)
+        y = jnp.dot(x, self.kernel[...].astype(dtype))
+        if self.bias is not None:
+            y = y + self.bias[...].astype(dtype)
+        if self.lora_a is not None:
+            low = jnp.dot(x, self.lora_a[...].astype(dtype))
+            y = y + jnp.dot(low, self.lora_b[...].astype(dtype)) * jnp.asarray(self.lora_scale, dtype)
+        return y
