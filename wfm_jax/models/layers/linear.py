@@ -32,8 +32,8 @@ class Linear(nnx.Module):
         init = nnx.initializers.lecun_normal()
         self.kernel = param(init(rngs.params(), (in_features, out_features), param_dtype), axes)
         self.bias = param(jnp.zeros((out_features,), param_dtype), (axes[1],)) if bias else None
-        self.lora_a = None
-        self.lora_b = None
+        self.lora_a = nnx.data(None)  # filled by add_lora
+        self.lora_b = nnx.data(None)
         self.lora_scale = 0.0
 
     def add_lora(self, rank: int, alpha: float, rngs: nnx.Rngs, dtype=jnp.float32) -> None:
