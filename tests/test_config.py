@@ -1,0 +1,182 @@
+"""Config loading, overrides, locking, validation and the resolved config.json."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from wfm_jax import config as cfg
+from wfm_jax.config import ConfigError
+from wfm_jax.config_schema import DEFAULTS, default_config
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def write_recipe(tmp_path, body, name="recipe.py"):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent("""\
+        from wfm_jax.config_schema import default_config
+        def get_config():
+            config = default_config()
+        """) + textwrap.indent(textwrap.dedent(body), "    ") + "    return config\n")
+    return str(path)
+
+
+def test_recipe_values_and_overrides(tmp_path):
+    path = write_recipe(tmp_path, """\
+        config.train.max_steps = 7
+        config.policy.diffusers.inference_size = (64, 32)
+        """)
+    config = cfg.load_config(path, [
+        ("train.optm_lr", "1e-3"), ("train.seed", "3"), ("train.resume", "True"),
+        ("train.optm_betas", "(0.8, 0.9)"), ("policy.lora.target_modules", "attn.to_q,attn.to_k"),
+        ("train.output_dir", "/tmp/x y"), ("train.ema_decay", "1"),
+        ("train.train_policy.remote_reward.reward_fns", "[{'name': 'ocr', 'weight': 2.0}]"),
+    ])
+    assert config.train.max_steps == 7
+    assert config.policy.diffusers.inference_size == (64, 32)
+    assert config.train.optm_lr == 1e-3 and isinstance(config.train.optm_lr, float)
+    assert config.train.seed == 3 and config.train.resume is True
+    assert config.train.optm_betas == (0.8, 0.9)
+    assert config.policy.lora.target_modules == ("attn.to_q", "attn.to_k")
+    assert config.train.output_dir == "/tmp/x y"
+    assert config.train.ema_decay == 1.0 and isinstance(config.train.ema_decay, float)
+    assert config.train.train_policy.remote_reward.reward_fns == [{"name": "ocr", "weight": 2.0}]
+    assert config.is_locked
+    # untouched keys keep the schema defaults
+    assert config.train.optm_weight_decay == DEFAULTS["train"]["optm_weight_decay"]
+
+
+@pytest.mark.parametrize("text,expected", [("true", True), ("False", False), ("1", True), ("no", False)])
+def test_bool_parsing(tmp_path, text, expected):
+    config = cfg.load_config(write_recipe(tmp_path, ""), [("train.ema_enable", text)])
+    assert config.train.ema_enable is expected
+
+
+def test_override_typo_names_nearest_key(tmp_path):
+    path = write_recipe(tmp_path, "")
+    with pytest.raises(ConfigError) as err:
+        cfg.load_config(path, [("train.train_policy.timestep_fraction", "0.9")])
+    msg = str(err.value)
+    assert "'train.train_policy.timestep_fraction'" in msg
+    assert "did you mean 'timesteps_fraction'" in msg
+    assert "\n" not in msg
+    with pytest.raises(ConfigError, match="unknown key 'trian'; did you mean 'train'"):
+        cfg.load_config(path, [("trian.seed", "1")])
+    # a key that lives in another section: the full path is suggested
+    with pytest.raises(ConfigError, match="did you mean 'rollout.n_generation'"):
+        cfg.load_config(path, [("train.n_generation", "4")])
+
+
+def test_recipe_typo_names_nearest_key(tmp_path):
+    path = write_recipe(tmp_path, "config.train.train_policy.timestep_fraction = 0.99\n")
+    with pytest.raises(ConfigError) as err:
+        cfg.load_config(path)
+    assert "unknown key 'train.train_policy.timestep_fraction'; did you mean 'timesteps_fraction'?" in str(err.value)
+    path = write_recipe(tmp_path, "config.polcy.lora.r = 4\n", name="r2.py")
+    with pytest.raises(ConfigError, match="unknown key 'polcy'; did you mean 'policy'"):
+        cfg.load_config(path)
+
+
+def test_type_mismatch_names_key_and_type(tmp_path):
+    path = write_recipe(tmp_path, "")
+    with pytest.raises(ConfigError, match=r"'train.max_steps' expects int, got '1.5'"):
+        cfg.load_config(path, [("train.max_steps", "1.5")])
+    with pytest.raises(ConfigError, match=r"'train.ema_enable' expects bool"):
+        cfg.load_config(path, [("train.ema_enable", "maybe")])
+    with pytest.raises(ConfigError, match=r"'train.optm_betas' expects float"):
+        cfg.load_config(path, [("train.optm_betas", "(0.9, 'a')")])
+    with pytest.raises(ConfigError, match=r"'train' is a section"):
+        cfg.load_config(path, [("train", "3")])
+    bad = write_recipe(tmp_path, "config.train.max_steps = 'five'\n", name="r3.py")
+    with pytest.raises(ConfigError, match=r"'train.max_steps' expects int, got 'five'"):
+        cfg.load_config(bad)
+
+
+def test_partial_dict_recipe_is_merged_and_checked(tmp_path):
+    path = tmp_path / "plain.py"
+    path.write_text("def get_config():\n    return {'train': {'max_steps': 3, 'sed': 1}}\n")
+    with pytest.raises(ConfigError, match="unknown key 'train.sed'; did you mean 'seed'"):
+        cfg.load_config(str(path))
+    path.write_text("def get_config(arg):\n    return {'train': {'max_steps': int(arg)}}\n")
+    assert cfg.load_config(f"{path}:11").train.max_steps == 11
+
+
+def test_validation_checks(tmp_path):
+    path = write_recipe(tmp_path, "")
+    with pytest.raises(ConfigError, match="'train.lr_schedule' = 'cosin'.*did you mean 'cosine'"):
+        cfg.load_config(path, [("train.lr_schedule", "cosin")])
+    with pytest.raises(ConfigError, match="train_batch_per_replica=10 is not a multiple of "
+                                          "rollout.n_generation=4"):
+        cfg.load_config(path, [("train.train_policy.type", "nft"), ("rollout.n_generation", "4"),
+                               ("train.train_batch_per_replica", "10")])
+    with pytest.raises(ConfigError, match="'train.ema_update_step_interval' must be >= 0"):
+        cfg.load_config(path, [("train.ema_update_step_interval", "-1")])
+    with pytest.raises(ConfigError, match=r"reward_fns\[0\].wieght'; did you mean 'weight'"):
+        cfg.load_config(path, [("train.train_policy.remote_reward.reward_fns", "[{'name': 'a', 'wieght': 1}]")])
+    # EMA interval 0 is legal (means off)
+    assert cfg.load_config(path, [("train.ema_update_step_interval", "0")]).train.ema_update_step_interval == 0
+
+
+def test_register_check_hook(tmp_path):
+    calls = []
+
+    @cfg.register_check
+    def _check(config):
+        calls.append(config.train.seed)
+        if config.train.seed == 13:
+            raise ConfigError("seed 13 is unlucky")
+
+    try:
+        with pytest.raises(ConfigError, match="unlucky"):
+            cfg.load_config(write_recipe(tmp_path, ""), [("train.seed", "13")])
+        assert calls == [13]
+    finally:
+        cfg._CHECKS.remove(_check)
+
+
+def test_missing_recipe_file():
+    with pytest.raises(ConfigError, match="config file not found: /nonexistent/x.py"):
+        cfg.load_config("/nonexistent/x.py")
+
+
+def test_save_resolved_round_trip(tmp_path):
+    config = cfg.load_config(write_recipe(tmp_path, "config.train.max_steps = 9\n"),
+                             [("train.optm_betas", "0.5,0.6")])
+    out = tmp_path / "run" / "config.json"
+    cfg.save_resolved(config, str(out))
+    assert json.loads(out.read_text())["train"]["max_steps"] == 9
+    assert [p for p in os.listdir(out.parent) if p != "config.json"] == []  # no temp file left
+    again = cfg.load_resolved(str(out))
+    assert cfg.to_plain(again) == cfg.to_plain(config)
+    assert again.train.optm_betas == (0.5, 0.6)
+    tree = json.loads(out.read_text())
+    tree["train"]["max_stpes"] = 1
+    out.write_text(json.dumps(tree))
+    with pytest.raises(ConfigError, match="did you mean 'max_steps'"):
+        cfg.load_resolved(str(out))
+
+
+def test_default_tree_is_locked_and_independent():
+    a, b = default_config(), default_config()
+    a.train.max_steps = 1
+    assert b.train.max_steps == DEFAULTS["train"]["max_steps"]
+    with pytest.raises(AttributeError):
+        a.train.new_key = 1
+    cfg.validate(default_config())
+
+
+def test_parse_overrides_and_cli(tmp_path):
+    path, overrides = cfg.parse_overrides(["--config", "c.py", "--config.a.b=1", "--config.c", "x=y"])
+    assert path == "c.py" and overrides == [("a.b", "1"), ("c", "x=y")]
+    with pytest.raises(ConfigError, match="unexpected argument '--cfg.a=1'"):
+        cfg.parse_overrides(["--cfg.a=1"])
+    recipe = write_recipe(tmp_path, "")
+    proc = subprocess.run([sys.executable, "-m", "wfm_jax.config", f"--config={recipe}",
+                           "--config.train.train_policy.timestep_fraction=0.5"],
+                          capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode != 0
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "error: unknown key 'train.train_policy.timestep_fraction'; did you mean 'timesteps_fraction'?")

@@ -1,0 +1,234 @@
+"""The config schema: every key wfm_jax knows, with its default, in one nested dict.
+
+To add a key: add it to DEFAULTS below (its default fixes its type; use
+`config_dict.placeholder(T)` for a typed key whose default is None), and, if it takes one of a
+fixed set of values, list them in CHOICES. Cross-key rules go in a function decorated with
+`@register_check`. Names follow cosmos-rl where it has one (see shared/specs/cosmos_rl_reference.md);
+defaults follow shared/specs/algorithms.md (SD3.5-Medium NFT recipe) where it gives one.
+"""
+from __future__ import annotations
+
+import copy
+import difflib
+
+import ml_collections
+
+from wfm_jax.config import ConfigError, get, register_check
+
+SD3_LORA_TARGETS = (
+    "attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0",
+    "attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj", "attn.to_add_out",
+)
+
+DEFAULTS = {
+    "train": {
+        "output_dir": "./outputs",
+        "max_steps": 1000,
+        "seed": 42,
+        "resume": False,              # True: continue from the latest checkpoint in output_dir
+        "epoch": 1,
+        "param_dtype": "float32",     # master weights
+        "compute_dtype": "bfloat16",  # matmuls / activations; timesteps, norms, losses stay fp32
+        "train_batch_per_replica": 8,  # GLOBAL batch (cosmos-rl name), summed over all devices
+        "optm_lr": 3e-4,
+        "optm_weight_decay": 1e-4,
+        "optm_betas": (0.9, 0.999),
+        "optm_eps": 1e-8,
+        "optm_grad_norm_clip": 1.0,
+        "optm_warmup_steps": 0,
+        "lr_schedule": "constant",
+        "grad_accum_steps": 1,
+        "ema_enable": False,
+        "ema_decay": 0.9,
+        "ema_update_step_interval": 1,  # 0 = never update (no crash, unlike cosmos-rl)
+        "log_freq": 1,
+        "wandb": {"enable": False, "project": "wfm_jax", "name": "", "mode": "online"},
+        "ckpt": {"save_freq": 20, "save_mode": "async", "max_keep": 5, "export_safetensors": True},
+        "train_policy": {
+            "type": "sft",
+            "dataset": {
+                "local_dir": "",       # paired / wfm dir, or RL prompt file / dir
+                "layout": "paired",
+                "allow_pickle": False,  # .pickle text embeddings run code when loaded
+            },
+            "mini_batch": 1,
+            "mu_iterations": 1,
+            "kl_beta": 1e-4,
+            "advantage_low": -5.0,
+            "advantage_high": 5.0,
+            "timesteps_fraction": 0.99,  # cosmos-rl recipes misspell this 'timestep_fraction'
+            "use_remote_reward": False,
+            "remote_reward": {
+                "enqueue_url": "",  # empty: REMOTE_REWARD_ENQUEUE_URL (or WFM_REWARD_*) env
+                "fetch_url": "",
+                "token": "",
+                "scale": 1.0,
+                "clip": 5.0,
+                "reward_fns": [{"name": "jpeg_compressibility", "weight": 1.0, "score_key": ""}],
+            },
+        },
+    },
+    "policy": {
+        "model_name_or_path": "",
+        "lora": {
+            "enable": False,
+            "r": 32,
+            "lora_alpha": 64,
+            "init_lora_weights": "gaussian",
+            "target_modules": SD3_LORA_TARGETS,
+        },
+        "diffusers": {
+            "is_video": False,
+            "max_prompt_length": 128,
+            "inference_size": (512, 512),  # (H, W)
+            "train_frames": 16,
+            "inference_frames": 16,
+            "weighting_scheme": "logit_normal",
+            "logit_mean": 0.0,
+            "logit_std": 1.0,
+            "mode_scale": 1.29,
+            "nft_beta": 1.0,
+            "weight_copy_decay_type": 1,
+            "sample": {
+                "num_steps": 10,
+                "eval_num_steps": 40,
+                "guidance_scale": 1.0,
+                "noise_level": 0.7,
+                "solver": "dpm2",
+                "deterministic_sampling": True,
+            },
+        },
+        "parallelism": {"data": -1, "fsdp": 1, "context": 1},  # -1: all devices left over
+        "attention_impl": "xla",
+        "remat": "none",
+    },
+    "rollout": {"n_generation": 24},
+    "validation": {
+        "enable": False,
+        "val_before_train": False,
+        "freq": 20,
+        "batch_size": 8,
+        "dataset": {
+            "local_dir": "",          # validation prompt file / dir; empty: see holdout_fraction
+            "holdout_fraction": 0.0,  # > 0: hold out this fraction of the training prompts
+        },
+    },
+    "distributed": {
+        "coordinator_address": "",  # empty: single process, or auto-detected by jax (TPU/SLURM)
+        "num_processes": 0,         # 0: auto
+        "process_id": -1,           # -1: auto
+    },
+    "data": {
+        "skip_bad_samples": False,  # corrupt media: skipped and counted instead of an error
+        "num_workers": 0,           # grain worker processes (0: load in the main process)
+        "prefetch_buffer_size": 2,
+        "shuffle": True,
+    },
+}
+
+# dotted key -> allowed values
+CHOICES = {
+    "train.param_dtype": ("float32", "bfloat16", "float16"),
+    "train.compute_dtype": ("float32", "bfloat16", "float16"),
+    "train.lr_schedule": ("constant", "cosine"),
+    "train.wandb.mode": ("online", "offline", "disabled"),
+    "train.ckpt.save_mode": ("async", "sync"),
+    "train.train_policy.type": ("sft", "nft", "grpo", "ddrl"),
+    "train.train_policy.dataset.layout": ("paired", "wfm", "prompts"),
+    "policy.lora.init_lora_weights": ("gaussian", "zeros", "default"),
+    "policy.diffusers.weighting_scheme": ("logit_normal", "mode", "uniform", "none", "sigma_sqrt",
+                                          "cosmap"),
+    "policy.diffusers.weight_copy_decay_type": (0, 1, 2),
+    "policy.diffusers.sample.solver": ("flow", "euler", "sde", "cps", "dance", "ddim", "dpm1", "dpm2",
+                                       "edm"),
+    "policy.remat": ("none", "full", "dots"),
+}
+
+REWARD_FN_KEYS = ("name", "weight", "score_key")
+RL_TYPES = ("nft", "grpo", "ddrl")
+
+
+def default_config() -> ml_collections.ConfigDict:
+    """A fresh, locked config tree with every default."""
+    config = ml_collections.ConfigDict(copy.deepcopy(DEFAULTS))
+    config.lock()
+    return config
+
+
+# --------------------------------------------------------------------------- checks
+
+@register_check
+def check_choices(config) -> None:
+    for key, allowed in CHOICES.items():
+        value = get(config, key)
+        if value not in allowed:
+            close = difflib.get_close_matches(str(value), [str(a) for a in allowed], n=1)
+            hint = f"; did you mean '{close[0]}'?" if close else ""
+            raise ConfigError(f"config key '{key}' = {value!r} is not one of {list(allowed)}{hint}")
+
+
+def _positive(config, keys, allow_zero=False):
+    for key in keys:
+        value = get(config, key)
+        if value < 0 or (value == 0 and not allow_zero):
+            raise ConfigError(f"config key '{key}' must be {'>= 0' if allow_zero else '> 0'}, got {value}")
+
+
+@register_check
+def check_ranges(config) -> None:
+    _positive(config, ["train.max_steps", "train.epoch", "train.train_batch_per_replica",
+                       "train.grad_accum_steps", "train.log_freq", "train.ckpt.save_freq",
+                       "train.ckpt.max_keep", "train.train_policy.mini_batch",
+                       "train.train_policy.mu_iterations", "rollout.n_generation",
+                       "validation.batch_size", "validation.freq", "policy.lora.r",
+                       "policy.diffusers.train_frames", "policy.diffusers.sample.num_steps",
+                       "policy.diffusers.sample.eval_num_steps", "policy.parallelism.fsdp",
+                       "policy.parallelism.context"])
+    _positive(config, ["train.optm_lr", "train.optm_weight_decay", "train.optm_eps",
+                       "train.optm_warmup_steps", "train.ema_update_step_interval",
+                       "data.num_workers", "data.prefetch_buffer_size"], allow_zero=True)
+    for key in ("train.ema_decay", "train.train_policy.timesteps_fraction",
+                "validation.dataset.holdout_fraction"):
+        if not 0.0 <= get(config, key) <= 1.0:
+            raise ConfigError(f"config key '{key}' must be in [0, 1], got {get(config, key)}")
+    if get(config, "validation.dataset.holdout_fraction") >= 1.0:
+        raise ConfigError("config key 'validation.dataset.holdout_fraction' must be < 1")
+    betas = get(config, "train.optm_betas")
+    if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
+        raise ConfigError(f"config key 'train.optm_betas' must be two numbers in [0, 1), got {betas}")
+    size = get(config, "policy.diffusers.inference_size")
+    if len(size) != 2 or not all(isinstance(s, int) and s > 0 for s in size):
+        raise ConfigError(f"config key 'policy.diffusers.inference_size' must be (H, W) positive "
+                          f"ints, got {size}")
+    data = get(config, "policy.parallelism.data")
+    if data == 0 or data < -1:
+        raise ConfigError(f"config key 'policy.parallelism.data' must be > 0 or -1 (all devices "
+                          f"left over), got {data}")
+    low, high = get(config, "train.train_policy.advantage_low"), get(config, "train.train_policy.advantage_high")
+    if low > high:
+        raise ConfigError(f"config keys 'train.train_policy.advantage_low' ({low}) > "
+                          f"'advantage_high' ({high})")
+
+
+@register_check
+def check_groups(config) -> None:
+    """RL batches hold whole groups of n_generation samples of one prompt."""
+    if get(config, "train.train_policy.type") not in RL_TYPES:
+        return
+    batch, group = get(config, "train.train_batch_per_replica"), get(config, "rollout.n_generation")
+    if batch % group:
+        raise ConfigError(f"train.train_batch_per_replica={batch} is not a multiple of "
+                          f"rollout.n_generation={group}")
+
+
+@register_check
+def check_reward_fns(config) -> None:
+    for i, fn in enumerate(get(config, "train.train_policy.remote_reward.reward_fns")):
+        where = f"train.train_policy.remote_reward.reward_fns[{i}]"
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise ConfigError(f"config key '{where}' must be a dict with a non-empty 'name'")
+        for key in fn:
+            if key not in REWARD_FN_KEYS:
+                close = difflib.get_close_matches(key, REWARD_FN_KEYS, n=1)
+                hint = f"; did you mean '{close[0]}'?" if close else f"; valid: {list(REWARD_FN_KEYS)}"
+                raise ConfigError(f"unknown key '{where}.{key}'{hint}")
