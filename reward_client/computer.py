@@ -1,0 +1,263 @@
+"""RewardComputer: the one interface a trainer uses for remote and local rewards.
+
+    rc = RewardComputer.from_config({
+        "reward_fns": [{"name": "pickscore", "weight": 1.0},
+                       {"name": "ocr", "weight": 0.5, "score_key": "ocr_reward", "clip": 1.0},
+                       {"name": "jpeg_compressibility", "weight": 0.1, "local": True}],
+        "scale": 1.0, "clip": 5.0, "on_failure": "raise",
+        "remote": {"budget_s": 900},      # URLs/token from REMOTE_REWARD_* (or legacy WFM_REWARD_*)
+    })
+    rc.check_reachable()                   # fail fast at trainer start: ping service, load local models
+    handle = rc.submit(images_uint8, prompts, group_ids=prompt_ids)   # returns at once
+    ...                                    # keep sampling
+    res = handle.result()                  # RewardResult
+    res.total        # float32 [B] = clip_total(sum_i clip_i(score_i) * w_i) * scale
+    res.per_fn       # {name: float64 [B]} raw score of each function (score_key sum), for logging
+    res.keep         # bool [B]; all True unless on_failure="drop" dropped some prompt groups
+    rc.close()       # waits for jobs; warns about results never collected
+
+Media: uint8 images [B,H,W,C] or videos [B,C,T,H,W] (numpy or jax arrays). A function runs
+locally when its spec says ``local: True``, or when ``local`` is unset and no remote service is
+configured; all remote functions of a batch share one enqueue (one uuid), pulled once per name.
+
+Unobtainable rewards (no answer within the budget, a final service error, a missing score key,
+NaN/inf scores): ``on_failure="raise"`` (default) raises a RewardError naming the reward, key,
+samples and uuid; ``on_failure="drop"`` drops every prompt group (``group_ids``; default: each
+sample its own group) touched by a failure: ``keep`` is False there, ``total``/``per_fn`` hold NaN
+there (never an invented value) and ``dropped_groups`` counts them, as does ``metrics()``.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import numpy as np
+
+from reward_client import protocol
+from reward_client.backoff import Deadline
+from reward_client.client import RemoteRewardClient
+from reward_client.combine import (combine_scores, keyed_scores, nonfinite, parse_clip,
+                                   parse_reward_fns)
+from reward_client.config import RemoteConfig, resolve_remote_config
+from reward_client.errors import (RewardConfigError, RewardError, RewardUnavailableError,
+                                  RewardValueError)
+from reward_client.local import score_local
+from reward_client.pipeline import Ledger, RewardHandle, RewardPipeline
+from reward_client.registry import available_rewards, get_reward, is_local
+
+FAILURE_POLICIES = ("raise", "drop")
+CONFIG_KEYS = ("reward_fns", "scale", "clip", "on_failure", "max_inflight", "max_video_frames", "remote")
+
+
+@dataclass
+class RewardResult:
+    total: np.ndarray
+    per_fn: dict[str, np.ndarray]
+    keep: np.ndarray
+    dropped_groups: int = 0
+    failures: list[str] = field(default_factory=list)
+    uuids: list[str] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+class RewardComputer:
+    def __init__(self, reward_fns, *, remote: RemoteConfig | None = None, scale: float = 1.0,
+                 clip: Any = 5.0, on_failure: str = "raise", max_inflight: int = 2,
+                 max_video_frames: int = 4, client: RemoteRewardClient | None = None):
+        self.specs = parse_reward_fns(reward_fns)
+        self.total_clip = parse_clip(clip, "total reward")
+        self.scale = float(scale)
+        if on_failure not in FAILURE_POLICIES:
+            raise RewardConfigError(f"on_failure={on_failure!r}: expected one of {FAILURE_POLICIES}")
+        self.on_failure = on_failure
+        self.max_video_frames = int(max_video_frames)
+        self.remote = remote
+        self.local_specs, self.remote_specs = [], []
+        for spec in self.specs:
+            local = spec.local if spec.local is not None else remote is None
+            if local:
+                get_reward(spec.name)  # unknown name -> error listing the local rewards
+                self.local_specs.append(spec)
+            elif remote is None:
+                raise RewardConfigError(
+                    f"reward {spec.name!r} needs a reward service but none is configured: set "
+                    f"REMOTE_REWARD_ENQUEUE_URL and REMOTE_REWARD_FETCH_URL (or the remote config keys)"
+                    + (", or mark it local: True" if is_local(spec.name) else "")
+                    + f"; local rewards: {available_rewards()}")
+            else:
+                self.remote_specs.append(spec)
+        self.client = client or (RemoteRewardClient(remote) if self.remote_specs else None)
+        self.ledger = Ledger()
+        self._pipeline = RewardPipeline(max_inflight)
+        self._lock = threading.Lock()
+        self._metrics = {"batches": 0, "samples": 0, "failed_batches": 0,
+                         "dropped_groups": 0, "dropped_samples": 0}
+
+    @classmethod
+    def from_config(cls, cfg: Mapping[str, Any], environ: Mapping[str, str] | None = None,
+                    **overrides) -> "RewardComputer":
+        cfg = dict(cfg.to_dict() if hasattr(cfg, "to_dict") else cfg)
+        unknown = [k for k in cfg if k not in CONFIG_KEYS]
+        if unknown:
+            raise RewardConfigError(f"unknown reward config key {unknown[0]!r}; known: {CONFIG_KEYS}")
+        if "reward_fns" not in cfg:
+            raise RewardConfigError("reward config needs 'reward_fns'")
+        remote = resolve_remote_config(cfg.pop("remote", None), environ)
+        return cls(cfg.pop("reward_fns"), remote=remote, **cfg, **overrides)
+
+    # -- start-up check -------------------------------------------------------------------------
+    def check_reachable(self, budget_s: float = 30.0) -> dict:
+        """Ping the service (and check it serves our reward names when it lists them); load every
+        local reward's model. Raises a RewardError naming the URL or reward on failure."""
+        info = {}
+        if self.remote_specs:
+            weights = {s.name: s.weight for s in self.remote_specs}
+            info = self.client.ping({"reward_fn": weights}, Deadline(budget_s))
+            served = info.get("rewards")
+            if isinstance(served, list):
+                missing = [n for n in weights if n not in served]
+                if missing:
+                    raise RewardConfigError(f"reward service {self.remote.enqueue_url} does not serve "
+                                            f"{missing}; it serves {sorted(served)}")
+        for spec in self.local_specs:
+            reward = get_reward(spec.name)
+            if reward.setup is not None:
+                reward.setup()
+        return info
+
+    # -- submission -----------------------------------------------------------------------------
+    def submit(self, media, prompts, *, group_ids=None, extras: Mapping[str, Any] | None = None,
+               media_type: str | None = None) -> RewardHandle:
+        media = np.asarray(media)
+        media_type = media_type or protocol.infer_media_type(media)
+        protocol.check_media(media, media_type)
+        prompts = [str(p) for p in prompts]
+        batch = media.shape[0]
+        if len(prompts) != batch:
+            raise RewardValueError(f"{len(prompts)} prompts for a batch of {batch}")
+        groups = np.arange(batch) if group_ids is None else np.asarray(group_ids).reshape(-1)
+        if groups.shape != (batch,):
+            raise RewardValueError(f"group_ids has {groups.size} entries for a batch of {batch}")
+        extras = dict(extras or {})
+        body = None
+        if self.remote_specs:  # encode now: the bytes are a snapshot the caller may overwrite after
+            header = protocol.build_header(prompts, {s.name: s.weight for s in self.remote_specs},
+                                           media_type, extras)
+            body = protocol.encode_enqueue(header, media)
+        local_media = media.copy() if self.local_specs else None
+        with self._lock:
+            self._metrics["batches"] += 1
+            self._metrics["samples"] += batch
+        return self._pipeline.start(
+            lambda handle: self._job(handle, body, local_media, prompts, groups, extras, media_type), batch)
+
+    def score(self, media, prompts, **kwargs) -> RewardResult:
+        return self.submit(media, prompts, **kwargs).result()
+
+    # -- the job (worker thread) ----------------------------------------------------------------
+    def _fetch_remote(self, handle, body, raw, failed, timings):
+        names = [s.name for s in self.remote_specs]
+        deadline = Deadline(self.remote.budget_s)
+        t0 = time.monotonic()
+        try:
+            receipt = self.client.enqueue_body(body, f"enqueue of {names} to {self.remote.enqueue_url}",
+                                               deadline)
+        except RewardError as exc:
+            for name in names:
+                failed[name] = exc
+            return
+        timings["enqueue_s"] = time.monotonic() - t0
+        handle.uuids.append(receipt.uuid)
+        self.ledger.enqueued(receipt.uuid, names)
+        for name in names:  # pull every name even after a failure, so each one is settled
+            try:
+                raw[name] = self.client.pull(receipt.uuid, name, replica_id=receipt.replica_id,
+                                             deadline=deadline).scores
+                self.ledger.settle(receipt.uuid, name, ok=True)
+            except RewardError as exc:
+                failed[name] = exc
+                self.ledger.settle(receipt.uuid, name, ok=False)
+        timings["pull_s"] = time.monotonic() - t0 - timings["enqueue_s"]
+
+    def _job(self, handle, body, media, prompts, groups, extras, media_type) -> RewardResult:
+        t0 = time.monotonic()
+        batch = len(prompts)
+        raw: dict[str, Mapping] = {}
+        failed: dict[str, Exception] = {}
+        timings: dict[str, float] = {}
+        if self.remote_specs:
+            self._fetch_remote(handle, body, raw, failed, timings)
+        t_local = time.monotonic()
+        for spec in self.local_specs:
+            try:
+                raw[spec.name] = score_local(spec.name, media, prompts, media_type=media_type,
+                                             extras=extras, max_video_frames=self.max_video_frames)
+            except Exception as exc:  # a user's reward may raise anything; report it by name
+                failed[spec.name] = RewardUnavailableError(
+                    f"local reward {spec.name!r} failed: {type(exc).__name__}: {exc}")
+                failed[spec.name].__cause__ = exc
+        if self.local_specs:
+            timings["local_s"] = time.monotonic() - t_local
+        tag = f" (uuid {handle.uuids[0]})" if handle.uuids else ""
+        per_fn, bad = {}, np.zeros(batch, bool)
+        for spec in self.specs:
+            if spec.name in failed:
+                bad[:] = True
+                continue
+            try:
+                keyed = keyed_scores(spec, raw[spec.name], batch)
+            except RewardValueError as exc:
+                failed[spec.name] = RewardValueError(f"{exc}{tag}")
+                bad[:] = True
+                continue
+            for key, idx in nonfinite(keyed).items():
+                failed.setdefault(spec.name, RewardValueError(
+                    f"reward {spec.name!r} key {key!r}: NaN/inf scores at samples {idx.tolist()}{tag}"))
+                bad[idx] = True
+            per_fn[spec.name] = sum(keyed.values())
+        timings["total_s"] = time.monotonic() - t0
+        messages = [str(e) for e in failed.values()]
+        if failed:
+            with self._lock:
+                self._metrics["failed_batches"] += 1
+            if self.on_failure == "raise":
+                kinds = {type(e) for e in failed.values()}
+                cls = RewardValueError if kinds == {RewardValueError} else RewardUnavailableError
+                raise cls("rewards unobtainable for this batch: " + " | ".join(messages))
+        keep = ~np.isin(groups, groups[bad])
+        total = np.full(batch, np.nan, np.float32)
+        if keep.any():
+            total[keep] = combine_scores(self.specs, {n: v[keep] for n, v in per_fn.items()},
+                                         total_clip=self.total_clip, scale=self.scale)
+        per_fn_out = {}
+        for spec in self.specs:
+            values = np.full(batch, np.nan)
+            if spec.name in per_fn:
+                values[keep] = per_fn[spec.name][keep]
+            per_fn_out[spec.name] = values
+        dropped_groups = int(np.unique(groups[~keep]).size)
+        with self._lock:
+            self._metrics["dropped_groups"] += dropped_groups
+            self._metrics["dropped_samples"] += int((~keep).sum())
+        return RewardResult(total, per_fn_out, keep, dropped_groups, messages, list(handle.uuids), timings)
+
+    # -- accounting -----------------------------------------------------------------------------
+    def metrics(self) -> dict[str, int]:
+        with self._lock:
+            out = dict(self._metrics)
+        out.update(self.ledger.counts)
+        return out
+
+    def close(self) -> dict:
+        """Wait for running jobs; -> {"uncollected": [...], "unaccounted": {uuid: [names]}} (both
+        empty in a clean run; anything listed is also logged)."""
+        uncollected = self._pipeline.close()
+        return {"uncollected": uncollected, "unaccounted": self.ledger.unaccounted()}
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

@@ -1,0 +1,159 @@
+"""Wire format of the cosmos-rl reward protocol (see shared/specs/reward_protocol.md).
+
+Enqueue body: UTF-8 JSON header, one b"\\n", then the bytes of an ``np.save`` file.
+Pull answer: JSON ``{"scores": {key: [float, ...]}, "input_info", "duration", "decoded_duration", "type"}``.
+Pure functions only: no HTTP here.
+"""
+from __future__ import annotations
+
+import io
+import json
+from typing import Any, Mapping
+
+import numpy as np
+
+from reward_client.errors import RewardProtocolError, RewardServiceError
+
+ENQUEUE_PATH = "/api/reward/enqueue"
+PULL_PATH = "/api/reward/pull"
+PING_PATH = "/api/reward/ping"
+# cosmos-rl's hosted services route pulls to the replica that took the enqueue through this header.
+REPLICA_HEADER = "X-Lepton-Replica-Target"
+MEDIA_TYPES = ("image", "video", "latent")
+RESERVED_HEADER_KEYS = ("prompts", "reward_fn", "media_type")
+
+
+def infer_media_type(media: np.ndarray) -> str:
+    """uint8 [B,H,W,C] is an image batch, uint8 [B,C,T,H,W] a video batch."""
+    if media.ndim == 4:
+        return "image"
+    if media.ndim == 5:
+        return "video"
+    raise RewardProtocolError(
+        f"media of shape {tuple(media.shape)}: expected images [B,H,W,C] or videos [B,C,T,H,W]")
+
+
+def check_media(media: np.ndarray, media_type: str) -> None:
+    if media_type not in MEDIA_TYPES:
+        raise RewardProtocolError(f"media_type {media_type!r}: expected one of {MEDIA_TYPES}")
+    if media_type == "latent":
+        if not np.issubdtype(media.dtype, np.floating):
+            raise RewardProtocolError(f"latent media must be floating point, got {media.dtype}")
+        return
+    want = 4 if media_type == "image" else 5
+    layout = "[B,H,W,C]" if media_type == "image" else "[B,C,T,H,W]"
+    if media.dtype != np.uint8:
+        raise RewardProtocolError(f"{media_type} media must be uint8 {layout}, got dtype {media.dtype}")
+    if media.ndim != want:
+        raise RewardProtocolError(
+            f"{media_type} media must be uint8 {layout}, got shape {tuple(media.shape)}")
+
+
+def build_header(prompts, reward_weights: Mapping[str, float], media_type: str,
+                 extras: Mapping[str, Any] | None = None) -> dict:
+    header = {"prompts": [str(p) for p in prompts],
+              "reward_fn": {str(k): float(v) for k, v in reward_weights.items()},
+              "media_type": media_type}
+    for key, value in (extras or {}).items():
+        if key in RESERVED_HEADER_KEYS:
+            raise RewardProtocolError(f"extras key {key!r} is reserved by the protocol")
+        header[key] = value
+    return header
+
+
+def encode_npy(array: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, np.ascontiguousarray(array), allow_pickle=False)
+    return buf.getvalue()
+
+
+def encode_enqueue(header: Mapping[str, Any], media: np.ndarray) -> bytes:
+    """JSON header + b"\\n" + .npy bytes. The header is compact JSON, so it holds no raw newline."""
+    try:
+        head = json.dumps(header, allow_nan=False, separators=(",", ":")).encode("utf-8")
+    except (TypeError, ValueError) as exc:
+        raise RewardProtocolError(f"enqueue header is not plain JSON: {exc}") from None
+    return head + b"\n" + encode_npy(media)
+
+
+def decode_enqueue(body: bytes) -> tuple[dict, np.ndarray]:
+    """Inverse of encode_enqueue, with the checks a server needs before queueing the work."""
+    cut = body.find(b"\n")
+    if cut < 0:
+        raise RewardProtocolError("enqueue body has no newline between the JSON header and the .npy bytes")
+    try:
+        header = json.loads(body[:cut].decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise RewardProtocolError(f"enqueue header is not valid JSON: {exc}") from None
+    if not isinstance(header, dict):
+        raise RewardProtocolError("enqueue header must be a JSON object")
+    try:
+        media = np.load(io.BytesIO(body[cut + 1:]), allow_pickle=False)
+    except Exception as exc:  # np.load raises several types on bad bytes
+        raise RewardProtocolError(f"enqueue payload is not a .npy array: {exc}") from None
+    prompts = header.get("prompts")
+    if not isinstance(prompts, list) or not all(isinstance(p, str) for p in prompts):
+        raise RewardProtocolError("enqueue header field 'prompts' must be a list of strings")
+    weights = header.get("reward_fn")
+    if not isinstance(weights, dict) or not weights:
+        raise RewardProtocolError("enqueue header field 'reward_fn' must be a non-empty object {name: weight}")
+    for name, weight in weights.items():
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)):
+            raise RewardProtocolError(f"enqueue header reward_fn[{name!r}] must be a number")
+    media_type = header.get("media_type") or infer_media_type(media)
+    check_media(media, media_type)
+    if len(prompts) != media.shape[0]:
+        raise RewardProtocolError(
+            f"enqueue header has {len(prompts)} prompts for a batch of {media.shape[0]}")
+    header["media_type"] = media_type
+    return header, media
+
+
+def _json_object(content: bytes, what: str) -> dict:
+    try:
+        obj = json.loads(content.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        snippet = content[:80].decode("utf-8", "replace")
+        raise RewardProtocolError(f"{what}: answer is not JSON: {snippet!r}") from None
+    if not isinstance(obj, dict):
+        raise RewardProtocolError(f"{what}: answer is not a JSON object")
+    return obj
+
+
+def parse_enqueue_response(content: bytes) -> tuple[str, str | None]:
+    """-> (uuid, replica_id or None)."""
+    obj = _json_object(content, "enqueue")
+    uuid = obj.get("uuid")
+    if not isinstance(uuid, str) or not uuid:
+        raise RewardProtocolError(f"enqueue: answer has no 'uuid' (keys: {sorted(obj)})")
+    replica = obj.get("replica_id")
+    return uuid, (str(replica) if replica else None)
+
+
+def parse_pull_response(content: bytes, reward_name: str, uuid: str) -> dict[str, list]:
+    """-> the 'scores' object. A service-reported error is final; a malformed answer is a protocol error."""
+    what = f"pull of reward {reward_name!r} for uuid {uuid}"
+    obj = _json_object(content, what)
+    scores = obj.get("scores")
+    if scores is None and obj.get("error"):
+        raise RewardServiceError(f"{what}: the service reports: {obj['error']}")
+    if not isinstance(scores, dict):
+        raise RewardProtocolError(f"{what}: answer has no 'scores' object (keys: {sorted(obj)})")
+    for key, values in scores.items():
+        if not isinstance(values, list):
+            raise RewardProtocolError(f"{what}: scores[{key!r}] is not a list")
+    return scores
+
+
+def parse_form(body: bytes) -> dict[str, str]:
+    """Form-encoded (or JSON) pull/ping bodies; the server uses this, avoiding a python-multipart dependency."""
+    from urllib.parse import parse_qs
+
+    text = body.decode("utf-8", "replace").strip()
+    if text.startswith("{"):
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise RewardProtocolError(f"request body is not valid JSON: {exc}") from None
+        return {str(k): str(v) for k, v in obj.items()} if isinstance(obj, dict) else {}
+    return {k: v[0] for k, v in parse_qs(text, keep_blank_values=True).items()}

@@ -1,0 +1,190 @@
+"""Reference reward service: ``python -m reward_client.server --host 127.0.0.1 --port P --token T``.
+
+Same endpoints and formats as the cosmos-rl reward service (shared/specs/reward_protocol.md),
+serving the local rewards of ``reward_client.registry``. Unlike that service it checks the Bearer
+token (401), refuses bodies over ``--max-body-mb`` (413), answers 503 when its bounded queue is
+full (never a silent drop), keeps results until pulled or ``--ttl-s`` after completion, answers
+404 for unknown/expired uuids and 422 (with the reason) for a reward that failed.
+Needs the ``server`` extra (fastapi, uvicorn).
+"""
+
+import argparse
+import hmac
+import json
+import os
+import sys
+from contextlib import asynccontextmanager
+
+import numpy as np
+
+from reward_client import protocol
+from reward_client.errors import RewardError, RewardProtocolError
+from reward_client.local import score_local
+from reward_client.registry import available_rewards, is_local
+from reward_client.task_store import QueueFull, TaskStore
+
+DRAIN_CAP_BYTES = 64 << 20  # read (and discard) this much of a refused body so the client sees the answer
+
+
+def _json(status: int, content) -> "Response":
+    from starlette.responses import Response
+
+    # allow_nan: a user reward returning NaN must reach the client (which rejects it by name),
+    # not crash the response encoder.
+    return Response(json.dumps(content, allow_nan=True), status_code=status, media_type="application/json")
+
+
+def local_scorer(max_video_frames: int):
+    def score(name: str, header: dict, media: np.ndarray) -> dict:
+        extras = {k: v for k, v in header.items() if k not in protocol.RESERVED_HEADER_KEYS}
+        scores = score_local(name, media, header["prompts"], media_type=header["media_type"],
+                             extras=extras, max_video_frames=max_video_frames)
+        return {k: [float(x) for x in v] for k, v in scores.items()}
+    return score
+
+
+def create_app(token: str | None, *, max_body_bytes: int = 256 << 20, max_queue: int = 64,
+               ttl_s: float = 3600.0, workers: int = 1, max_video_frames: int = 4, scorer=None):
+    """FastAPI app. ``token=None`` disables auth (only for tests of foreign clients)."""
+    from fastapi import FastAPI, Request
+
+    store = TaskStore(scorer or local_scorer(max_video_frames), max_queue=max_queue, ttl_s=ttl_s,
+                      workers=workers)
+
+    @asynccontextmanager
+    async def lifespan(app):
+        store.start()
+        yield
+        store.stop()
+
+    app = FastAPI(title="wfm_jax reference reward service", lifespan=lifespan)
+    app.state.store = store
+
+    async def drain(request: Request) -> None:
+        seen = 0
+        async for chunk in request.stream():
+            seen += len(chunk)
+            if seen > DRAIN_CAP_BYTES:
+                return
+
+    async def refuse(request: Request, status: int, detail: str):
+        await drain(request)
+        return _json(status, {"detail": detail})
+
+    def authorised(request: Request) -> bool:
+        if token is None:
+            return True
+        given = request.headers.get("authorization", "")
+        return hmac.compare_digest(given.encode(), f"Bearer {token}".encode())
+
+    async def read_body(request: Request) -> bytes | None:
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > max_body_bytes:
+            return None
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > max_body_bytes:
+                return None
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def too_large(what: str):
+        return f"{what} body exceeds the server limit of {max_body_bytes} bytes"
+
+    @app.post(protocol.ENQUEUE_PATH)
+    async def enqueue(request: Request):
+        from starlette.concurrency import run_in_threadpool
+
+        if not authorised(request):
+            return await refuse(request, 401, "missing or wrong bearer token")
+        body = await read_body(request)
+        if body is None:
+            return await refuse(request, 413, too_large("enqueue"))
+        try:
+            header, media = await run_in_threadpool(protocol.decode_enqueue, body)
+        except RewardProtocolError as exc:
+            return _json(422, {"detail": str(exc)})
+        if header["media_type"] == "latent":
+            return _json(422, {"detail": "the reference server does not decode latents; send uint8 "
+                                         "images [B,H,W,C] or videos [B,C,T,H,W]"})
+        names = [n for n, w in header["reward_fn"].items() if w > 0]
+        unknown = [n for n in names if not is_local(n)]
+        if unknown or not names:
+            return _json(422, {"detail": f"rewards {unknown or 'none with weight > 0'} not served; "
+                                         f"served: {available_rewards()}"})
+        try:
+            uuid = store.submit(header, media, names)
+        except QueueFull as exc:
+            return _retry_later(str(exc))
+        return _json(200, {"uuid": uuid})
+
+    @app.post(protocol.PULL_PATH)
+    async def pull(request: Request):
+        if not authorised(request):
+            return await refuse(request, 401, "missing or wrong bearer token")
+        body = await read_body(request)
+        if body is None:
+            return await refuse(request, 413, too_large("pull"))
+        try:
+            form = {**dict(request.query_params), **protocol.parse_form(body)}
+        except RewardProtocolError as exc:
+            return _json(422, {"detail": str(exc)})
+        if not form.get("uuid") or not form.get("type"):
+            return _json(422, {"detail": "pull needs form fields 'uuid' and 'type'"})
+        state, value = store.pull(form["uuid"], form["type"])
+        if state == "ready":
+            return _json(200, value)
+        if state == "pending":
+            return _json(400, {"detail": "not ready"})
+        return _json(422 if state == "failed" else 404, {"detail": value})
+
+    @app.post(protocol.PING_PATH)
+    async def ping(request: Request):
+        if not authorised(request):
+            return await refuse(request, 401, "missing or wrong bearer token")
+        await drain(request)  # info_data is accepted and ignored
+        return _json(200, {"status": "ok", "rewards": available_rewards(), **store.counts()})
+
+    return app
+
+
+def _retry_later(detail: str):
+    response = _json(503, {"detail": detail})
+    response.headers["Retry-After"] = "1"
+    return response
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m reward_client.server", description=__doc__.split("\n")[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8080)
+    parser.add_argument("--token", default=None, help="bearer token (default: $REMOTE_REWARD_TOKEN)")
+    parser.add_argument("--max-body-mb", type=float, default=256.0)
+    parser.add_argument("--max-queue", type=int, default=64)
+    parser.add_argument("--ttl-s", type=float, default=3600.0)
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--max-video-frames", type=int, default=4)
+    args = parser.parse_args(argv)
+    token = args.token or os.environ.get("REMOTE_REWARD_TOKEN")
+    if not token:
+        print("error: no token: pass --token or set REMOTE_REWARD_TOKEN", file=sys.stderr)
+        return 2
+    try:
+        import uvicorn
+    except ImportError:
+        print("error: the reward server needs fastapi and uvicorn: pip install 'wfm_jax[server]'",
+              file=sys.stderr)
+        return 2
+    try:
+        app = create_app(token, max_body_bytes=int(args.max_body_mb * 2**20), max_queue=args.max_queue,
+                         ttl_s=args.ttl_s, workers=args.workers, max_video_frames=args.max_video_frames)
+    except RewardError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
