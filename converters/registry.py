@@ -33,6 +33,10 @@ class ModelSpec:
 _REGISTRY: dict[str, ModelSpec] = {}
 
 
+class UnsupportedModelError(ValueError):
+    """config.json names a class no converter handles (the message names the class)."""
+
+
 def register(spec: ModelSpec) -> ModelSpec:
     _REGISTRY[spec.class_name] = spec
     return spec
@@ -58,5 +62,5 @@ def spec_for(config: dict) -> ModelSpec:
     _load_providers()
     name = class_name_of(config)
     if name not in _REGISTRY:
-        raise ValueError(f"unsupported model class {name!r}; supported: {', '.join(sorted(_REGISTRY))}")
+        raise UnsupportedModelError(f"unsupported model class {name!r}; supported: {', '.join(sorted(_REGISTRY))}")
     return _REGISTRY[name]

@@ -75,3 +75,49 @@ def save_checkpoint(tensors: dict[str, np.ndarray], directory: str,
             total += arr.nbytes
     with open(os.path.join(directory, f"{stem}.safetensors.index.json"), "w") as f:
         json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
+
+
+def checkpoint_meta(path: str) -> dict[str, tuple[tuple[int, ...], str]]:
+    """key -> (shape, safetensors dtype name) from the file headers only; no tensor is read."""
+    files = [path] if os.path.isfile(path) else _find_weights(path)[0]
+    meta: dict[str, tuple[tuple[int, ...], str]] = {}
+    for file in files:
+        with safe_open(file, framework="numpy") as f:
+            for key in f.keys():
+                piece = f.get_slice(key)
+                meta[key] = (tuple(piece.get_shape()), piece.get_dtype())
+    return meta
+
+
+def save_checkpoint_streaming(nbytes: dict[str, int],
+                              load_many: Callable[[list[str]], dict[str, np.ndarray]],
+                              directory: str, stem: str = "diffusion_pytorch_model",
+                              max_shard_bytes: int = 2 << 30) -> None:
+    """Like `save_checkpoint`, but only one shard's tensors are in host memory at a time.
+
+    nbytes: key -> tensor size, used to plan the shards; load_many(keys) returns those tensors.
+    """
+    os.makedirs(directory, exist_ok=True)
+    shards: list[list[str]] = [[]]
+    size = 0
+    for key in sorted(nbytes):
+        if shards[-1] and size + nbytes[key] > max_shard_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append(key)
+        size += nbytes[key]
+    if len(shards) == 1:
+        tensors = load_many(shards[0])
+        save_file({k: np.ascontiguousarray(tensors[k]) for k in shards[0]},
+                  os.path.join(directory, f"{stem}.safetensors"))
+        return
+    weight_map = {}
+    for i, keys in enumerate(shards):
+        name = f"{stem}-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        tensors = load_many(keys)
+        save_file({k: np.ascontiguousarray(tensors[k]) for k in keys}, os.path.join(directory, name))
+        del tensors
+        weight_map.update({k: name for k in keys})
+    with open(os.path.join(directory, f"{stem}.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {"total_size": sum(nbytes.values())}, "weight_map": weight_map},
+                  f, indent=2)

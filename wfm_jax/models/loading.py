@@ -1,0 +1,261 @@
+"""Load registered models straight into their shards, and export them back to diffusers.
+
+Loading never builds the model on one device and never holds the checkpoint in host memory:
+
+    config.json -> ModelSpec (converters.registry) -> nnx.eval_shape(make_model) -> shardings
+    -> for each table rule: read ONE tensor, transform, cast, place into its shards
+    -> fill the abstract model's variables.
+
+Every key/shape problem that the file headers reveal is raised (ConversionError naming the keys)
+before any tensor is read or any device is touched.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from typing import Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from converters import registry
+from converters.atomic import atomic_directory
+from converters.safetensors_io import checkpoint_meta, open_checkpoint, save_checkpoint_streaming
+from converters.table import (TRANSFORMS, ConversionError, Rule, _preview, check_keys,
+                              to_diffusers_tensor, to_jax_tensor)
+from wfm_jax.models.state import flat_params, path_str
+
+_PROBE = (2, 3, 5, 7, 11, 13)  # distinct sizes reveal how a transform permutes axes
+
+
+# ----------------------------------------------------------------------------- directories
+
+def read_json(path: str) -> dict:
+    with open(path) as f:
+        return json.load(f)
+
+
+def resolve_model_dir(path: str, component: str = "transformer") -> str:
+    """A model dir as is; a pipeline dir (model_index.json) -> its `component` subfolder."""
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"no such model directory: {path}")
+    index = os.path.join(path, "model_index.json")
+    if os.path.isfile(index):
+        pipeline = read_json(index)
+        name = pipeline.get("_class_name", "<no _class_name>")
+        if component not in pipeline or not os.path.isdir(os.path.join(path, component)):
+            raise ValueError(f"pipeline {name} in {path} has no {component!r} component")
+        path = os.path.join(path, component)
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise FileNotFoundError(f"no config.json in {path}")
+    return path
+
+
+def abstract_model(spec: registry.ModelSpec, config: dict, dtype=None, param_dtype=jnp.float32):
+    """The model with ShapeDtypeStructs for values: shapes, dtypes and logical axes, no memory."""
+    return nnx.eval_shape(lambda: spec.make_model(config, dtype=dtype, param_dtype=param_dtype,
+                                                  rngs=nnx.Rngs(0)))
+
+
+# ----------------------------------------------------------------------------- checks
+
+def _jax_shape(rule: Rule, hf_shape: tuple) -> tuple | None:
+    """Shape a tensor takes after the rule's transform, from its shape alone (None if unknown)."""
+    if rule.transform == "identity" or len(hf_shape) > len(_PROBE):
+        return tuple(hf_shape) if rule.transform == "identity" else None
+    probe = _PROBE[:len(hf_shape)]
+    out = TRANSFORMS[rule.transform][0](np.empty(probe, np.int8)).shape
+    if sorted(out) != sorted(probe):  # not a pure permutation: shape checked after reading
+        return None
+    return tuple(hf_shape[probe.index(d)] for d in out)
+
+
+def all_variables(model) -> dict[str, nnx.Variable]:
+    return {path_str(p): v for p, v in nnx.state(model, nnx.Variable).flat_state()}
+
+
+def check_against_model(table: list[Rule], meta: Mapping[str, tuple], model) -> None:
+    """Keys and shapes of a checkpoint (key -> (shape, dtype)) against the (abstract) model."""
+    check_keys(table, meta.keys())
+    variables = all_variables(model)
+    unknown = {r.jax for r in table} - set(variables)
+    if unknown:
+        raise ConversionError(f"mapping table names paths the model lacks: {_preview(unknown)}")
+    unmapped = set(flat_params(model)) - {r.jax for r in table}
+    if unmapped:
+        raise ConversionError(f"model parameters with no mapping: {_preview(unmapped)}")
+    wrong = []
+    for rule in table:
+        shape = _jax_shape(rule, meta[rule.hf][0])
+        want = tuple(variables[rule.jax].shape)
+        if shape is not None and shape != want:
+            wrong.append(f"{rule.hf} {tuple(meta[rule.hf][0])} (model {rule.jax} {want})")
+    if wrong:
+        raise ConversionError(f"wrong shape for {len(wrong)} key(s): {_preview(wrong)}")
+
+
+# ----------------------------------------------------------------------------- placement
+
+def _place(x: np.ndarray, sharding: jax.sharding.Sharding) -> jax.Array:
+    if sharding.is_fully_addressable:
+        return jax.device_put(x, sharding)
+    # multi-process: every process holds the tensor and hands over only its own shards
+    return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
+
+
+def _default_shardings(model) -> dict[str, jax.sharding.Sharding]:
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    return {k: device for k in all_variables(model)}
+
+
+def model_shardings(model, mesh=None, rules=None) -> dict[str, jax.sharding.Sharding]:
+    """Shardings of every variable: from the rules on a mesh, else the first local device."""
+    if mesh is None:
+        return _default_shardings(model)
+    from wfm_jax.mesh import param_shardings
+    return param_shardings(model, mesh, rules, filter=nnx.Variable)
+
+
+def _materialise_rest(model, make, shardings) -> None:
+    """Give concrete values to variables no rule loaded (buffers, RNG state) by running the
+    constructor under jit and keeping only those outputs; XLA drops every other initialiser."""
+    rest = {k for k, v in all_variables(model).items()
+            if isinstance(v.get_value(), jax.ShapeDtypeStruct)}
+    if not rest:
+        return
+
+    def build():
+        return {k: v.get_value() for k, v in all_variables(make()).items() if k in rest}
+
+    values = jax.jit(build, out_shardings={k: shardings[k] for k in rest})()
+    variables = all_variables(model)
+    for key, value in values.items():
+        variables[key].set_value(value)
+
+
+def fill_from_checkpoint(model, table: list[Rule], checkpoint_dir: str,
+                         shardings: Mapping[str, jax.sharding.Sharding]) -> None:
+    """Fill an abstract model in place, one tensor at a time, each straight into its shards."""
+    check_against_model(table, checkpoint_meta(checkpoint_dir), model)
+    loaders = open_checkpoint(checkpoint_dir)
+    variables = all_variables(model)
+    for rule in table:
+        var = variables[rule.jax]
+        x = to_jax_tensor(rule, loaders[rule.hf](), var.shape)
+        if x.dtype != var.dtype:
+            x = x.astype(var.dtype)
+        var.set_value(_place(x, shardings[rule.jax]))
+        del x
+
+
+def fill_from_state(model, state_dir: str, shardings: Mapping[str, jax.sharding.Sharding]) -> None:
+    """Fill an abstract model from a wfm_jax state dir (orbax), reading straight into shards."""
+    from converters import jax_state
+    meta = jax_state.state_meta(state_dir)
+    params = flat_params(model)
+    missing, extra = set(params) - set(meta), set(meta) - set(all_variables(model))
+    if missing or extra:
+        raise ConversionError("; ".join(
+            p for p in (missing and f"state lacks: {_preview(missing)}",
+                        extra and f"state has unknown paths: {_preview(extra)}") if p))
+    variables = all_variables(model)
+    wrong = [f"{k} {meta[k][0]} (model {tuple(variables[k].shape)})" for k in meta
+             if tuple(meta[k][0]) != tuple(variables[k].shape)]
+    if wrong:
+        raise ConversionError(f"wrong shape for {len(wrong)} path(s): {_preview(wrong)}")
+    arrays = jax_state.restore_state(state_dir, shardings={k: shardings[k] for k in meta},
+                                     dtypes={k: variables[k].dtype for k in meta})
+    for key, value in arrays.items():
+        variables[key].set_value(value)
+
+
+# ----------------------------------------------------------------------------- public API
+
+def load_model(path: str, *, component: str = "transformer", dtype=None,
+               param_dtype=jnp.float32, mesh=None, rules=None):
+    """(model, config) for a diffusers model dir, a pipeline dir or a wfm_jax state dir."""
+    from converters import jax_state
+    directory = resolve_model_dir(path, component)
+    config = read_json(os.path.join(directory, "config.json"))
+    spec = registry.spec_for(config)
+    model = abstract_model(spec, config, dtype, param_dtype)
+    shardings = model_shardings(model, mesh, rules)
+    if jax_state.is_state_dir(directory):
+        fill_from_state(model, directory, shardings)
+    else:
+        fill_from_checkpoint(model, spec.build_table(config), directory, shardings)
+    _materialise_rest(model, lambda: spec.make_model(config, dtype=dtype, param_dtype=param_dtype,
+                                                     rngs=nnx.Rngs(0)), shardings)
+    return model, config
+
+
+def host_array(value: jax.Array) -> np.ndarray:
+    """One parameter on the host (gathered across processes when it spans several)."""
+    if isinstance(value, jax.Array) and not value.is_fully_addressable:
+        from jax.experimental import multihost_utils
+        return np.asarray(multihost_utils.process_allgather(value, tiled=True))
+    return np.asarray(jax.device_get(value))
+
+
+def write_diffusers_dir(config: Mapping, sources: Mapping[str, tuple[tuple, object]],
+                        fetch, dst: str, *, dtype=None, max_shard_bytes: int = 2 << 30,
+                        write: bool = True) -> None:
+    """Write a diffusers model dir (safetensors + config.json) from wfm_jax tensors, atomically.
+
+    sources: jax path -> (shape, dtype) of every tensor; fetch(paths) -> {path: host array} is
+    called one output shard at a time. `dtype` casts on the way out (None keeps each dtype).
+    write=False runs the same fetches into a scratch dir (non-primary processes of a gather).
+    """
+    spec = registry.spec_for(dict(config))
+    table = spec.build_table(dict(config))
+    want, have = {r.jax for r in table}, set(sources)
+    if want != have:
+        raise ConversionError("; ".join(
+            p for p in (want - have and f"state lacks: {_preview(want - have)}",
+                        have - want and f"state has unmapped: {_preview(have - want)}") if p))
+    by_hf = {r.hf: r for r in table}
+    out_dtype = {r.hf: np.dtype(dtype or sources[r.jax][1]) for r in table}
+    nbytes = {r.hf: math.prod(sources[r.jax][0]) * out_dtype[r.hf].itemsize for r in table}
+
+    def load_many(keys):
+        arrays = fetch([by_hf[k].jax for k in keys])
+        out = {}
+        for key in keys:
+            rule = by_hf[key]
+            out[key] = to_diffusers_tensor(rule, arrays.pop(rule.jax)).astype(out_dtype[key],
+                                                                            copy=False)
+        return out
+
+    if not write:
+        with tempfile.TemporaryDirectory() as scratch:
+            save_checkpoint_streaming(nbytes, load_many, scratch, stem=spec.weights_stem,
+                                      max_shard_bytes=max_shard_bytes)
+        return
+    with atomic_directory(dst) as tmp:
+        save_checkpoint_streaming(nbytes, load_many, tmp, stem=spec.weights_stem,
+                                  max_shard_bytes=max_shard_bytes)
+        with open(os.path.join(tmp, "config.json"), "w") as f:
+            json.dump(dict(config), f, indent=2, sort_keys=True)
+            f.write("\n")
+
+
+def export_diffusers(model, config: Mapping, dst: str, *, dtype=None,
+                     max_shard_bytes: int = 2 << 30) -> None:
+    """Write `model`'s base parameters as a diffusers model dir, all or nothing.
+
+    Parameters are fetched to the host one output shard at a time; `dtype` (e.g. jnp.bfloat16)
+    casts on the way. In a multi-process run every process must call this; process 0 writes.
+    """
+    variables = all_variables(model)
+    table_paths = {r.jax for r in registry.spec_for(dict(config)).build_table(dict(config))}
+    # every base parameter plus whatever non-parameter variables the table exports (buffers)
+    paths = set(flat_params(model)) | (table_paths & set(variables))
+    sources = {k: (tuple(variables[k].shape), variables[k].dtype) for k in paths}
+    write_diffusers_dir(config, sources,
+                        lambda keys: {k: host_array(variables[k].get_value()) for k in keys},
+                        dst, dtype=dtype, max_shard_bytes=max_shard_bytes,
+                        write=jax.process_index() == 0)
