@@ -1,0 +1,48 @@
+"""transformers T5EncoderModel <-> wfm_jax T5Encoder: one table, both ways.
+
+transformers ties `encoder.embed_tokens.weight` to `shared.weight` and saves only the latter; the
+table maps `shared.weight`. A checkpoint that also stores the tied copy goes through
+`drop_tied_copy` first.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+from converters.registry import ModelSpec, register
+from converters.table import Rule, linear
+from wfm_jax.models.text.t5 import T5Config, make_model
+
+TIED_COPY = "encoder.embed_tokens.weight"
+
+
+def build_table(config: Mapping[str, Any]) -> list[Rule]:
+    cfg = T5Config.from_dict(config)
+    table = [
+        Rule("shared", "shared.weight"),
+        Rule("relative_attention_bias",
+             "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"),
+    ]
+    ffn = ("wi_0", "wi_1", "wo") if cfg.is_gated else ("wi", "wo")
+    for i in range(cfg.num_layers):
+        jax, hf = f"blocks.{i}", f"encoder.block.{i}.layer"
+        for proj in ("q", "k", "v", "o"):
+            table += linear(f"{jax}.attn.{proj}", f"{hf}.0.SelfAttention.{proj}", bias=False)
+        table.append(Rule(f"{jax}.attn_norm.scale", f"{hf}.0.layer_norm.weight"))
+        for proj in ffn:
+            table += linear(f"{jax}.ff.{proj}", f"{hf}.1.DenseReluDense.{proj}", bias=False)
+        table.append(Rule(f"{jax}.ff_norm.scale", f"{hf}.1.layer_norm.weight"))
+    table.append(Rule("final_layer_norm.scale", "encoder.final_layer_norm.weight"))
+    return table
+
+
+def drop_tied_copy(loaders: Mapping[str, Callable]) -> dict[str, Callable]:
+    """Checkpoint keys -> loaders with the tied embedding copy folded into `shared.weight`."""
+    out = dict(loaders)
+    if TIED_COPY in out:
+        copy = out.pop(TIED_COPY)
+        out.setdefault("shared.weight", copy)
+    return out
+
+
+SPEC = register(ModelSpec(class_name="T5EncoderModel", build_table=build_table,
+                          make_model=make_model, weights_stem="model"))

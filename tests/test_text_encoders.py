@@ -1,0 +1,303 @@
+"""CLIP and T5 text encoders: parity with transformers torch, converter round trips, key errors."""
+from __future__ import annotations
+
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+import torch
+import transformers
+from flax import nnx
+
+from converters import clip as clip_conv
+from converters import t5 as t5_conv
+from converters.registry import spec_for
+from converters.safetensors_io import open_checkpoint, save_checkpoint
+from converters.table import ConversionError, convert_to_diffusers, convert_to_jax
+from wfm_jax.mesh import MESH_AXES
+from wfm_jax.models.state import flat_arrays, flat_params, flat_shapes
+from wfm_jax.models.text.t5 import relative_position_buckets
+
+ATOL = 2e-5
+SEQ = 12
+
+CLIP_CONFIGS = {
+    # eos_token_id 98: pooling at the first EOS (the current transformers rule)
+    "quick_gelu": dict(vocab_size=99, hidden_size=16, projection_dim=32, num_hidden_layers=2,
+                       num_attention_heads=2, intermediate_size=37, max_position_embeddings=20,
+                       hidden_act="quick_gelu", eos_token_id=98, bos_token_id=97, pad_token_id=98),
+    # eos_token_id 2: the legacy rule, pooling at the largest token id
+    "gelu_legacy_eos": dict(vocab_size=99, hidden_size=24, projection_dim=32, num_hidden_layers=2,
+                            num_attention_heads=3, intermediate_size=40, max_position_embeddings=16,
+                            hidden_act="gelu", layer_norm_eps=1e-6, eos_token_id=2,
+                            bos_token_id=1, pad_token_id=0),
+}
+T5_CONFIG = dict(vocab_size=64, d_model=32, d_kv=8, num_heads=2, num_layers=2, d_ff=37,
+                 relative_attention_num_buckets=8, relative_attention_max_distance=16,
+                 feed_forward_proj="gated-gelu", is_encoder_decoder=False, use_cache=False)
+
+
+def _randomise_constants(model: torch.nn.Module, seed: int) -> None:
+    """Norm weights start at 1 and biases at 0; perturb them so a swapped mapping shows."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.numel() > 1 and float(p.std()) == 0.0:
+                p.add_(0.1 * torch.randn(p.shape, generator=gen))
+
+
+def _torch_model(cls, config, seed=0):
+    torch.manual_seed(seed)
+    model = cls(config).eval()
+    _randomise_constants(model, seed + 1)
+    return model
+
+
+def _loaders(state: dict[str, np.ndarray]):
+    return {k: (lambda v=v: v) for k, v in state.items()}
+
+
+def _numpy_state(model: torch.nn.Module) -> dict[str, np.ndarray]:
+    out = {}
+    for k, t in model.state_dict().items():
+        t = t.detach().cpu().contiguous()
+        out[k] = (t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+                  if t.dtype == torch.bfloat16 else t.numpy())
+    return out
+
+
+def _set_params(model, flat: dict[str, np.ndarray]) -> None:
+    """Fill an abstract (nnx.eval_shape) model; avoids slow eager random init on CPU."""
+    params = flat_params(model)
+    assert set(params) == set(flat)
+    for key, var in params.items():
+        var.set_value(jnp.asarray(flat[key]))
+
+
+def _jax_model(make_model, config: dict, table, hf_state, param_dtype=jnp.float32, dtype=None):
+    model = nnx.eval_shape(lambda: make_model(config, dtype=dtype, param_dtype=param_dtype,
+                                              rngs=nnx.Rngs(0)))
+    _set_params(model, convert_to_jax(table, _loaders(hf_state), flat_shapes(model)))
+    return model
+
+
+def _jit_apply(model, *args, **kwargs):
+    graph, state = nnx.split(model)
+    fn = jax.jit(lambda state, *a: nnx.merge(graph, state)(*a, **kwargs))
+    return fn(state, *args)
+
+
+def _clip_tokens(cfg: dict, batch: int, rng: np.random.Generator):
+    """Random ids, an EOS per row at a random place, pad (mask 0) after it."""
+    eos, pad = cfg["eos_token_id"], cfg["pad_token_id"]
+    ids = rng.integers(3, cfg["vocab_size"] - 3, size=(batch, SEQ))
+    mask = np.ones((batch, SEQ), np.int64)
+    for row, end in enumerate(rng.integers(2, SEQ, size=batch)):
+        ids[row, end] = eos
+        ids[row, end + 1:] = pad
+        mask[row, end + 1:] = 0
+    mask[0] = 1  # one row without padding
+    return ids, mask
+
+
+# ---- CLIP -------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module", params=sorted(CLIP_CONFIGS))
+def clip_pair(request):
+    cfg = CLIP_CONFIGS[request.param]
+    torch_model = _torch_model(transformers.CLIPTextModelWithProjection,
+                               transformers.CLIPTextConfig(**cfg))
+    table = clip_conv.build_table(cfg)
+    jax_model = _jax_model(clip_conv.make_model, cfg, table, _numpy_state(torch_model))
+    return cfg, torch_model, jax_model
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_clip_parity(clip_pair, padded):
+    cfg, torch_model, jax_model = clip_pair
+    ids, mask = _clip_tokens(cfg, 3, np.random.default_rng(1))
+    with torch.no_grad():
+        ref = torch_model(torch.from_numpy(ids),
+                          attention_mask=torch.from_numpy(mask) if padded else None,
+                          output_hidden_states=True)
+    out = _jit_apply(jax_model, jnp.asarray(ids), jnp.asarray(mask) if padded else None,
+                     output_hidden_states=True)
+    assert len(ref.hidden_states) == cfg["num_hidden_layers"] + 1
+    expected = dict(last_hidden_state=ref.last_hidden_state, penultimate=ref.hidden_states[-2],
+                    text_embeds=ref.text_embeds)
+    # every hidden state too (clip_skip reads hidden_states[-(skip + 2)])
+    expected.update({f"hidden_states[{i}]": h for i, h in enumerate(ref.hidden_states)})
+    got_all = dict(out, **{f"hidden_states[{i}]": h for i, h in enumerate(out["hidden_states"])})
+    assert len(out["hidden_states"]) == len(ref.hidden_states)
+    for name, want in expected.items():
+        got = np.asarray(got_all[name])
+        assert got.shape == tuple(want.shape), name
+        np.testing.assert_allclose(got, want.numpy(), atol=ATOL, rtol=0, err_msg=name)
+
+
+# ---- T5 ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def t5_pair():
+    torch_model = _torch_model(transformers.T5EncoderModel, transformers.T5Config(**T5_CONFIG))
+    table = t5_conv.build_table(T5_CONFIG)
+    jax_model = _jax_model(t5_conv.make_model, T5_CONFIG, table, _t5_saved_state(torch_model))
+    return torch_model, jax_model
+
+
+def _t5_saved_state(torch_model) -> dict[str, np.ndarray]:
+    """The keys save_pretrained writes: the tied embedding copy is not stored."""
+    state = _numpy_state(torch_model)
+    del state[t5_conv.TIED_COPY]
+    return state
+
+
+def _t5_tokens(batch: int, rng: np.random.Generator):
+    ids = rng.integers(2, T5_CONFIG["vocab_size"], size=(batch, SEQ))
+    mask = np.ones((batch, SEQ), np.int64)
+    for row, length in enumerate(rng.integers(1, SEQ, size=batch)):
+        ids[row, length:] = 0
+        mask[row, length:] = 0
+    mask[0] = 1
+    return ids, mask
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_t5_parity(t5_pair, padded):
+    torch_model, jax_model = t5_pair
+    ids, mask = _t5_tokens(3, np.random.default_rng(3))
+    with torch.no_grad():
+        want = torch_model(torch.from_numpy(ids),
+                           attention_mask=torch.from_numpy(mask) if padded else None).last_hidden_state
+    got = _jit_apply(jax_model, jnp.asarray(ids), jnp.asarray(mask) if padded else None)
+    np.testing.assert_allclose(np.asarray(got), want.numpy(), atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("buckets,max_distance,length", [(8, 16, 40), (32, 128, 600)])
+def test_t5_buckets_match_transformers(buckets, max_distance, length):
+    pos = torch.arange(length)
+    want = transformers.models.t5.modeling_t5.T5Attention._relative_position_bucket(
+        pos[None, :] - pos[:, None], bidirectional=True, num_buckets=buckets,
+        max_distance=max_distance)
+    got = relative_position_buckets(length, length, buckets, max_distance)
+    np.testing.assert_array_equal(got, want.numpy())
+
+
+def test_t5_bf16_compute_tracks_fp32(t5_pair):
+    _, jax_model = t5_pair
+    ids, mask = _t5_tokens(2, np.random.default_rng(4))
+    ref = np.asarray(_jit_apply(jax_model, jnp.asarray(ids), jnp.asarray(mask)))
+    bf16 = nnx.eval_shape(lambda: t5_conv.make_model(T5_CONFIG, dtype=jnp.bfloat16,
+                                                     rngs=nnx.Rngs(0)))
+    _set_params(bf16, flat_arrays(jax_model))
+    got = _jit_apply(bf16, jnp.asarray(ids), jnp.asarray(mask))
+    assert got.dtype == jnp.bfloat16
+    err = np.max(np.abs(np.asarray(got, np.float32) - ref))
+    assert err < 0.05 * np.max(np.abs(ref)), err
+
+
+def test_t5_sharded_matches_torch(t5_pair):
+    """Under an 8-device mesh the activation constraints apply; the numbers must not move."""
+    torch_model, jax_model = t5_pair
+    ids, mask = _t5_tokens(4, np.random.default_rng(5))
+    with torch.no_grad():
+        want = torch_model(torch.from_numpy(ids), attention_mask=torch.from_numpy(mask))
+    mesh = jax.make_mesh((2, 2, 2), MESH_AXES, axis_types=(jax.sharding.AxisType.Auto,) * 3)
+    with jax.set_mesh(mesh):
+        got = _jit_apply(jax_model, jnp.asarray(ids), jnp.asarray(mask))
+    np.testing.assert_allclose(np.asarray(got), want.last_hidden_state.numpy(), atol=ATOL, rtol=0)
+
+
+# ---- converters -------------------------------------------------------------------------------
+
+
+def _round_trip(torch_cls, hf_config, cfg, conv, dtype, tmp_path, saved_state):
+    """torch save_pretrained -> safetensors -> jax -> safetensors -> torch load strict."""
+    torch_model = _torch_model(torch_cls, hf_config).to(dtype)
+    src = tmp_path / "src"
+    torch_model.save_pretrained(src)
+    with open(src / "config.json") as f:
+        config = json.load(f)
+    spec = spec_for(config)
+    assert spec is conv.SPEC
+    param_dtype = jnp.bfloat16 if dtype == torch.bfloat16 else jnp.float32
+    jax_model = nnx.eval_shape(lambda: spec.make_model(config, param_dtype=param_dtype,
+                                                       rngs=nnx.Rngs(1)))
+    table = spec.build_table(config)
+    _set_params(jax_model, convert_to_jax(table, open_checkpoint(str(src)), flat_shapes(jax_model)))
+    assert all(v.dtype == param_dtype for v in flat_params(jax_model).values())
+    out = tmp_path / "out"
+    save_checkpoint(convert_to_diffusers(table, flat_arrays(jax_model)), str(out),
+                    stem=spec.weights_stem)
+    assert os.listdir(out) == ["model.safetensors"]
+    back = {k: v() for k, v in open_checkpoint(str(out)).items()}
+    original = saved_state(torch_model)
+    assert set(back) == set(original)
+    for key, value in original.items():
+        assert back[key].dtype == value.dtype, key
+        np.testing.assert_array_equal(back[key].view(np.uint8), value.view(np.uint8), err_msg=key)
+    reloaded = torch_cls(hf_config).to(dtype)
+    tensors = {k: torch.from_numpy(v.view(np.int16)).view(torch.bfloat16)
+               if v.dtype == ml_dtypes.bfloat16 else torch.from_numpy(v) for k, v in back.items()}
+    if torch_cls is transformers.T5EncoderModel:  # the tied copy is the same tensor
+        tensors[t5_conv.TIED_COPY] = tensors["shared.weight"]
+    reloaded.load_state_dict(tensors, strict=True)
+    for key, value in torch_model.state_dict().items():
+        assert torch.equal(reloaded.state_dict()[key], value), key
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_clip_round_trip_bit_identical(dtype, tmp_path):
+    cfg = CLIP_CONFIGS["quick_gelu"]
+    _round_trip(transformers.CLIPTextModelWithProjection, transformers.CLIPTextConfig(**cfg), cfg,
+                clip_conv, dtype, tmp_path, _numpy_state)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_t5_round_trip_bit_identical(dtype, tmp_path):
+    _round_trip(transformers.T5EncoderModel, transformers.T5Config(**T5_CONFIG), T5_CONFIG,
+                t5_conv, dtype, tmp_path, _t5_saved_state)
+
+
+def test_t5_tied_copy_is_folded():
+    torch_model = _torch_model(transformers.T5EncoderModel, transformers.T5Config(**T5_CONFIG))
+    state = _numpy_state(torch_model)  # holds both shared.weight and the tied copy
+    table = t5_conv.build_table(T5_CONFIG)
+    with pytest.raises(ConversionError, match=t5_conv.TIED_COPY.replace(".", r"\.")):
+        convert_to_jax(table, _loaders(state))
+    flat = convert_to_jax(table, t5_conv.drop_tied_copy(_loaders(state)))
+    np.testing.assert_array_equal(flat["shared"], state["shared.weight"])
+
+
+@pytest.mark.parametrize("which", ["clip", "t5"])
+def test_missing_extra_and_misshaped_keys_are_named(which):
+    if which == "clip":
+        cfg = CLIP_CONFIGS["quick_gelu"]
+        torch_model = _torch_model(transformers.CLIPTextModelWithProjection,
+                                   transformers.CLIPTextConfig(**cfg))
+        conv, state = clip_conv, _numpy_state(torch_model)
+    else:
+        cfg = T5_CONFIG
+        torch_model = _torch_model(transformers.T5EncoderModel, transformers.T5Config(**cfg))
+        conv, state = t5_conv, _t5_saved_state(torch_model)
+    table = conv.build_table(cfg)
+    shapes = flat_shapes(nnx.eval_shape(lambda: conv.make_model(cfg, rngs=nnx.Rngs(0))))
+    victim = sorted(state)[len(state) // 2]
+
+    missing = {k: v for k, v in state.items() if k != victim}
+    with pytest.raises(ConversionError, match=f"missing keys: .*{victim}"):
+        convert_to_jax(table, _loaders(missing), shapes)
+    with pytest.raises(ConversionError, match="unexpected keys: .*bogus.weight"):
+        convert_to_jax(table, _loaders({**state, "bogus.weight": np.zeros(3, np.float32)}), shapes)
+    bad = dict(state)
+    bad[victim] = np.zeros(state[victim].shape + (2,), state[victim].dtype)
+    with pytest.raises(ConversionError, match=f"wrong shape for {victim}"):
+        convert_to_jax(table, _loaders(bad), shapes)
+    # every model parameter is mapped, and the table names nothing the model lacks
+    assert {r.jax for r in table} == set(shapes)
