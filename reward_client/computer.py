@@ -28,6 +28,7 @@ there (never an invented value) and ``dropped_groups`` counts them, as does ``me
 """
 from __future__ import annotations
 
+import difflib
 import threading
 import time
 from dataclasses import dataclass, field
@@ -77,14 +78,16 @@ class RewardComputer:
         self.local_specs, self.remote_specs = [], []
         for spec in self.specs:
             local = spec.local if spec.local is not None else remote is None
-            if local:
+            if local and (spec.local or is_local(spec.name)):
                 get_reward(spec.name)  # unknown name -> error listing the local rewards
                 self.local_specs.append(spec)
             elif remote is None:
+                hint = difflib.get_close_matches(spec.name, available_rewards(), n=1)
                 raise RewardConfigError(
-                    f"reward {spec.name!r} needs a reward service but none is configured: set "
+                    f"reward {spec.name!r} is not a local reward"
+                    + (f" (did you mean {hint[0]!r}?)" if hint else "")
+                    + " and no reward service is configured: set "
                     f"REMOTE_REWARD_ENQUEUE_URL and REMOTE_REWARD_FETCH_URL (or the remote config keys)"
-                    + (", or mark it local: True" if is_local(spec.name) else "")
                     + f"; local rewards: {available_rewards()}")
             else:
                 self.remote_specs.append(spec)
