@@ -34,7 +34,10 @@ def test_recipe_values_and_overrides(tmp_path):
         ("train.optm_betas", "(0.8, 0.9)"), ("policy.lora.target_modules", "attn.to_q,attn.to_k"),
         ("train.output_dir", "/tmp/x y"), ("train.ema_decay", "1"),
         ("train.train_policy.remote_reward.reward_fns", "[{'name': 'ocr', 'weight': 2.0}]"),
+        ("distributed.num_processes", "2"), ("train.wandb.name", "None"),
     ])
+    assert config.distributed.num_processes == 2 and config.distributed.process_id is None
+    assert config.train.wandb.name == "None"  # a str key keeps the text
     assert config.train.max_steps == 7
     assert config.policy.diffusers.inference_size == (64, 32)
     assert config.train.optm_lr == 1e-3 and isinstance(config.train.optm_lr, float)
@@ -88,6 +91,10 @@ def test_type_mismatch_names_key_and_type(tmp_path):
         cfg.load_config(path, [("train.ema_enable", "maybe")])
     with pytest.raises(ConfigError, match=r"'train.optm_betas' expects float"):
         cfg.load_config(path, [("train.optm_betas", "(0.9, 'a')")])
+    with pytest.raises(ConfigError, match=r"'distributed.process_id' expects int, got 'x'"):
+        cfg.load_config(path, [("distributed.process_id", "x")])  # typed placeholder
+    with pytest.raises(ConfigError, match=r"'train.max_steps' must be set"):
+        cfg.load_config(path, [("train.max_steps", "None")])
     with pytest.raises(ConfigError, match=r"'train' is a section"):
         cfg.load_config(path, [("train", "3")])
     bad = write_recipe(tmp_path, "config.train.max_steps = 'five'\n", name="r3.py")

@@ -131,6 +131,8 @@ def _literal(text: str) -> Any:
 def parse_value(text: str, want: type, key: str, example: Any = None) -> Any:
     """Command-line text -> value of the field's type, the way ml_collections reads flags."""
     stripped = text.strip()
+    if stripped in ("None", "none", "null") and want is not str:
+        return None  # ml_collections lets any field hold None (placeholders default to it)
     if want is bool:
         low = stripped.lower()
         if low in _TRUE:

@@ -12,6 +12,7 @@ import copy
 import difflib
 
 import ml_collections
+from ml_collections.config_dict import placeholder
 
 from wfm_jax.config import ConfigError, get, register_check
 
@@ -113,10 +114,10 @@ DEFAULTS = {
             "holdout_fraction": 0.0,  # > 0: hold out this fraction of the training prompts
         },
     },
-    "distributed": {
-        "coordinator_address": "",  # empty: single process, or auto-detected by jax (TPU/SLURM)
-        "num_processes": 0,         # 0: auto
-        "process_id": -1,           # -1: auto
+    "distributed": {  # None: from JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID
+        "coordinator_address": placeholder(str),
+        "num_processes": placeholder(int),
+        "process_id": placeholder(int),
     },
     "data": {
         "skip_bad_samples": False,  # corrupt media: skipped and counted instead of an error
@@ -167,9 +168,16 @@ def check_choices(config) -> None:
             raise ConfigError(f"config key '{key}' = {value!r} is not one of {list(allowed)}{hint}")
 
 
+def _required(config, key):
+    value = get(config, key)
+    if value is None:
+        raise ConfigError(f"config key '{key}' must be set (it is None)")
+    return value
+
+
 def _positive(config, keys, allow_zero=False):
     for key in keys:
-        value = get(config, key)
+        value = _required(config, key)
         if value < 0 or (value == 0 and not allow_zero):
             raise ConfigError(f"config key '{key}' must be {'>= 0' if allow_zero else '> 0'}, got {value}")
 
@@ -189,22 +197,23 @@ def check_ranges(config) -> None:
                        "data.num_workers", "data.prefetch_buffer_size"], allow_zero=True)
     for key in ("train.ema_decay", "train.train_policy.timesteps_fraction",
                 "validation.dataset.holdout_fraction"):
-        if not 0.0 <= get(config, key) <= 1.0:
+        if not 0.0 <= _required(config, key) <= 1.0:
             raise ConfigError(f"config key '{key}' must be in [0, 1], got {get(config, key)}")
     if get(config, "validation.dataset.holdout_fraction") >= 1.0:
         raise ConfigError("config key 'validation.dataset.holdout_fraction' must be < 1")
-    betas = get(config, "train.optm_betas")
+    betas = _required(config, "train.optm_betas")
     if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
         raise ConfigError(f"config key 'train.optm_betas' must be two numbers in [0, 1), got {betas}")
-    size = get(config, "policy.diffusers.inference_size")
+    size = _required(config, "policy.diffusers.inference_size")
     if len(size) != 2 or not all(isinstance(s, int) and s > 0 for s in size):
         raise ConfigError(f"config key 'policy.diffusers.inference_size' must be (H, W) positive "
                           f"ints, got {size}")
-    data = get(config, "policy.parallelism.data")
+    data = _required(config, "policy.parallelism.data")
     if data == 0 or data < -1:
         raise ConfigError(f"config key 'policy.parallelism.data' must be > 0 or -1 (all devices "
                           f"left over), got {data}")
-    low, high = get(config, "train.train_policy.advantage_low"), get(config, "train.train_policy.advantage_high")
+    low = _required(config, "train.train_policy.advantage_low")
+    high = _required(config, "train.train_policy.advantage_high")
     if low > high:
         raise ConfigError(f"config keys 'train.train_policy.advantage_low' ({low}) > "
                           f"'advantage_high' ({high})")
@@ -223,7 +232,7 @@ def check_groups(config) -> None:
 
 @register_check
 def check_reward_fns(config) -> None:
-    for i, fn in enumerate(get(config, "train.train_policy.remote_reward.reward_fns")):
+    for i, fn in enumerate(get(config, "train.train_policy.remote_reward.reward_fns") or ()):
         where = f"train.train_policy.remote_reward.reward_fns[{i}]"
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
             raise ConfigError(f"config key '{where}' must be a dict with a non-empty 'name'")
