@@ -16,15 +16,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 from typing import Any, NamedTuple
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
-
-log = logging.getLogger(__name__)
 
 _FORMAT = 1
 
