@@ -1,0 +1,177 @@
+"""SD3 MMDiT: forward parity with diffusers, and the two-way converter table.
+
+Tiny random diffusers models (every weight re-drawn, so zero-initialised modulation and output
+layers do not hide mistakes) go through the converter table into the wfm_jax model; the forward
+must match torch in fp32 to 2e-5. The latent grid is non-square and smaller than
+pos_embed_max_size, so the centre crop of the position table is exercised.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+import torch
+from diffusers import SD3Transformer2DModel
+from flax import nnx
+
+from converters.sd3_transformer import build_table, make_model
+from converters.table import ConversionError, convert_to_diffusers, convert_to_jax
+from wfm_jax.models.sd3 import SD3Transformer
+from wfm_jax.models.state import flat_arrays, flat_params, flat_shapes
+
+BASE = dict(sample_size=16, patch_size=2, in_channels=4, num_layers=2, attention_head_dim=8,
+            num_attention_heads=2, joint_attention_dim=16, caption_projection_dim=16,
+            pooled_projection_dim=8, out_channels=4, pos_embed_max_size=24)
+VARIANTS = {
+    "plain": {},
+    "qk_rms": dict(qk_norm="rms_norm"),
+    "dual": dict(dual_attention_layers=(0,), qk_norm="rms_norm"),
+}
+BATCH, HEIGHT, WIDTH, TEXT_LEN = 2, 8, 12, 5  # 4x6 patches, cropped from the 24x24 table
+TIMESTEPS = np.array([37.25, 812.9], np.float32)  # non-integer, far apart
+ATOL = 2e-5
+# bf16 compute (fp32 master weights) vs fp32: bf16 keeps 8 mantissa bits (rel. step 2^-8 ~ 4e-3);
+# rounding through ~10 matmul/attention stages of this tiny model stays within a few percent of
+# the output scale.
+BF16_REL_TOL = 5e-2
+
+
+def _torch_model(variant: str) -> tuple[dict, SD3Transformer2DModel]:
+    config = {**BASE, **VARIANTS[variant]}
+    torch.manual_seed(0)
+    model = SD3Transformer2DModel(**config).eval()
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():  # diffusers zero-inits adaLN / out layers: redraw all
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.05)
+        # pos_embed is a buffer: perturb it too, so the test sees the checkpoint's table is used
+        model.pos_embed.pos_embed.add_(torch.randn(model.pos_embed.pos_embed.shape, generator=gen)
+                                       * 0.01)
+    return config, model
+
+
+def _loaders(tensors: dict[str, np.ndarray]):
+    return {k: (lambda v=v: v) for k, v in tensors.items()}
+
+
+def _numpy_state(model: torch.nn.Module, dtype=torch.float32) -> dict[str, np.ndarray]:
+    out = {}
+    for k, v in model.state_dict().items():
+        v = v.detach().to(dtype).contiguous()
+        if dtype == torch.bfloat16:
+            out[k] = v.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+        else:
+            out[k] = v.numpy()
+    return out
+
+
+def _jax_model(config, tensors, *, dtype=None, param_dtype=jnp.float32, **options):
+    """Abstract model (no random init: that costs one compile per shape) filled from the table."""
+    model = nnx.eval_shape(lambda: make_model(config, dtype=dtype, param_dtype=param_dtype,
+                                              rngs=nnx.Rngs(0), **options))
+    flat = convert_to_jax(build_table(config), _loaders(tensors), flat_shapes(model))
+    params = flat_params(model)
+    assert set(params) == set(flat)
+    for key, var in params.items():
+        var.set_value(jnp.asarray(flat[key], param_dtype))
+    return model
+
+
+def _inputs():
+    rng = np.random.default_rng(0)
+    return (rng.standard_normal((BATCH, 4, HEIGHT, WIDTH), np.float32),
+            rng.standard_normal((BATCH, TEXT_LEN, BASE["joint_attention_dim"]), np.float32),
+            rng.standard_normal((BATCH, BASE["pooled_projection_dim"]), np.float32),
+            TIMESTEPS)
+
+
+def _jit_forward(model):
+    graph, state = nnx.split(model)
+    fn = jax.jit(lambda s, *a: nnx.merge(graph, s)(*a))
+    return lambda *a: np.asarray(fn(state, *a))
+
+
+@pytest.fixture(scope="module", params=list(VARIANTS))
+def case(request):
+    config, torch_model = _torch_model(request.param)
+    inputs = _inputs()
+    with torch.no_grad():
+        want = torch_model(*(torch.from_numpy(x) for x in inputs), return_dict=False)[0].numpy()
+    return dict(variant=request.param, config=config, torch_model=torch_model,
+                tensors=_numpy_state(torch_model), inputs=inputs, want=want)
+
+
+def test_forward_matches_diffusers_fp32(case):
+    model = _jax_model(case["config"], case["tensors"])
+    got = _jit_forward(model)(*case["inputs"])
+    assert got.shape == case["want"].shape
+    err = np.max(np.abs(got - case["want"]))
+    assert err <= ATOL, f"{case['variant']}: max abs diff {err:.3g}"
+
+
+def test_bf16_compute_close_to_fp32(case):
+    if case["variant"] != "dual":  # the richest variant is enough for a smoke check
+        pytest.skip("bf16 smoke check runs on the dual-attention variant only")
+    model = _jax_model(case["config"], case["tensors"], dtype=jnp.bfloat16)
+    got = _jit_forward(model)(*case["inputs"])
+    assert got.dtype == jnp.bfloat16
+    got = got.astype(np.float32)
+    assert np.all(np.isfinite(got))
+    want = case["want"]
+    rel = np.max(np.abs(got - want)) / np.max(np.abs(want))
+    assert rel <= BF16_REL_TOL, f"bf16 vs fp32 relative error {rel:.3g}"
+
+
+def test_table_maps_every_key_exactly_once(case):
+    table = build_table(case["config"])
+    hf_keys = [r.hf for r in table]
+    jax_paths = [r.jax for r in table]
+    assert len(set(hf_keys)) == len(hf_keys) and len(set(jax_paths)) == len(jax_paths)
+    assert set(hf_keys) == set(case["tensors"])
+    model = nnx.eval_shape(lambda: SD3Transformer(case["config"], rngs=nnx.Rngs(0)))
+    assert set(jax_paths) == set(flat_shapes(model))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_round_trip_is_bit_identical_and_loads_in_diffusers(case, dtype):
+    torch_dtype = getattr(torch, dtype)
+    param_dtype = jnp.dtype(dtype)
+    tensors = _numpy_state(case["torch_model"], torch_dtype)
+    model = _jax_model(case["config"], tensors, param_dtype=param_dtype)
+    back = convert_to_diffusers(build_table(case["config"]), flat_arrays(model))
+    assert set(back) == set(tensors)
+    for key, value in tensors.items():
+        assert back[key].dtype == value.dtype and back[key].shape == value.shape, key
+        assert back[key].tobytes() == value.tobytes(), f"{key} changed in the round trip"
+    reloaded = SD3Transformer2DModel(**case["config"]).to(torch_dtype)
+    state = {k: (torch.from_numpy(v.view(np.int16)).view(torch.bfloat16) if dtype == "bfloat16"
+                 else torch.from_numpy(v)) for k, v in back.items()}
+    reloaded.load_state_dict(state, strict=True)
+
+
+def test_bad_checkpoints_name_the_key(case):
+    if case["variant"] != "plain":
+        pytest.skip("key checks are variant independent")
+    config, tensors = case["config"], case["tensors"]
+    table = build_table(config)
+    shapes = flat_shapes(nnx.eval_shape(lambda: SD3Transformer(config, rngs=nnx.Rngs(0))))
+    key = "transformer_blocks.0.attn.to_q.weight"
+
+    missing = {k: v for k, v in tensors.items() if k != key}
+    with pytest.raises(ConversionError, match=key):
+        convert_to_jax(table, _loaders(missing), shapes)
+
+    extra = {**tensors, "transformer_blocks.0.attn.bogus.weight": tensors[key]}
+    with pytest.raises(ConversionError, match="transformer_blocks.0.attn.bogus.weight"):
+        convert_to_jax(table, _loaders(extra), shapes)
+
+    wrong = {**tensors, key: np.zeros((3, 16), np.float32)}
+    with pytest.raises(ConversionError, match=key):
+        convert_to_jax(table, _loaders(wrong), shapes)
+
+    # a checkpoint of another config (qk norm) has keys this table does not know
+    qk_tensors = _numpy_state(_torch_model("qk_rms")[1])
+    with pytest.raises(ConversionError, match="norm_q"):
+        convert_to_jax(table, _loaders(qk_tensors), shapes)

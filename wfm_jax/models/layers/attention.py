@@ -1,0 +1,119 @@
+"""Multi-head attention as diffusers' `Attention` + `JointAttnProcessor2_0` compute it.
+
+`Attention` holds the projections under diffusers' module names (to_q, to_k, to_v, to_out.0, and
+for joint attention add_q_proj, add_k_proj, add_v_proj, to_add_out), so LoRA target names such as
+"attn.to_q" address the same layers in both frameworks. The kernel itself is
+`jax.nn.dot_product_attention` with a selectable implementation ("xla", "cudnn" on GPU, or None to
+let JAX choose).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from wfm_jax import mesh
+from wfm_jax.models.layers.linear import Linear
+from wfm_jax.models.layers.norms import LayerNorm, RMSNorm
+
+ATTENTION_IMPLS = ("xla", "cudnn", None)
+QKV_AXES = ("act_batch", "act_seq", "act_heads", None)
+
+
+def check_attention_impl(impl, compute_dtype) -> None:
+    if impl not in ATTENTION_IMPLS:
+        raise ValueError(f"attention_impl must be one of {ATTENTION_IMPLS}, got {impl!r}")
+    if impl == "cudnn" and jnp.dtype(compute_dtype) not in (jnp.bfloat16, jnp.float16):
+        raise ValueError(f"attention_impl='cudnn' needs a bf16/fp16 compute dtype, got {compute_dtype}")
+
+
+def dot_product_attention(q, k, v, *, implementation="xla"):
+    """Softmax attention over (B, T, N, H) arrays, scale 1/sqrt(H), no mask (as SD3 uses it)."""
+    q, k, v = (mesh.constrain(t, QKV_AXES) for t in (q, k, v))
+    return jax.nn.dot_product_attention(q, k, v, implementation=implementation)
+
+
+def joint_attention(sample_qkv, context_qkv, *, implementation="xla"):
+    """Attention over the concatenation [sample tokens, context tokens]; returns both parts.
+
+    Each *_qkv is a (q, k, v) triple of (B, T, N, H) arrays; the sample tokens come first in the
+    joint sequence, as in JointAttnProcessor2_0.
+    """
+    n = sample_qkv[0].shape[1]
+    q, k, v = (jnp.concatenate([s, c], axis=1) for s, c in zip(sample_qkv, context_qkv))
+    out = dot_product_attention(q, k, v, implementation=implementation)
+    return out[:, :n], out[:, n:]
+
+
+def make_qk_norm(kind: str | None, head_dim: int, *, eps: float, param_dtype):
+    """diffusers Attention's per-head q/k norm for the kinds SD3-style blocks use."""
+    if kind is None:
+        return None
+    if kind == "rms_norm":
+        return RMSNorm(head_dim, eps=eps, param_dtype=param_dtype)
+    if kind == "layer_norm":
+        return LayerNorm(head_dim, eps=eps, param_dtype=param_dtype, axes=(None,))
+    if kind == "fp32_layer_norm":
+        return LayerNorm(head_dim, eps=eps, affine=False, param_dtype=param_dtype, axes=(None,))
+    raise ValueError(f"unsupported qk_norm {kind!r}; supported: None, 'rms_norm', 'layer_norm', "
+                     "'fp32_layer_norm'")
+
+
+class Attention(nnx.Module):
+    """Self-attention, or joint attention when `added_kv_proj_dim` is set (SD3 MMDiT).
+
+    `context_pre_only=True` (the last SD3 block) keeps the context projections that feed the joint
+    attention but drops `to_add_out`: the context output of that block is discarded.
+    """
+
+    def __init__(self, dim: int, heads: int, head_dim: int, *, rngs: nnx.Rngs,
+                 added_kv_proj_dim: int | None = None, context_pre_only: bool = False,
+                 qk_norm: str | None = None, eps: float = 1e-6, dtype=None,
+                 param_dtype=jnp.float32, attention_impl="xla"):
+        self.heads, self.head_dim = heads, head_dim
+        self.attention_impl = attention_impl
+        inner = heads * head_dim
+        lin = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+        self.to_q = Linear(dim, inner, axes=("embed", "heads"), **lin)
+        self.to_k = Linear(dim, inner, axes=("embed", "heads"), **lin)
+        self.to_v = Linear(dim, inner, axes=("embed", "heads"), **lin)
+        self.to_out = nnx.List([Linear(inner, dim, axes=("heads", "embed"), **lin)])
+        self.norm_q = make_qk_norm(qk_norm, head_dim, eps=eps, param_dtype=param_dtype)
+        self.norm_k = make_qk_norm(qk_norm, head_dim, eps=eps, param_dtype=param_dtype)
+        self.joint = added_kv_proj_dim is not None
+        joint, ctx_out = self.joint, self.joint and not context_pre_only
+        ctx_in = added_kv_proj_dim
+        self.add_q_proj = Linear(ctx_in, inner, axes=("embed", "heads"), **lin) if joint else None
+        self.add_k_proj = Linear(ctx_in, inner, axes=("embed", "heads"), **lin) if joint else None
+        self.add_v_proj = Linear(ctx_in, inner, axes=("embed", "heads"), **lin) if joint else None
+        self.to_add_out = Linear(inner, dim, axes=("heads", "embed"), **lin) if ctx_out else None
+        qk_added = qk_norm if joint else None
+        self.norm_added_q = make_qk_norm(qk_added, head_dim, eps=eps, param_dtype=param_dtype)
+        self.norm_added_k = make_qk_norm(qk_added, head_dim, eps=eps, param_dtype=param_dtype)
+
+    def _heads(self, x):
+        return x.reshape(*x.shape[:2], self.heads, self.head_dim)
+
+    def _qkv(self, x, to_q, to_k, to_v, norm_q, norm_k):
+        q, k, v = self._heads(to_q(x)), self._heads(to_k(x)), self._heads(to_v(x))
+        if norm_q is not None:
+            q = norm_q(q)
+        if norm_k is not None:
+            k = norm_k(k)
+        return q, k, v
+
+    def _merge(self, x):
+        return x.reshape(*x.shape[:2], self.heads * self.head_dim)
+
+    def __call__(self, hidden_states, encoder_hidden_states=None):
+        """Returns the sample output, or (sample, context-or-None) for joint attention."""
+        sample = self._qkv(hidden_states, self.to_q, self.to_k, self.to_v, self.norm_q, self.norm_k)
+        if not self.joint:
+            out = dot_product_attention(*sample, implementation=self.attention_impl)
+            return self.to_out[0](self._merge(out))
+        context = self._qkv(encoder_hidden_states, self.add_q_proj, self.add_k_proj,
+                            self.add_v_proj, self.norm_added_q, self.norm_added_k)
+        out, ctx = joint_attention(sample, context, implementation=self.attention_impl)
+        out = self.to_out[0](self._merge(out))
+        ctx = self.to_add_out(self._merge(ctx)) if self.to_add_out is not None else None
+        return out, ctx

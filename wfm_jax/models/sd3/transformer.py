@@ -1,0 +1,124 @@
+"""SD3-family MMDiT (diffusers `SD3Transformer2DModel`) in Flax NNX.
+
+Built from the diffusers config.json dict; covers SD3-Medium (plain), SD3.5-Large
+(`qk_norm="rms_norm"`) and SD3.5-Medium MMDiT-X (`dual_attention_layers` + qk norm).
+IP-adapter, ControlNet residuals and `skip_layers` of the diffusers forward are not implemented.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from wfm_jax import mesh
+from wfm_jax.models.layers.attention import check_attention_impl
+from wfm_jax.models.layers.embeddings import CombinedTimestepTextProjEmbeddings, PatchEmbed
+from wfm_jax.models.layers.linear import Linear
+from wfm_jax.models.sd3.blocks import AdaLayerNormContinuous, JointTransformerBlock
+
+# diffusers SD3Transformer2DModel.__init__ defaults
+DEFAULTS = dict(sample_size=128, patch_size=2, in_channels=16, num_layers=18, attention_head_dim=64,
+                num_attention_heads=18, joint_attention_dim=4096, caption_projection_dim=1152,
+                pooled_projection_dim=2048, out_channels=16, pos_embed_max_size=96,
+                dual_attention_layers=(), qk_norm=None)
+
+# "none": keep every activation; "full": recompute the whole block in the backward pass;
+# "dots": keep only matmul outputs without batch dims (the linear layers), recompute the rest.
+REMAT_POLICIES = {
+    "none": None,
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+TOKEN_AXES = ("act_batch", "act_seq", "act_embed")
+
+
+def sd3_config(config: dict) -> dict:
+    """diffusers config.json dict -> complete SD3 config (defaults filled, unknown keys refused)."""
+    cfg = {k: v for k, v in config.items() if not k.startswith("_")}
+    unknown = set(cfg) - set(DEFAULTS)
+    if unknown:
+        raise ValueError(f"unknown SD3Transformer2DModel config keys: {sorted(unknown)}")
+    cfg = {**DEFAULTS, **cfg}
+    if cfg["out_channels"] is None:
+        cfg["out_channels"] = cfg["in_channels"]
+    cfg["dual_attention_layers"] = tuple(cfg["dual_attention_layers"] or ())
+    inner = cfg["num_attention_heads"] * cfg["attention_head_dim"]
+    if cfg["caption_projection_dim"] != inner:
+        # diffusers builds it anyway, but its joint attention then fails on the first call
+        raise ValueError(f"caption_projection_dim={cfg['caption_projection_dim']} must equal "
+                         f"num_attention_heads * attention_head_dim = {inner}")
+    return cfg
+
+
+class SD3Transformer(nnx.Module):
+    """MMDiT velocity model; call layout and meaning identical to the diffusers forward.
+
+    dtype: compute dtype (None: same as param_dtype); param_dtype: master weight dtype.
+    attention_impl: "xla", "cudnn" (GPU, bf16/fp16 compute) or None (JAX picks).
+    remat: "none" | "full" | "dots" per transformer block (see REMAT_POLICIES).
+    """
+
+    def __init__(self, config: dict, *, dtype=None, param_dtype=jnp.float32, rngs: nnx.Rngs,
+                 attention_impl="xla", remat: str = "none"):
+        cfg = sd3_config(config)
+        self._config_items = tuple(sorted(cfg.items()))  # hashable: part of the static graph
+        self.dtype = jnp.dtype(dtype or param_dtype)
+        check_attention_impl(attention_impl, self.dtype)
+        if remat not in REMAT_POLICIES:
+            raise ValueError(f"remat must be one of {sorted(REMAT_POLICIES)}, got {remat!r}")
+        self.remat = remat
+        self.patch_size = cfg["patch_size"]
+        self.out_channels = cfg["out_channels"]
+        dim = cfg["num_attention_heads"] * cfg["attention_head_dim"]
+        self.inner_dim = dim
+        kw = dict(rngs=rngs, dtype=self.dtype, param_dtype=param_dtype)
+
+        self.pos_embed = PatchEmbed(sample_size=cfg["sample_size"], patch_size=self.patch_size,
+                                    in_channels=cfg["in_channels"], embed_dim=dim,
+                                    pos_embed_max_size=cfg["pos_embed_max_size"], **kw)
+        self.time_text_embed = CombinedTimestepTextProjEmbeddings(
+            dim, cfg["pooled_projection_dim"], rngs=rngs, param_dtype=param_dtype)
+        self.context_embedder = Linear(cfg["joint_attention_dim"], cfg["caption_projection_dim"],
+                                       axes=(None, "embed"), **kw)
+        n = cfg["num_layers"]
+        self.transformer_blocks = nnx.List([
+            JointTransformerBlock(dim, cfg["num_attention_heads"], cfg["attention_head_dim"],
+                                  context_pre_only=i == n - 1, qk_norm=cfg["qk_norm"],
+                                  use_dual_attention=i in cfg["dual_attention_layers"],
+                                  attention_impl=attention_impl, **kw)
+            for i in range(n)])
+        self.norm_out = AdaLayerNormContinuous(dim, rngs=rngs, param_dtype=param_dtype)
+        self.proj_out = Linear(dim, self.patch_size ** 2 * self.out_channels, axes=("embed", None),
+                               **kw)
+
+    @property
+    def config(self) -> dict:
+        return dict(self._config_items)
+
+    def _run_block(self, block, x, c, temb):
+        if self.remat == "none":
+            return block(x, c, temb)
+        call = nnx.remat(lambda blk, x, c, t: blk(x, c, t), policy=REMAT_POLICIES[self.remat])
+        return call(block, x, c, temb)
+
+    def __call__(self, hidden_states, encoder_hidden_states, pooled_projections, timestep):
+        """(B,C,H,W) latents, (B,L,joint_dim) text, (B,pooled_dim), (B,) float t -> (B,C_out,H,W)."""
+        b, _, height, width = hidden_states.shape
+        p = self.patch_size
+        x = jnp.transpose(hidden_states, (0, 2, 3, 1)).astype(self.dtype)  # NCHW -> NHWC
+        x = mesh.constrain(self.pos_embed(x), TOKEN_AXES)
+        t = jnp.broadcast_to(jnp.asarray(timestep, jnp.float32).reshape(-1), (b,))
+        temb = self.time_text_embed(t, pooled_projections)
+        c = mesh.constrain(self.context_embedder(encoder_hidden_states), TOKEN_AXES)
+
+        for block in self.transformer_blocks:
+            c, x = self._run_block(block, x, c, temb)
+            x = mesh.constrain(x, TOKEN_AXES)
+            if c is not None:
+                c = mesh.constrain(c, TOKEN_AXES)
+
+        x = self.proj_out(self.norm_out(x, temb))
+        h, w = height // p, width // p
+        x = x.reshape(b, h, w, p, p, self.out_channels)
+        return jnp.einsum("nhwpqc->nchpwq", x).reshape(b, self.out_channels, h * p, w * p)
