@@ -215,10 +215,12 @@ class RewardComputer:
                 failed[spec.name] = RewardValueError(f"{exc}{tag}")
                 bad[:] = True
                 continue
-            for key, idx in nonfinite(keyed).items():
-                failed.setdefault(spec.name, RewardValueError(
-                    f"reward {spec.name!r} key {key!r}: NaN/inf scores at samples {idx.tolist()}{tag}"))
-                bad[idx] = True
+            bad_keys = nonfinite(keyed)
+            if bad_keys:
+                detail = ", ".join(f"key {k!r}: NaN/inf scores at samples {i.tolist()}" for k, i in bad_keys.items())
+                failed[spec.name] = RewardValueError(f"reward {spec.name!r} {detail}{tag}")
+                for idx in bad_keys.values():
+                    bad[idx] = True
             per_fn[spec.name] = sum(keyed.values())
         timings["total_s"] = time.monotonic() - t0
         messages = [str(e) for e in failed.values()]
@@ -227,8 +229,9 @@ class RewardComputer:
                 self._metrics["failed_batches"] += 1
             if self.on_failure == "raise":
                 kinds = {type(e) for e in failed.values()}
-                cls = RewardValueError if kinds == {RewardValueError} else RewardUnavailableError
-                raise cls("rewards unobtainable for this batch: " + " | ".join(messages))
+                cls = kinds.pop() if len(kinds) == 1 else RewardUnavailableError
+                raise cls("rewards unobtainable for this batch: " + " | ".join(messages)) \
+                    from next(iter(failed.values()))
         keep = ~np.isin(groups, groups[bad])
         total = np.full(batch, np.nan, np.float32)
         if keep.any():
