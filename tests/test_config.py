@@ -78,9 +78,23 @@ def test_recipe_typo_names_nearest_key(tmp_path):
     with pytest.raises(ConfigError) as err:
         cfg.load_config(path)
     assert "unknown key 'train.train_policy.timestep_fraction'; did you mean 'timesteps_fraction'?" in str(err.value)
+    assert str(err.value).startswith("recipe.py:4: ")  # the recipe line that has the typo
     path = write_recipe(tmp_path, "config.polcy.lora.r = 4\n", name="r2.py")
     with pytest.raises(ConfigError, match="unknown key 'polcy'; did you mean 'policy'"):
         cfg.load_config(path)
+    # a typo made in a helper / base recipe on a sub-tree still gets its full dotted path
+    (tmp_path / "child.py").write_text(textwrap.dedent("""\
+        from wfm_jax.config_schema import default_config
+        def tweak(train):
+            train.train_policy.timestep_fraction = 0.9
+        def get_config():
+            config = default_config()
+            tweak(config.train)
+            return config
+        """))
+    with pytest.raises(ConfigError, match=r"^child.py:3: unknown key 'train.train_policy.timestep_fraction'; "
+                                          r"did you mean 'timesteps_fraction'\?$"):
+        cfg.load_config(str(tmp_path / "child.py"))
 
 
 def test_type_mismatch_names_key_and_type(tmp_path):

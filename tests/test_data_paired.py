@@ -203,3 +203,15 @@ def test_video_loader_and_errors(video_dir, tmp_path):
     (tmp_path / "c.mp4").write_bytes(b"\x00" * 64)
     with pytest.raises(DataError, match=r"corrupt video .*c\.mp4"):
         load_video_window(str(tmp_path / "c.mp4"), SIZE, 2, np.random.default_rng(0))
+
+
+@pytest.mark.slow
+def test_worker_processes_give_the_same_batches(image_dir):
+    with paired_loader(str(image_dir), 2, SIZE, seed=9) as inline, \
+            paired_loader(str(image_dir), 2, SIZE, seed=9, num_workers=1) as workers:
+        want = [next(inline)["prompt"] for _ in range(4)]
+        assert [next(workers)["prompt"] for _ in range(2)] == want[:2]
+        state = json.loads(json.dumps(workers.state()))
+    with paired_loader(str(image_dir), 2, SIZE, seed=9, num_workers=1) as resumed:
+        resumed.restore(state)
+        assert [next(resumed)["prompt"] for _ in range(2)] == want[2:]

@@ -237,34 +237,37 @@ def _path_of(root: ConfigDict, target: ConfigDict, prefix: str = "") -> str | No
     return None
 
 
-def _recipe_error(exc: BaseException, recipe: str) -> ConfigError | None:
-    """Turn ml_collections' locked-dict / type errors raised inside a recipe into our one-liners.
-    The failing ConfigDict is `self` in the innermost ml_collections frame; its dotted path is
-    found by searching the ConfigDicts held in the recipe's own frames."""
+def _recipe_error(exc: BaseException) -> ConfigError | None:
+    """Turn ml_collections' locked-dict / type errors raised inside a recipe into our one-liners,
+    prefixed with the recipe line that made them. The failing ConfigDict is `self` in the first
+    ml_collections frame; its dotted path is found by searching the ConfigDicts held by the
+    calling frames (the recipe's `config`, or a base recipe's)."""
     tb = exc.__traceback__
-    node, roots, value = None, [], None
+    node, roots, value, where = None, [], None, None
     key = getattr(exc, "args", [None])[0]
     while tb is not None:
         frame = tb.tb_frame
         owner = frame.f_locals.get("self")
-        if isinstance(owner, ConfigDict) and node is None:
-            node = owner
-            key = frame.f_locals.get("attribute", frame.f_locals.get("key", key))
-            value = frame.f_locals.get("value", "?")
-        elif frame.f_code.co_filename == recipe:
+        if isinstance(owner, ConfigDict):
+            if node is None:
+                node = owner
+                key = frame.f_locals.get("attribute", frame.f_locals.get("key", key))
+                value = frame.f_locals.get("value", "?")
+        elif node is None:
             roots.extend(v for v in frame.f_locals.values() if isinstance(v, ConfigDict))
+            where = f"{os.path.basename(frame.f_code.co_filename)}:{tb.tb_lineno}"
         tb = tb.tb_next
     if node is None or not isinstance(key, str):
         return None
-    path = next((p for p in (_path_of(r, node) for r in roots) if p is not None), None)
-    root = next((r for r in roots if _path_of(r, node) is not None), node)
+    found = [(p, r) for r in roots for p in [_path_of(r, node)] if p is not None]
+    path, root = max(found, key=lambda pr: len(pr[0])) if found else ("", node)
     full = f"{path}.{key}" if path else key
     if isinstance(exc, TypeError):
-        return ConfigError(f"{os.path.basename(recipe)}: config key '{full}' expects "
-                           f"{_type_name(node.get_type(key))}, got {value!r} ({_type_name(type(value))})")
+        return ConfigError(f"{where}: config key '{full}' expects {_type_name(node.get_type(key))}, "
+                           f"got {value!r} ({_type_name(type(value))})")
     if key in node:
         return None
-    return ConfigError(f"{os.path.basename(recipe)}: {unknown_key_message(root, node, full)}")
+    return ConfigError(f"{where}: {unknown_key_message(root, node, full)}")
 
 
 def _run_recipe(path: str, arg: str | None) -> Any:
@@ -273,7 +276,6 @@ def _run_recipe(path: str, arg: str | None) -> Any:
     name = "wfm_jax_recipe_" + os.path.splitext(os.path.basename(path))[0]
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
-    real = os.path.realpath(path)
     try:
         spec.loader.exec_module(module)
         if not hasattr(module, "get_config"):
@@ -282,7 +284,7 @@ def _run_recipe(path: str, arg: str | None) -> Any:
     except ConfigError:
         raise
     except (AttributeError, KeyError, TypeError) as e:
-        converted = _recipe_error(e, module.__file__ if hasattr(module, "__file__") else real)
+        converted = _recipe_error(e)
         if converted is not None:
             raise converted from e
         raise ConfigError(f"{path}: {type(e).__name__}: {e}") from e

@@ -145,6 +145,18 @@ class Loader:
     def __next__(self) -> dict:
         return next(self._iterator)
 
+    def close(self) -> None:
+        """Stop grain's worker processes / prefetch threads (call before exiting)."""
+        close = getattr(self._iterator, "close", None)
+        if close is not None:
+            close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
     def state(self) -> dict:
         """JSON-serialisable position (grain iterator state + the skip log)."""
         return {"grain": self._iterator.get_state(), "skipped": self.skipped,
