@@ -1,0 +1,177 @@
+"""The SD3 text-to-image pipeline in JAX: the model interface trainers use.
+
+`SD3Pipeline` holds the NNX components of a diffusers `StableDiffusion3Pipeline` directory and
+offers what every trainer needs: `encode_prompt` (identical to diffusers' encode_prompt),
+`velocity` (the transformer, diffusers layout), `encode_visual` / `decode` (VAE with the config's
+shift and scaling). It knows nothing of training.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from wfm_jax.models.loading import load_model
+from wfm_jax.models.vae.autoencoder_kl import scale_latents, unscale_latents, vae_scale_factor
+
+PIPELINE_CLASS = "StableDiffusion3Pipeline"
+_TEXT = ("text_encoder", "text_encoder_2", "text_encoder_3")
+_TOKENIZERS = ("tokenizer", "tokenizer_2", "tokenizer_3")
+
+
+class PipelineError(ValueError):
+    """A pipeline directory that is missing, of the wrong class, or lacks a component."""
+
+
+def read_model_index(directory: str) -> dict:
+    index = os.path.join(directory, "model_index.json")
+    if not os.path.isdir(directory):
+        raise PipelineError(f"no such pipeline directory: {directory}")
+    if not os.path.isfile(index):
+        raise PipelineError(f"{directory} is not a diffusers pipeline (no model_index.json)")
+    with open(index) as f:
+        info = json.load(f)
+    found = info.get("_class_name")
+    if found != PIPELINE_CLASS:
+        raise PipelineError(f"{directory} holds a {found!r}, not a {PIPELINE_CLASS}")
+    return info
+
+
+def _present(info: dict, directory: str, name: str) -> bool:
+    entry = info.get(name)
+    return bool(entry) and entry[0] is not None and os.path.isdir(os.path.join(directory, name))
+
+
+def _load_tokenizer(directory: str, name: str, entry):
+    import transformers
+    cls = getattr(transformers, entry[1])
+    return cls.from_pretrained(os.path.join(directory, name))
+
+
+@dataclasses.dataclass
+class SD3Pipeline:
+    directory: str
+    transformer: Any
+    vae: Any
+    text_encoders: tuple  # CLIP-L, CLIP-G, T5 (T5 may be None, as diffusers allows)
+    tokenizers: tuple
+    transformer_config: dict
+    vae_config: dict
+    scheduler_config: dict
+
+    # ---------------------------------------------------------------- construction
+    @classmethod
+    def load(cls, directory: str, *, dtype=None, param_dtype=jnp.float32, mesh=None, rules=None,
+             text_dtype=None) -> "SD3Pipeline":
+        """Load every component of a local diffusers SD3 pipeline dir straight onto `mesh`."""
+        info = read_model_index(directory)
+        for name in ("transformer", "vae", "scheduler", "text_encoder", "text_encoder_2",
+                     "tokenizer", "tokenizer_2"):
+            if not _present(info, directory, name):
+                raise PipelineError(f"pipeline {directory} lacks its {name!r} component")
+        kw = dict(param_dtype=param_dtype, mesh=mesh, rules=rules)
+        transformer, t_cfg = load_model(directory, component="transformer", dtype=dtype, **kw)
+        vae, v_cfg = load_model(directory, component="vae", dtype=None, **kw)
+        encoders, tokenizers = [], []
+        for enc, tok in zip(_TEXT, _TOKENIZERS):
+            if _present(info, directory, enc):
+                encoders.append(load_model(directory, component=enc, dtype=text_dtype, **kw)[0])
+                tokenizers.append(_load_tokenizer(directory, tok, info[tok]))
+            else:
+                encoders.append(None)
+                tokenizers.append(None)
+        with open(os.path.join(directory, "scheduler", "scheduler_config.json")) as f:
+            s_cfg = json.load(f)
+        return cls(directory, transformer, vae, tuple(encoders), tuple(tokenizers), t_cfg, v_cfg,
+                   s_cfg)
+
+    # ---------------------------------------------------------------- geometry
+    @property
+    def shift(self) -> float:
+        return float(self.scheduler_config.get("shift", 3.0))
+
+    @property
+    def latent_channels(self) -> int:
+        return int(self.transformer_config["in_channels"])
+
+    @property
+    def spatial_factor(self) -> int:
+        return vae_scale_factor(self.vae_config)
+
+    def latent_shape(self, batch: int, height: int, width: int) -> tuple[int, int, int, int]:
+        """(B, C, h, w) in diffusers layout; height/width must divide by VAE x patch factor."""
+        multiple = self.spatial_factor * int(self.transformer_config["patch_size"])
+        if height % multiple or width % multiple:
+            raise ValueError(f"height {height} and width {width} must be multiples of {multiple} "
+                             f"(VAE factor {self.spatial_factor} x patch size "
+                             f"{self.transformer_config['patch_size']})")
+        return (batch, self.latent_channels, height // self.spatial_factor,
+                width // self.spatial_factor)
+
+    # ---------------------------------------------------------------- text
+    def tokenize(self, prompts: Sequence[str], max_sequence_length: int = 256) -> dict:
+        """Token ids for the three encoders, padded like diffusers (numpy int32)."""
+        out = {}
+        for i, tok in enumerate(self.tokenizers):
+            if tok is None:
+                continue
+            length = max_sequence_length if i == 2 else self.tokenizers[0].model_max_length
+            ids = tok(list(prompts), padding="max_length", max_length=length, truncation=True,
+                      add_special_tokens=True, return_tensors="np").input_ids
+            out[_TEXT[i]] = ids.astype(np.int32)
+        return out
+
+    def encode_tokens(self, ids: dict, max_sequence_length: int = 256):
+        return encode_tokens(self.text_encoders, ids,
+                             int(self.transformer_config["joint_attention_dim"]),
+                             max_sequence_length)
+
+    def encode_prompt(self, prompts: Sequence[str], max_sequence_length: int = 256):
+        return self.encode_tokens(self.tokenize(prompts, max_sequence_length), max_sequence_length)
+
+    # ---------------------------------------------------------------- denoiser and VAE
+    def velocity(self, latents, timesteps, cond: dict):
+        """Transformer velocity for diffusers-layout latents (B, C, h, w); timesteps = 1000 sigma."""
+        return self.transformer(latents, cond["prompt_embeds"], cond["pooled_projections"],
+                                timesteps)
+
+    def decode(self, latents: jax.Array) -> jax.Array:
+        """Latents (B, C, h, w) -> pixels (B, H, W, 3) in [0, 1], as diffusers output_type="np"."""
+        return decode_latents(self.vae, self.vae_config, latents)
+
+    def encode_visual(self, pixels: jax.Array, key: jax.Array | None = None) -> jax.Array:
+        """Pixels (B, 3, H, W) in [-1, 1] -> scaled latents (sampled when a key is given)."""
+        dist = self.vae.encode(pixels)
+        z = dist.mode() if key is None else dist.sample(key)
+        return scale_latents(z.astype(jnp.float32), self.vae_config)
+
+
+def encode_tokens(encoders, ids: dict, joint_attention_dim: int, max_sequence_length: int = 256):
+    """(prompt_embeds (B, 77 + L, D_joint), pooled (B, P)) exactly as diffusers' encode_prompt:
+    CLIP-L and CLIP-G penultimate states concatenated on features and zero-padded to the T5
+    width, then concatenated with T5's states on the sequence; pooled = both projections."""
+    clip_embeds, pooled = [], []
+    for name, enc in zip(_TEXT[:2], encoders[:2]):
+        out = enc(jnp.asarray(ids[name]))  # diffusers passes no attention mask to CLIP
+        clip_embeds.append(out["penultimate"].astype(jnp.float32))
+        pooled.append(out["text_embeds"].astype(jnp.float32))
+    clip = jnp.concatenate(clip_embeds, axis=-1)
+    if encoders[2] is None:  # diffusers' zeros when the pipeline has no T5
+        t5 = jnp.zeros((clip.shape[0], max_sequence_length, joint_attention_dim), jnp.float32)
+    else:  # nor to T5
+        t5 = encoders[2](jnp.asarray(ids[_TEXT[2]])).astype(jnp.float32)
+    clip = jnp.pad(clip, ((0, 0), (0, 0), (0, t5.shape[-1] - clip.shape[-1])))
+    return jnp.concatenate([clip, t5], axis=-2), jnp.concatenate(pooled, axis=-1)
+
+
+def decode_latents(vae, vae_config: dict, latents: jax.Array) -> jax.Array:
+    """Scaled latents (B, C, h, w) -> pixels (B, H, W, 3) in [0, 1] (diffusers postprocess)."""
+    image = vae.decode(unscale_latents(latents.astype(jnp.float32), vae_config))
+    image = jnp.clip(image.astype(jnp.float32) / 2 + 0.5, 0.0, 1.0)
+    return jnp.transpose(image, (0, 2, 3, 1))
