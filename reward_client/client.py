@@ -23,7 +23,7 @@ import requests
 from reward_client import protocol
 from reward_client.backoff import Deadline, backoff_delay, poll_delay
 from reward_client.config import RemoteConfig
-from reward_client.errors import (RewardProtocolError, RewardServiceError,
+from reward_client.errors import (RewardConfigError, RewardProtocolError, RewardServiceError,
                                   RewardUnavailableError)
 
 RETRYABLE_STATUS = {408, 425, 429, 500, 502, 503, 504}
@@ -89,9 +89,12 @@ class RemoteRewardClient:
             retry_after = None
             try:
                 resp = self._session().post(url, data=data, headers=headers, timeout=timeout)
+            except (requests.exceptions.MissingSchema, requests.exceptions.InvalidSchema,
+                    requests.exceptions.InvalidURL) as exc:
+                raise RewardConfigError(f"{what}: bad URL {url!r}: {exc}") from None
             except requests.Timeout:
                 stats.last_error = f"timed out after {timeout[1]:.3g} s"
-            except requests.ConnectionError as exc:
+            except requests.RequestException as exc:  # refused, reset, truncated answer ...
                 stats.last_error = f"connection failed: {type(exc).__name__}"
             else:
                 code = resp.status_code

@@ -4,27 +4,34 @@
         "reward_fns": [{"name": "pickscore", "weight": 1.0},
                        {"name": "ocr", "weight": 0.5, "score_key": "ocr_reward", "clip": 1.0},
                        {"name": "jpeg_compressibility", "weight": 0.1, "local": True}],
-        "scale": 1.0, "clip": 5.0, "on_failure": "raise",
+        "scale": 1.0, "clip": 5.0, "on_failure": "raise",   # or "drop"
         "remote": {"budget_s": 900},      # URLs/token from REMOTE_REWARD_* (or legacy WFM_REWARD_*)
     })
-    rc.check_reachable()                   # fail fast at trainer start: ping service, load local models
+    rc.check_reachable()                  # at trainer start: ping the service, load local models
     handle = rc.submit(images_uint8, prompts, group_ids=prompt_ids)   # returns at once
-    ...                                    # keep sampling
-    res = handle.result()                  # RewardResult
-    res.total        # float32 [B] = clip_total(sum_i clip_i(score_i) * w_i) * scale
-    res.per_fn       # {name: float64 [B]} raw score of each function (score_key sum), for logging
-    res.keep         # bool [B]; all True unless on_failure="drop" dropped some prompt groups
-    rc.close()       # waits for jobs; warns about results never collected
+    ...                                   # keep sampling; the worker enqueues and pulls meanwhile
+    res = handle.result()                 # RewardResult (blocks only if not in yet)
+    res.total     # float32 [B] = clip_total(sum_i clip_i(score_i) * weight_i) * scale
+    res.per_fn    # {name: float64 [B]} raw score of each function (its score_key sum), for logging
+    res.keep      # bool [B]; False only where on_failure="drop" dropped a prompt group
+    res.dropped_groups, res.failures, res.uuids, res.timings   # timings: enqueue_s, pull_s, local_s, total_s
+    rc.metrics()  # counters: batches, samples, enqueued, pulled, failed_pulls, failed_batches, dropped_*
+    rc.close()    # waits for jobs -> {"uncollected": [...], "unaccounted": {uuid: [names]}}
 
-Media: uint8 images [B,H,W,C] or videos [B,C,T,H,W] (numpy or jax arrays). A function runs
-locally when its spec says ``local: True``, or when ``local`` is unset and no remote service is
-configured; all remote functions of a batch share one enqueue (one uuid), pulled once per name.
+``submit(media, prompts, *, group_ids=None, extras=None, media_type=None)``: media uint8 images
+[B,H,W,C] or videos [B,C,T,H,W] (numpy or jax; copied/encoded at submit, so the caller may reuse
+the buffer); ``extras`` go into the enqueue JSON header (e.g. ``video_infos``, GenEval metadata)
+and to local rewards. A function runs locally when its spec says ``local: True``, or when
+``local`` is unset, no service is configured and the name is a registered local reward; all remote
+functions of a batch share one enqueue (one uuid), pulled once per name. Local rewards score
+videos frame by frame (see reward_client/local.py).
 
-Unobtainable rewards (no answer within the budget, a final service error, a missing score key,
-NaN/inf scores): ``on_failure="raise"`` (default) raises a RewardError naming the reward, key,
-samples and uuid; ``on_failure="drop"`` drops every prompt group (``group_ids``; default: each
-sample its own group) touched by a failure: ``keep`` is False there, ``total``/``per_fn`` hold NaN
-there (never an invented value) and ``dropped_groups`` counts them, as does ``metrics()``.
+Unobtainable rewards (no answer within ``budget_s``, a final service error such as 401/404/422, a
+missing score key, NaN/inf scores): ``on_failure="raise"`` (default) makes ``result()`` raise a
+RewardError naming reward, key, samples and uuid; ``on_failure="drop"`` drops every prompt group
+touched by a failure (``group_ids`` are numbered within the batch, default each sample its own
+group, so submit whole groups together): ``keep`` is False there, ``total`` and ``per_fn`` hold
+NaN there (never an invented value) and ``dropped_groups`` counts them, as does ``metrics()``.
 """
 from __future__ import annotations
 
@@ -179,8 +186,9 @@ class RewardComputer:
                 raw[name] = self.client.pull(receipt.uuid, name, replica_id=receipt.replica_id,
                                              deadline=deadline).scores
                 self.ledger.settle(receipt.uuid, name, ok=True)
-            except RewardError as exc:
-                failed[name] = exc
+            except Exception as exc:  # whatever happens, this uuid/name is settled and reported
+                failed[name] = exc if isinstance(exc, RewardError) else RewardUnavailableError(
+                    f"pull of reward {name!r} for uuid {receipt.uuid} failed: {type(exc).__name__}: {exc}")
                 self.ledger.settle(receipt.uuid, name, ok=False)
         timings["pull_s"] = time.monotonic() - t0 - timings["enqueue_s"]
 

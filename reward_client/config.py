@@ -47,6 +47,8 @@ class RemoteConfig:
             value = getattr(self, field.name)
             if field.name.endswith("_s") and not (isinstance(value, (int, float)) and value >= 0):
                 raise RewardConfigError(f"remote reward setting {field.name}={value!r} must be a number >= 0")
+        if not 0.0 <= self.backoff_jitter <= 1.0:
+            raise RewardConfigError(f"remote reward setting backoff_jitter={self.backoff_jitter} must be in [0, 1]")
         if self.max_attempts < 1:
             raise RewardConfigError(f"remote reward setting max_attempts={self.max_attempts} must be >= 1")
 

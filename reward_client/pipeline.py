@@ -43,8 +43,8 @@ class Ledger:
 class RewardHandle:
     """Result of one submitted batch; ``result()`` returns the job's value or raises its error."""
 
-    def __init__(self, future: Future, batch_size: int):
-        self._future = future
+    def __init__(self, batch_size: int):
+        self._future: Future | None = None
         self.batch_size = batch_size
         self.uuids: list[str] = []  # filled by the job as soon as the service answers the enqueue
         self.collected = False
@@ -67,16 +67,11 @@ class RewardPipeline:
         self._lock = threading.Lock()
 
     def start(self, job: Callable[[RewardHandle], object], batch_size: int) -> RewardHandle:
-        holder: list[RewardHandle] = []
-        ready = threading.Event()
-
-        def run():
-            ready.wait()
-            return job(holder[0])
-
-        handle = RewardHandle(self._pool.submit(run), batch_size)
-        holder.append(handle)
-        ready.set()
+        handle = RewardHandle(batch_size)
+        try:
+            handle._future = self._pool.submit(job, handle)
+        except RuntimeError:  # the executor refuses work after shutdown
+            raise RuntimeError("this RewardComputer is closed; create a new one to submit") from None
         with self._lock:
             self._handles = [h for h in self._handles if not (h.collected and h.done())] + [handle]
         return handle

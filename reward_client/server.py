@@ -43,7 +43,7 @@ def local_scorer(max_video_frames: int):
     return score
 
 
-def create_app(token: str | None, *, max_body_bytes: int = 256 << 20, max_queue: int = 64,
+def create_app(token: str | None, *, max_body_bytes: int = 512 << 20, max_queue: int = 64,
                ttl_s: float = 3600.0, workers: int = 1, max_video_frames: int = 4, scorer=None):
     """FastAPI app. ``token=None`` disables auth (only for tests of foreign clients)."""
     from fastapi import FastAPI, Request
@@ -160,7 +160,7 @@ def main(argv=None) -> int:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8080)
     parser.add_argument("--token", default=None, help="bearer token (default: $REMOTE_REWARD_TOKEN)")
-    parser.add_argument("--max-body-mb", type=float, default=256.0)
+    parser.add_argument("--max-body-mb", type=float, default=512.0)
     parser.add_argument("--max-queue", type=int, default=64)
     parser.add_argument("--ttl-s", type=float, default=3600.0)
     parser.add_argument("--workers", type=int, default=1)

@@ -223,7 +223,6 @@ def test_drop_policy_when_the_service_is_down(service):
 
 
 def test_submit_returns_before_results_arrive(service):
-    gate = threading.Event()
     service.script["pull"] = ["not_ready"] * 10_000
     rc = RewardComputer(FNS, remote=config(service.url))
     try:
@@ -238,5 +237,4 @@ def test_submit_returns_before_results_arrive(service):
         res = handle.result(timeout=30)
         assert np.allclose(res.total, expected_total(4), atol=1e-6) and res.uuids == handle.uuids
     finally:
-        gate.set()
         rc.close()

@@ -215,3 +215,19 @@ def test_score_command_line_bad_input(tmp_path, capsys):
     assert err.count("\n") == 0 and "1 prompts for 2 items" in err
     assert cli.main(argv[:-1] + ["--enqueue-url", "http://127.0.0.1:9/api/reward/enqueue"]) == 2
     assert "fetch_url" in capsys.readouterr().err
+
+
+def test_reward_failing_on_the_server_is_reported_not_invented(server):
+    from reward_client.errors import RewardServiceError
+
+    @register_reward("t_broken")
+    def broken(images, prompts, extras):
+        raise ValueError("bad pixels")
+
+    try:
+        with RewardComputer([{"name": "t_broken", "local": False}], remote=fast_config(server.url)) as rc:
+            with pytest.raises(RewardServiceError, match="'t_broken'.*ValueError: bad pixels"):
+                rc.score(np.zeros((2, 4, 4, 3), np.uint8), ["a", "b"])
+            assert rc.metrics()["failed_pulls"] == 1 and rc.ledger.unaccounted() == {}
+    finally:
+        unregister_reward("t_broken")
