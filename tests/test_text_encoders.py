@@ -26,10 +26,10 @@ ATOL = 2e-5
 SEQ = 12
 
 CLIP_CONFIGS = {
-    # eos_token_id 98: pooling at the first EOS (the current transformers rule)
+    # eos_token_id 49 (not the largest id): pooling at the first EOS, the current rule
     "quick_gelu": dict(vocab_size=99, hidden_size=16, projection_dim=32, num_hidden_layers=2,
                        num_attention_heads=2, intermediate_size=37, max_position_embeddings=20,
-                       hidden_act="quick_gelu", eos_token_id=98, bos_token_id=97, pad_token_id=98),
+                       hidden_act="quick_gelu", eos_token_id=49, bos_token_id=48, pad_token_id=49),
     # eos_token_id 2: the legacy rule, pooling at the largest token id
     "gelu_legacy_eos": dict(vocab_size=99, hidden_size=24, projection_dim=32, num_hidden_layers=2,
                             num_attention_heads=3, intermediate_size=40, max_position_embeddings=16,
