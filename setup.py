@@ -17,6 +17,7 @@ CORE = [
     "sentencepiece",
     "numpy",
     "pillow",
+    "opencv-python",  # mp4 decoding for video datasets
     "tqdm",
     "requests",
     "wandb==0.31.0",
