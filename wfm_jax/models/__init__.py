@@ -4,17 +4,20 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 
-def load_transformer(path: str, dtype=None, param_dtype=jnp.float32, mesh=None, rules=None):
+def load_transformer(path: str, dtype=None, param_dtype=jnp.float32, mesh=None, rules=None,
+                     **options):
     """The diffusion transformer of a diffusers transformer dir, a pipeline dir (its
     `transformer/`) or a wfm_jax state dir, loaded straight into its shards on `mesh`.
 
     The returned NNX module is called like the diffusers forward:
     `model(hidden_states, encoder_hidden_states, pooled_projections, timestep)` -> velocity in
-    the layout of `hidden_states`. `dtype` is the compute dtype, `param_dtype` the stored one.
+    the layout of `hidden_states`. `dtype` is the compute dtype, `param_dtype` the stored one;
+    options go to the model constructor (SD3: attention_impl="xla"|"cudnn"|None,
+    remat="none"|"full"|"dots"). `rules` override wfm_jax.mesh.DEFAULT_RULES.
     """
     from wfm_jax.models.loading import load_model
     model, _ = load_model(path, component="transformer", dtype=dtype, param_dtype=param_dtype,
-                          mesh=mesh, rules=rules)
+                          mesh=mesh, rules=rules, **options)
     return model
 
 

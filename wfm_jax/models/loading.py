@@ -55,10 +55,11 @@ def resolve_model_dir(path: str, component: str = "transformer") -> str:
     return path
 
 
-def abstract_model(spec: registry.ModelSpec, config: dict, dtype=None, param_dtype=jnp.float32):
+def abstract_model(spec: registry.ModelSpec, config: dict, dtype=None, param_dtype=jnp.float32,
+                   **options):
     """The model with ShapeDtypeStructs for values: shapes, dtypes and logical axes, no memory."""
     return nnx.eval_shape(lambda: spec.make_model(config, dtype=dtype, param_dtype=param_dtype,
-                                                  rngs=nnx.Rngs(0)))
+                                                  rngs=nnx.Rngs(0), **options))
 
 
 # ----------------------------------------------------------------------------- checks
@@ -176,20 +177,23 @@ def fill_from_state(model, state_dir: str, shardings: Mapping[str, jax.sharding.
 # ----------------------------------------------------------------------------- public API
 
 def load_model(path: str, *, component: str = "transformer", dtype=None,
-               param_dtype=jnp.float32, mesh=None, rules=None):
-    """(model, config) for a diffusers model dir, a pipeline dir or a wfm_jax state dir."""
+               param_dtype=jnp.float32, mesh=None, rules=None, **options):
+    """(model, config) for a diffusers model dir, a pipeline dir or a wfm_jax state dir.
+
+    options go to the model's constructor (e.g. attention_impl, remat for SD3).
+    """
     from converters import jax_state
     directory = resolve_model_dir(path, component)
     config = read_json(os.path.join(directory, "config.json"))
     spec = registry.spec_for(config)
-    model = abstract_model(spec, config, dtype, param_dtype)
+    model = abstract_model(spec, config, dtype, param_dtype, **options)
     shardings = model_shardings(model, mesh, rules)
     if jax_state.is_state_dir(directory):
         fill_from_state(model, directory, shardings)
     else:
         fill_from_checkpoint(model, spec.build_table(config), directory, shardings)
     _materialise_rest(model, lambda: spec.make_model(config, dtype=dtype, param_dtype=param_dtype,
-                                                     rngs=nnx.Rngs(0)), shardings)
+                                                     rngs=nnx.Rngs(0), **options), shardings)
     return model, config
 
 
