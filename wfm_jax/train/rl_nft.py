@@ -1,0 +1,69 @@
+"""DiffusionNFT's rollout and update, as functions of a velocity function (spec algorithms.md §3).
+
+`velocity(params, x, timesteps, cond) -> v` closes over the frozen model; `params` is the
+trainable tree (LoRA or full), so the same function serves the current policy, the "old" policy
+(a second copy of the trainable tree) and the reference (LoRA zeroed, or the initial weights).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+
+from wfm_jax.algorithms.nft import nft_loss
+from wfm_jax.sampling.samplers import sample
+
+F32 = jnp.float32
+Velocity = Callable[[Any, jax.Array, jax.Array, Any], jax.Array]
+
+
+def nft_rollout(velocity: Velocity, old_params, latents, cond, sigmas, *, solver: str = "dpm2"):
+    """CFG-free deterministic rollout with the old policy; only the clean latents are kept."""
+    out = sample(lambda x, t, c: velocity(old_params, x, t, c), latents, sigmas, method=solver,
+                 cond=cond)
+    return out.latents
+
+
+def train_sigmas(key, batch: int, sigmas, num_train: int) -> jax.Array:
+    """(B, K) sigmas: per sample, the first K of a random permutation of the N sampling sigmas
+    (the trailing 0 excluded), as the reference trainer picks its timesteps."""
+    n = sigmas.shape[0] - 1
+    perms = jax.vmap(lambda k: jax.random.permutation(k, n))(jax.random.split(key, batch))
+    return jnp.asarray(sigmas, F32)[:-1][perms[:, :num_train]]
+
+
+def nft_grads(velocity: Velocity, params, old_params, ref_params, x0, cond, advantages, key, *,
+              sigmas, num_train: int, beta: float, kl_weight: float, adv_clip_max: float):
+    """Mean gradient and metrics of the NFT loss over K trained timesteps of each sample.
+
+    Each timestep draws fresh noise; x_t = (1 - t) x0 + t eps with t the flow sigma, and the
+    network sees timestep 1000 t in float32 at rollout and training alike.
+    """
+    b = x0.shape[0]
+    k_t, k_eps = jax.random.split(key)
+    ts = train_sigmas(k_t, b, sigmas, num_train)  # (B, K)
+    noises = jax.random.normal(k_eps, (num_train,) + x0.shape, F32)
+
+    def loss_at(p, t, eps):
+        tt = t.reshape((b,) + (1,) * (x0.ndim - 1))
+        x_t = (1.0 - tt) * x0 + tt * eps
+        timesteps = t * 1000.0
+        v_theta = velocity(p, x_t, timesteps, cond)
+        v_old = velocity(old_params, x_t, timesteps, cond)
+        v_ref = velocity(ref_params, x_t, timesteps, cond) if kl_weight > 0 else None
+        return nft_loss(v_theta, v_old, x0, x_t, t, advantages, v_ref, beta=beta,
+                        adv_clip_max=adv_clip_max, kl_weight=kl_weight)
+
+    grad_fn = jax.value_and_grad(loss_at, has_aux=True)
+
+    def body(acc, j):
+        (_, metrics), grads = grad_fn(params, ts[:, j], noises[j])
+        return jax.tree.map(jnp.add, acc, (grads, metrics)), None
+
+    zero_grads = jax.tree.map(jnp.zeros_like, params)
+    zero_metrics = jax.eval_shape(lambda: loss_at(params, ts[:, 0], noises[0])[1])
+    zero_metrics = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), zero_metrics)
+    (grads, metrics), _ = jax.lax.scan(body, (zero_grads, zero_metrics), jnp.arange(num_train))
+    scale = 1.0 / num_train
+    return jax.tree.map(lambda g: g * scale, grads), jax.tree.map(lambda m: m * scale, metrics)
