@@ -163,9 +163,10 @@ def test_server_and_score_command_lines(tmp_path):
     (tmp_path / "prompts.txt").write_text("a cat\na dog\n")
     port = _free_port()
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    log = open(tmp_path / "server.log", "wb")
     proc = subprocess.Popen([sys.executable, "-m", "reward_client.server", "--host", "127.0.0.1",
                              "--port", str(port), "--token", TOKEN], env=env, cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                            stdout=log, stderr=subprocess.STDOUT)
     try:
         url = f"http://127.0.0.1:{port}"
         for _ in range(300):
@@ -176,7 +177,8 @@ def test_server_and_score_command_lines(tmp_path):
             except requests.ConnectionError:
                 time.sleep(0.05)
         else:
-            pytest.fail("reward server subprocess did not answer ping")
+            pytest.fail("reward server subprocess did not answer ping: "
+                        + (tmp_path / "server.log").read_text()[-500:])
         args = ["score", "--reward", "jpeg_compressibility=1", "--reward", "jpeg_incompressibility=0.5",
                 "--images", str(tmp_path / "batch.npy"), "--prompts", str(tmp_path / "prompts.txt")]
         out = subprocess.run([sys.executable, "-m", "reward_client", *args, "--enqueue-url", url + ENQUEUE_PATH,
@@ -187,6 +189,7 @@ def test_server_and_score_command_lines(tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+        log.close()
     local = _run_cli(args + ["--local"])
     comp, incomp, total = local_total(media, ["a cat", "a dog"], "video")
     for got in (remote, local):
