@@ -1,0 +1,19 @@
+"""Flow-matching schedules, per-step update rules and lax.scan samplers (spec algorithms.md)."""
+
+from wfm_jax.sampling.guidance import concat_cond, guided_velocity, uses_cfg
+from wfm_jax.sampling.samplers import METHODS, SampleOutput, sample, window_mask
+from wfm_jax.sampling.schedule import edm_churn_eta, edm_sigmas, flow_sigmas, training_table
+
+__all__ = [
+    "METHODS",
+    "SampleOutput",
+    "concat_cond",
+    "edm_churn_eta",
+    "edm_sigmas",
+    "flow_sigmas",
+    "guided_velocity",
+    "sample",
+    "training_table",
+    "uses_cfg",
+    "window_mask",
+]

@@ -1,0 +1,55 @@
+"""Classifier-free guidance with the conditional and unconditional branch in ONE forward (spec §2).
+
+`cond` and `uncond` are pytrees of arrays with a leading batch axis (e.g. a dict with
+"prompt_embeds" and "pooled_projections"). Leaves of `uncond` with batch 1 (one empty negative
+prompt) are broadcast to the batch. The combined batch is [uncond; cond], diffusers' order.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+def uses_cfg(uncond, cfg_scale) -> bool:
+    """CFG runs when an unconditional branch is given and the scale is not a python number <= 1
+    (diffusers: do_classifier_free_guidance = guidance_scale > 1). A traced scale always guides."""
+    if uncond is None:
+        if isinstance(cfg_scale, (int, float)) and cfg_scale > 1:
+            raise ValueError(f"cfg_scale={cfg_scale} > 1 needs an unconditional embedding (uncond)")
+        return False
+    return not (isinstance(cfg_scale, (int, float)) and cfg_scale <= 1)
+
+
+def concat_cond(cond, uncond):
+    """[uncond; cond] along the batch axis, broadcasting batch-1 uncond leaves."""
+
+    def cat(c, u):
+        c, u = jnp.asarray(c), jnp.asarray(u)
+        if u.shape[0] != c.shape[0]:
+            if u.shape[0] != 1:
+                raise ValueError(f"uncond batch {u.shape[0]} does not match cond batch {c.shape[0]}")
+            u = jnp.broadcast_to(u, (c.shape[0],) + u.shape[1:])
+        return jnp.concatenate([u.astype(c.dtype), c], axis=0)
+
+    return jax.tree.map(cat, cond, uncond)
+
+
+def guided_velocity(velocity_fn, x, timesteps, cond, uncond=None, cfg_scale=1.0, detach_uncond=False):
+    """v = v_u + g (v_c - v_u) from one batched call of velocity_fn(x, timesteps, cond), fp32.
+
+    timesteps: (B,) float32 (sigma * 1000). detach_uncond stops gradients through the
+    unconditional half (Flow-GRPO training recomputes CFG with the uncond branch detached).
+    """
+    if not uses_cfg(uncond, cfg_scale):
+        return velocity_fn(x, timesteps, cond).astype(jnp.float32)
+    b = x.shape[0]
+    v = velocity_fn(
+        jnp.concatenate([x, x], axis=0),
+        jnp.concatenate([timesteps, timesteps], axis=0),
+        concat_cond(cond, uncond),
+    ).astype(jnp.float32)
+    v_u, v_c = v[:b], v[b:]
+    if detach_uncond:
+        v_u = jax.lax.stop_gradient(v_u)
+    return v_u + jnp.asarray(cfg_scale, jnp.float32) * (v_c - v_u)

@@ -1,0 +1,71 @@
+"""Noise schedules: the shifted flow-matching grid as diffusers builds it, the SFT training table,
+and the EDM sigma grid used by DDRL (spec algorithms.md §0, §1, §4).
+
+All functions run on the host in numpy and return plain arrays; samplers move them to device.
+The flow-matching values are bit-identical to diffusers' `FlowMatchEulerDiscreteScheduler`
+(default config: no dynamic shifting, no Karras/exponential/beta sigmas, no terminal shift).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+def _init_sigmas(shift: float, num_train_timesteps: int) -> np.ndarray:
+    """The scheduler's constructor grid: fp32 ops in diffusers' order (it uses fp32 torch math)."""
+    ts = np.linspace(1, num_train_timesteps, num_train_timesteps, dtype=np.float32)[::-1].copy()
+    sigmas = ts / np.float32(num_train_timesteps)
+    shift32 = np.float32(shift)
+    return (shift32 * sigmas) / (np.float32(1.0) + np.float32(shift - 1.0) * sigmas)
+
+
+def flow_sigmas(num_steps: int, shift: float = 3.0, num_train_timesteps: int = 1000):
+    """Inference schedule of `FlowMatchEulerDiscreteScheduler.set_timesteps(num_steps)`.
+
+    Returns (sigmas, timesteps): sigmas float32 (num_steps + 1,) ending with 0, timesteps float32
+    (num_steps,) = sigmas[:-1] * num_train_timesteps (fp32 product, what the transformer sees).
+    """
+    if num_steps < 1:
+        raise ValueError(f"num_steps must be >= 1, got {num_steps}")
+    if shift <= 0:
+        raise ValueError(f"shift must be > 0, got {shift}")
+    base = _init_sigmas(shift, num_train_timesteps)
+    # diffusers reads sigma_max/min back as python floats and continues in float64.
+    sigma_max, sigma_min = float(base[0]), float(base[-1])
+    t = np.linspace(sigma_max * num_train_timesteps, sigma_min * num_train_timesteps, num_steps)
+    s = t / num_train_timesteps
+    s = (shift * s / (1 + (shift - 1) * s)).astype(np.float32)
+    timesteps = s * np.float32(num_train_timesteps)
+    sigmas = np.concatenate([s, np.zeros(1, np.float32)])
+    return sigmas, timesteps
+
+
+def training_table(shift: float = 3.0, num_train_timesteps: int = 1000):
+    """The untouched scheduler's (timesteps, sigmas) tables, float32 (num_train_timesteps,) each.
+
+    SD3 training indexes these with floor(u * num_train_timesteps) (spec §1); index 0 is sigma 1.
+    """
+    sigmas = _init_sigmas(shift, num_train_timesteps)
+    return sigmas * np.float32(num_train_timesteps), sigmas
+
+
+def edm_sigmas(num_steps: int, sigma_min: float = 0.01, sigma_max: float = 200.0, rho: float = 7.0):
+    """EDM/Karras grid from sigma_max down to sigma_min, float64 (num_steps + 1,) (spec §4).
+
+    sigma_i = (sigma_max^(1/rho) + i/N (sigma_min^(1/rho) - sigma_max^(1/rho)))^rho; no trailing 0:
+    the sampler finishes with one extra denoise at sigma_min.
+    """
+    if not 0 < sigma_min < sigma_max:
+        raise ValueError(f"need 0 < sigma_min < sigma_max, got {sigma_min}, {sigma_max}")
+    if num_steps < 1:
+        raise ValueError(f"num_steps must be >= 1, got {num_steps}")
+    i = np.arange(num_steps + 1, dtype=np.float64)
+    lo, hi = sigma_min ** (1.0 / rho), sigma_max ** (1.0 / rho)
+    return (hi + i / num_steps * (lo - hi)) ** rho
+
+
+def edm_churn_eta(s_churn: float, num_steps: int) -> float:
+    """EDM Alg. 2 churn factor eta = min(s_churn / (N + 1), sqrt(1.2) - 1) (spec §4)."""
+    return min(s_churn / (num_steps + 1), math.sqrt(1.2) - 1.0)
