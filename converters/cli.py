@@ -18,7 +18,7 @@ import numpy as np
 
 from converters import jax_state, registry
 from converters.safetensors_io import checkpoint_meta, open_checkpoint
-from converters.table import ConversionError, _preview, to_jax_tensor
+from converters.table import ConversionError, to_jax_tensor
 
 DTYPES = ("float32", "bfloat16", "float16")
 # safetensors header dtype -> bytes per element (plans the write groups)
@@ -64,7 +64,8 @@ def to_jax(src: str, dst: str, dtype: str | None = None, group_bytes: int = 1 <<
 
 def to_diffusers(src: str, dst: str, dtype: str | None = None,
                  max_shard_bytes: int = 2 << 30) -> None:
-    from wfm_jax.models.loading import abstract_model, all_variables, write_diffusers_dir
+    from wfm_jax.models.loading import (abstract_model, all_variables, name_list,
+                                        write_diffusers_dir)
     if not os.path.isdir(src):
         raise FileNotFoundError(f"no such wfm_jax state directory: {src}")
     if not jax_state.is_state_dir(src):
@@ -77,13 +78,16 @@ def to_diffusers(src: str, dst: str, dtype: str | None = None,
     wrong = [f"{k} {meta[k][0]} (model {tuple(model[k].shape)})" for k in meta
              if k in model and tuple(meta[k][0]) != tuple(model[k].shape)]
     if wrong:
-        raise ConversionError(f"wrong shape for {len(wrong)} path(s): {_preview(wrong)}")
+        raise ConversionError(f"wrong shape for {len(wrong)} path(s): {name_list(wrong)}")
     write_diffusers_dir(config, meta, lambda keys: jax_state.restore_state(src, keys=keys), dst,
                         dtype=_np_dtype(dtype), max_shard_bytes=max_shard_bytes)
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m converters", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m converters",
+        description="Convert model weights between diffusers safetensors and the wfm_jax state "
+                    "(orbax), tensor by tensor.")
     sub = parser.add_subparsers(dest="command", required=True)
     a = sub.add_parser("to-jax", help="diffusers model/pipeline dir -> wfm_jax state dir")
     a.add_argument("src")

@@ -62,5 +62,6 @@ def spec_for(config: dict) -> ModelSpec:
     _load_providers()
     name = class_name_of(config)
     if name not in _REGISTRY:
-        raise UnsupportedModelError(f"unsupported model class {name!r}; supported: {', '.join(sorted(_REGISTRY))}")
+        raise UnsupportedModelError(
+            f"unsupported model class {name!r}; supported: {', '.join(sorted(_REGISTRY))}")
     return _REGISTRY[name]

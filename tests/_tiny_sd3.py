@@ -1,4 +1,4 @@
-"""A tiny random diffusers SD3Transformer2DModel saved to disk (fp32 or bf16) for loader/CLI tests."""
+"""A tiny random diffusers SD3Transformer2DModel on disk (fp32 or bf16) for loader/CLI tests."""
 from __future__ import annotations
 
 import json

@@ -103,11 +103,13 @@ def _bad(tmp_path, edit):
 
 @pytest.mark.parametrize("edit, needle", [
     (lambda t: t.pop("blocks.1.ff.net.2.bias"), "missing keys: blocks.1.ff.net.2.bias"),
-    (lambda t: t.update({"blocks.9.extra": np.zeros(2, np.float32)}), "unexpected keys: blocks.9.extra"),
+    (lambda t: t.update({"blocks.9.extra": np.zeros(2, np.float32)}),
+     "unexpected keys: blocks.9.extra"),
     (lambda t: t.update({"blocks.0.ff.net.0.weight": np.zeros((32, 15), np.float32)}),
      "blocks.0.ff.net.0.weight"),
 ])
-def test_bad_checkpoint_names_the_key_before_reading_any_tensor(tmp_path, monkeypatch, edit, needle):
+def test_bad_checkpoint_names_the_key_before_reading_any_tensor(tmp_path, monkeypatch, edit,
+                                                               needle):
     path = _bad(tmp_path, edit)
 
     def no_reads(_):
@@ -182,6 +184,12 @@ def test_state_save_restore_keeps_dtypes_and_loads_into_shards(tmp_path, mesh):
     host = flat_arrays(again)
     for k, v in flat_arrays(model).items():
         np.testing.assert_array_equal(host[k], v, err_msg=k)
+    # sharded jax arrays save as they are and read back on the host
+    jax_state.save_state({k: v[...] for k, v in flat_params(again).items()}, config,
+                         str(tmp_path / "sharded_state"))
+    back = jax_state.restore_state(str(tmp_path / "sharded_state"))
+    for k, v in host.items():
+        assert isinstance(back[k], np.ndarray) and back[k].tobytes() == v.tobytes(), k
 
 
 # ----------------------------------------------------------------------------- SD3, sharded

@@ -60,7 +60,8 @@ def test_divisibility_checks():
     wmesh.check_batch(mesh, 8)
     wmesh.check_sequence(mesh, 6)
     wmesh.check_heads(mesh, 3)  # heads replicated by default
-    with pytest.raises(ValueError, match=r"global batch size 6 is not divisible by 4 .*data=2 x fsdp=2"):
+    with pytest.raises(ValueError,
+                       match=r"global batch size 6 is not divisible by 4 .*data=2 x fsdp=2"):
         wmesh.check_batch(mesh, 6)
     with pytest.raises(ValueError, match=r"sequence length 7 is not divisible by 2 .*context=2"):
         wmesh.check_sequence(mesh, 7)
@@ -102,7 +103,8 @@ def test_param_shardings_errors_name_the_parameter():
             self.w = param(jnp.zeros(shape), axes)
 
     mesh = wmesh.make_mesh(data=2, fsdp=4)
-    with pytest.raises(ValueError, match=r"w: dimension 6 .* not divisible by mesh axes \('fsdp',\) = 4"):
+    with pytest.raises(ValueError,
+                       match=r"w: dimension 6 .* not divisible by mesh axes \('fsdp',\) = 4"):
         wmesh.param_shardings(nnx.eval_shape(lambda: Bad((6,), ("embed",))), mesh)
     with pytest.raises(ValueError, match=r"w: logical axes \('tensor',\) map to \['tensor'\]"):
         wmesh.param_shardings(nnx.eval_shape(lambda: Bad((8,), ("tensor",))), mesh)

@@ -86,7 +86,7 @@ class MeshConfig:
 
 
 def resolve_axis_sizes(cfg: MeshConfig, num_devices: int) -> tuple[int, int, int]:
-    """Axis sizes in MESH_AXES order with a -1 filled; ValueError naming the numbers if impossible."""
+    """Axis sizes in MESH_AXES order with a -1 filled; ValueError naming the numbers if not."""
     sizes = {a: getattr(cfg, a) for a in MESH_AXES}
     bad = {a: s for a, s in sizes.items() if s == 0 or s < -1}
     if bad:
@@ -98,18 +98,19 @@ def resolve_axis_sizes(cfg: MeshConfig, num_devices: int) -> tuple[int, int, int
     desc = " x ".join(f"{a}={s}" for a, s in sizes.items())
     if fill:
         if num_devices % fixed:
-            raise ValueError(f"cannot fill {fill[0]}=-1: the other axes ({desc}) use {fixed} devices, "
-                             f"which does not divide the {num_devices} devices available")
+            raise ValueError(f"cannot fill {fill[0]}=-1: the other axes ({desc}) use {fixed} "
+                             f"devices, which does not divide the {num_devices} devices available")
         sizes[fill[0]] = num_devices // fixed
     elif fixed != num_devices:
         raise ValueError(f"mesh {desc} needs {fixed} devices, but {num_devices} are available")
     return tuple(sizes[a] for a in MESH_AXES)
 
 
-def make_mesh(cfg=None, *, devices: Sequence[jax.Device] | None = None, **sizes) -> jax.sharding.Mesh:
+def make_mesh(cfg=None, *, devices: Sequence[jax.Device] | None = None,
+              **sizes) -> jax.sharding.Mesh:
     """Mesh with axes (data, fsdp, context) and Auto axis types.
 
-    `make_mesh(MeshConfig(data=2, fsdp=-1))`, `make_mesh({"fsdp": 4})` or `make_mesh(data=2, fsdp=4)`.
+    `make_mesh(MeshConfig(data=2, fsdp=-1))`, `make_mesh({"fsdp": 4})`, `make_mesh(fsdp=4)`.
     """
     if sizes:
         if cfg is not None:
@@ -234,8 +235,9 @@ def maybe_initialize_distributed(coordinator_address: str | None = None,
     if num_processes is None or num_processes <= 1:
         return False
     if coordinator_address is None or process_id is None:
-        raise ValueError(f"{num_processes} processes need a coordinator address and a process id "
-                         f"(got coordinator_address={coordinator_address!r}, process_id={process_id})")
+        raise ValueError(f"{num_processes} processes need a coordinator address and a process "
+                         f"id (got coordinator_address={coordinator_address!r}, "
+                         f"process_id={process_id})")
     if not 0 <= process_id < num_processes:
         raise ValueError(f"process_id {process_id} is outside [0, {num_processes})")
     if jax.distributed.is_initialized():

@@ -25,11 +25,17 @@ from flax import nnx
 from converters import registry
 from converters.atomic import atomic_directory
 from converters.safetensors_io import checkpoint_meta, open_checkpoint, save_checkpoint_streaming
-from converters.table import (TRANSFORMS, ConversionError, Rule, _preview, check_keys,
-                              to_diffusers_tensor, to_jax_tensor)
+from converters.table import (TRANSFORMS, ConversionError, Rule, check_keys, to_diffusers_tensor,
+                              to_jax_tensor)
 from wfm_jax.models.state import flat_params, path_str
 
 _PROBE = (2, 3, 5, 7, 11, 13)  # distinct sizes reveal how a transform permutes axes
+
+
+def name_list(names, n: int = 8) -> str:
+    """The first n names, sorted, and how many more: error messages stay one readable line."""
+    names = sorted(names)
+    return ", ".join(names[:n]) + (f" (+{len(names) - n} more)" if len(names) > n else "")
 
 
 # ----------------------------------------------------------------------------- directories
@@ -85,10 +91,10 @@ def check_against_model(table: list[Rule], meta: Mapping[str, tuple], model) -> 
     variables = all_variables(model)
     unknown = {r.jax for r in table} - set(variables)
     if unknown:
-        raise ConversionError(f"mapping table names paths the model lacks: {_preview(unknown)}")
+        raise ConversionError(f"mapping table names paths the model lacks: {name_list(unknown)}")
     unmapped = set(flat_params(model)) - {r.jax for r in table}
     if unmapped:
-        raise ConversionError(f"model parameters with no mapping: {_preview(unmapped)}")
+        raise ConversionError(f"model parameters with no mapping: {name_list(unmapped)}")
     wrong = []
     for rule in table:
         shape = _jax_shape(rule, meta[rule.hf][0])
@@ -96,7 +102,7 @@ def check_against_model(table: list[Rule], meta: Mapping[str, tuple], model) -> 
         if shape is not None and shape != want:
             wrong.append(f"{rule.hf} {tuple(meta[rule.hf][0])} (model {rule.jax} {want})")
     if wrong:
-        raise ConversionError(f"wrong shape for {len(wrong)} key(s): {_preview(wrong)}")
+        raise ConversionError(f"wrong shape for {len(wrong)} key(s): {name_list(wrong)}")
 
 
 # ----------------------------------------------------------------------------- placement
@@ -161,13 +167,13 @@ def fill_from_state(model, state_dir: str, shardings: Mapping[str, jax.sharding.
     missing, extra = set(params) - set(meta), set(meta) - set(all_variables(model))
     if missing or extra:
         raise ConversionError("; ".join(
-            p for p in (missing and f"state lacks: {_preview(missing)}",
-                        extra and f"state has unknown paths: {_preview(extra)}") if p))
+            p for p in (missing and f"state lacks: {name_list(missing)}",
+                        extra and f"state has unknown paths: {name_list(extra)}") if p))
     variables = all_variables(model)
     wrong = [f"{k} {meta[k][0]} (model {tuple(variables[k].shape)})" for k in meta
              if tuple(meta[k][0]) != tuple(variables[k].shape)]
     if wrong:
-        raise ConversionError(f"wrong shape for {len(wrong)} path(s): {_preview(wrong)}")
+        raise ConversionError(f"wrong shape for {len(wrong)} path(s): {name_list(wrong)}")
     arrays = jax_state.restore_state(state_dir, shardings={k: shardings[k] for k in meta},
                                      dtypes={k: variables[k].dtype for k in meta})
     for key, value in arrays.items():
@@ -219,8 +225,8 @@ def write_diffusers_dir(config: Mapping, sources: Mapping[str, tuple[tuple, obje
     want, have = {r.jax for r in table}, set(sources)
     if want != have:
         raise ConversionError("; ".join(
-            p for p in (want - have and f"state lacks: {_preview(want - have)}",
-                        have - want and f"state has unmapped: {_preview(have - want)}") if p))
+            p for p in (want - have and f"state lacks: {name_list(want - have)}",
+                        have - want and f"state has unmapped: {name_list(have - want)}") if p))
     by_hf = {r.hf: r for r in table}
     out_dtype = {r.hf: np.dtype(dtype or sources[r.jax][1]) for r in table}
     nbytes = {r.hf: math.prod(sources[r.jax][0]) * out_dtype[r.hf].itemsize for r in table}
