@@ -174,7 +174,8 @@ def test_t5_parity(t5_pair, padded):
     ids, mask = _t5_tokens(3, np.random.default_rng(3))
     with torch.no_grad():
         want = torch_model(torch.from_numpy(ids),
-                           attention_mask=torch.from_numpy(mask) if padded else None).last_hidden_state
+                           attention_mask=torch.from_numpy(mask) if padded else None)
+        want = want.last_hidden_state
     got = _jit_apply(jax_model, jnp.asarray(ids), jnp.asarray(mask) if padded else None)
     np.testing.assert_allclose(np.asarray(got), want.numpy(), atol=ATOL, rtol=0)
 
@@ -217,7 +218,7 @@ def test_t5_sharded_matches_torch(t5_pair):
 # ---- converters -------------------------------------------------------------------------------
 
 
-def _round_trip(torch_cls, hf_config, cfg, conv, dtype, tmp_path, saved_state):
+def _round_trip(torch_cls, hf_config, conv, dtype, tmp_path, saved_state):
     """torch save_pretrained -> safetensors -> jax -> safetensors -> torch load strict."""
     torch_model = _torch_model(torch_cls, hf_config).to(dtype)
     src = tmp_path / "src"
@@ -255,13 +256,13 @@ def _round_trip(torch_cls, hf_config, cfg, conv, dtype, tmp_path, saved_state):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_clip_round_trip_bit_identical(dtype, tmp_path):
     cfg = CLIP_CONFIGS["quick_gelu"]
-    _round_trip(transformers.CLIPTextModelWithProjection, transformers.CLIPTextConfig(**cfg), cfg,
+    _round_trip(transformers.CLIPTextModelWithProjection, transformers.CLIPTextConfig(**cfg),
                 clip_conv, dtype, tmp_path, _numpy_state)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_t5_round_trip_bit_identical(dtype, tmp_path):
-    _round_trip(transformers.T5EncoderModel, transformers.T5Config(**T5_CONFIG), T5_CONFIG,
+    _round_trip(transformers.T5EncoderModel, transformers.T5Config(**T5_CONFIG),
                 t5_conv, dtype, tmp_path, _t5_saved_state)
 
 

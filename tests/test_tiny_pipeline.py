@@ -1,4 +1,4 @@
-"""The tiny SD3 pipeline builder: diffusers loads and runs what it writes, offline and deterministic."""
+"""The tiny SD3 pipeline builder: diffusers loads and runs what it writes; offline and seeded."""
 from __future__ import annotations
 
 import json

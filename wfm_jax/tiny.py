@@ -20,7 +20,8 @@ CLIP_WIDTH, CLIP_PROJECTION, T5_WIDTH = 16, 32, 32
 CLIP_MAX_LENGTH = 77
 VAE_SCALING_FACTOR, VAE_SHIFT_FACTOR = 1.5305, 0.0609  # SD3's values: exercises the shift path
 CLIP_MERGES = [("t", "h"), ("th", "e</w>"), ("a", "n"), ("o", "n</w>")]
-T5_WORDS = ["▁a", "▁the", "▁of", "▁photo", "▁cat", "▁dog", "▁red", "▁blue", "▁on", "▁in"]
+T5_WORDS = ["▁a", "▁the", "▁of", "▁photo", "▁cat", "▁dog", "▁red", "▁blue", "▁on",
+            "▁in"]
 T5_EXTRA_IDS = 8
 
 
@@ -55,7 +56,7 @@ def t5_tokenizer():
     from transformers import T5Tokenizer
 
     pieces = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("▁", -2.0)]
-    chars = [chr(c) for c in range(ord("a"), ord("z") + 1)] + [str(d) for d in range(10)] + [".", ","]
+    chars = [chr(c) for c in range(ord("a"), ord("z") + 1)] + list("0123456789.,")
     pieces += [(c, -5.0 - 0.01 * i) for i, c in enumerate(chars)]
     pieces += [("▁" + c, -6.0 - 0.01 * i) for i, c in enumerate(chars)]
     pieces += [(w, -3.0 - 0.01 * i) for i, w in enumerate(T5_WORDS)]
@@ -152,7 +153,8 @@ def build_tiny_pipeline(directory: str, seed: int = 0, overwrite: bool = False) 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m wfm_jax.tiny", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m wfm_jax.tiny",
+                                     description=__doc__.split("\n")[0])
     parser.add_argument("directory", help="output pipeline directory (absent or empty)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--overwrite", action="store_true", help="replace an existing directory")

@@ -23,7 +23,8 @@ ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
 
 def activation(name: str) -> Callable[[jax.Array], jax.Array]:
     if name not in ACTIVATIONS:
-        raise ValueError(f"unsupported activation {name!r}; supported: {', '.join(sorted(ACTIVATIONS))}")
+        raise ValueError(f"unsupported activation {name!r}; "
+                         f"supported: {', '.join(sorted(ACTIVATIONS))}")
     return ACTIVATIONS[name]
 
 

@@ -49,7 +49,9 @@ class T5Config:
     @property
     def act_name(self) -> str:
         # transformers maps the legacy "gated-gelu" to the tanh GELU (gelu_new)
-        return "gelu_new" if self.feed_forward_proj == "gated-gelu" else self.feed_forward_proj.split("-")[-1]
+        if self.feed_forward_proj == "gated-gelu":
+            return "gelu_new"
+        return self.feed_forward_proj.split("-")[-1]
 
 
 def relative_position_buckets(query_len: int, key_len: int, num_buckets: int,
@@ -65,7 +67,7 @@ def relative_position_buckets(query_len: int, key_len: int, num_buckets: int,
     buckets = (rel > 0).astype(np.int64) * half
     dist = np.abs(rel)
     max_exact = half // 2
-    with np.errstate(divide="ignore"):  # log(0) only where `dist < max_exact` picks the exact bucket
+    with np.errstate(divide="ignore"):  # log(0) only where dist < max_exact (exact bucket)
         scaled = (np.log(dist.astype(np.float32) / np.float32(max_exact))
                   / np.float32(math.log(max_distance / max_exact)) * np.float32(half - max_exact))
     large = max_exact + np.where(np.isfinite(scaled), scaled, 0).astype(np.int64)
@@ -147,7 +149,8 @@ class T5Encoder(nnx.Module):
 
     def position_bias(self, seq_len: int) -> jax.Array:
         """(1, H, S, S) fp32 learned bias looked up by relative-position bucket."""
-        buckets = relative_position_buckets(seq_len, seq_len, self.cfg.relative_attention_num_buckets,
+        buckets = relative_position_buckets(seq_len, seq_len,
+                                            self.cfg.relative_attention_num_buckets,
                                             self.cfg.relative_attention_max_distance)
         table = self.relative_attention_bias[...].astype(jnp.float32)
         return jnp.transpose(table[buckets], (2, 0, 1))[None]
