@@ -7,7 +7,8 @@ Layout of a state directory:
 
 Arrays keep their dtype (bf16 included). Saving is incremental (orbax partial saves, one group of
 tensors at a time), so a conversion never holds the whole checkpoint in host memory; the whole
-directory appears at once (temporary sibling, then rename).
+directory appears at once (temporary sibling, then rename). This is a single-controller format
+(conversion, export, inspection); multi-process training checkpoints belong to train/checkpoint.
 """
 from __future__ import annotations
 
