@@ -6,6 +6,8 @@ IP-adapter, ControlNet residuals and `skip_layers` of the diffusers forward are 
 """
 from __future__ import annotations
 
+import warnings
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -34,12 +36,16 @@ TOKEN_AXES = ("act_batch", "act_seq", "act_embed")
 
 
 def sd3_config(config: dict) -> dict:
-    """diffusers config.json dict -> complete SD3 config (defaults filled, unknown keys refused)."""
+    """diffusers config.json dict -> complete SD3 config (defaults filled in).
+
+    Like diffusers, unknown keys are ignored with a warning (naming them), so a hub config with a
+    stray key still loads.
+    """
     cfg = {k: v for k, v in config.items() if not k.startswith("_")}
-    unknown = set(cfg) - set(DEFAULTS)
+    unknown = sorted(set(cfg) - set(DEFAULTS))
     if unknown:
-        raise ValueError(f"unknown SD3Transformer2DModel config keys: {sorted(unknown)}")
-    cfg = {**DEFAULTS, **cfg}
+        warnings.warn(f"SD3Transformer2DModel config: ignoring unknown keys {unknown}", stacklevel=2)
+    cfg = {**DEFAULTS, **{k: v for k, v in cfg.items() if k in DEFAULTS}}
     if cfg["out_channels"] is None:
         cfg["out_channels"] = cfg["in_channels"]
     cfg["dual_attention_layers"] = tuple(cfg["dual_attention_layers"] or ())
