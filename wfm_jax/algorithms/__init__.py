@@ -1,0 +1,42 @@
+"""Pure loss / advantage / averaging functions over arrays (spec algorithms.md). No model, no I/O."""
+
+from wfm_jax.algorithms.advantages import clip_advantages, ddrl_advantages, group_advantages, nft_optimality
+from wfm_jax.algorithms.ddrl import ddrl_data_loss, ddrl_loss, ddrl_policy_loss, draw_data_sigma, edm_noisy
+from wfm_jax.algorithms.decay import ema_decay, ema_due, ema_update, old_policy_decay, soft_update
+from wfm_jax.algorithms.grpo import closed_form_kl, grpo_loss, ppo_clipped_loss
+from wfm_jax.algorithms.nft import nft_loss
+from wfm_jax.algorithms.sft import (
+    flow_matching_loss,
+    loss_weighting,
+    noisy_latents,
+    sample_density,
+    sample_training_timesteps,
+    table_indices,
+)
+
+__all__ = [
+    "clip_advantages",
+    "closed_form_kl",
+    "ddrl_advantages",
+    "ddrl_data_loss",
+    "ddrl_loss",
+    "ddrl_policy_loss",
+    "draw_data_sigma",
+    "edm_noisy",
+    "ema_decay",
+    "ema_due",
+    "ema_update",
+    "flow_matching_loss",
+    "grpo_loss",
+    "group_advantages",
+    "loss_weighting",
+    "nft_loss",
+    "nft_optimality",
+    "noisy_latents",
+    "old_policy_decay",
+    "ppo_clipped_loss",
+    "sample_density",
+    "sample_training_timesteps",
+    "soft_update",
+    "table_indices",
+]
