@@ -78,7 +78,7 @@ class PatchEmbed(nnx.Module):
     def __init__(self, *, sample_size: int, patch_size: int, in_channels: int, embed_dim: int,
                  pos_embed_max_size: int | None, rngs: nnx.Rngs, dtype=None,
                  param_dtype=jnp.float32, interpolation_scale: float = 1.0):
-        self.patch_size, self.embed_dim, self.dtype = patch_size, embed_dim, dtype
+        self.patch_size, self.embed_dim = patch_size, embed_dim
         self.pos_embed_max_size = pos_embed_max_size
         self.base_size = sample_size // patch_size
         self.interpolation_scale = interpolation_scale

@@ -63,6 +63,9 @@ class SD3Transformer(nnx.Module):
     dtype: compute dtype (None: same as param_dtype); param_dtype: master weight dtype.
     attention_impl: "xla", "cudnn" (GPU, bf16/fp16 compute) or None (JAX picks).
     remat: "none" | "full" | "dots" per transformer block (see REMAT_POLICIES).
+    The output is in the compute dtype (as diffusers returns the model dtype). Parameter paths
+    are diffusers module names ("transformer_blocks.3.attn.to_q.kernel"); `pos_embed.pos_embed`
+    is a `Buffer` (a persistent buffer in diffusers: loaded and saved, never trained).
     """
 
     def __init__(self, config: dict, *, dtype=None, param_dtype=jnp.float32, rngs: nnx.Rngs,
