@@ -51,13 +51,15 @@ DEFAULTS = {
                 "local_dir": "",       # paired / wfm dir, or RL prompt file / dir
                 "layout": "paired",
                 "allow_pickle": False,  # .pickle text embeddings run code when loaded
+                "build_tiny": False,    # generate the tiny shapes dataset at local_dir if absent
             },
             "mini_batch": 1,
             "mu_iterations": 1,
             "kl_beta": 1e-4,
             "advantage_low": -5.0,
             "advantage_high": 5.0,
-            "timesteps_fraction": 0.99,  # cosmos-rl recipes misspell this 'timestep_fraction'
+            "timesteps_fraction": 0.99,
+            "global_std": True,  # advantages: per-prompt mean / std over the whole batch  # cosmos-rl recipes misspell this 'timestep_fraction'
             "use_remote_reward": False,
             "remote_reward": {
                 "enqueue_url": "",  # empty: REMOTE_REWARD_ENQUEUE_URL (or WFM_REWARD_*) env
@@ -65,12 +67,14 @@ DEFAULTS = {
                 "token": "",
                 "scale": 1.0,
                 "clip": 5.0,
+                "on_failure": "raise",  # "drop": drop prompt groups whose reward failed, counted
                 "reward_fns": [{"name": "jpeg_compressibility", "weight": 1.0, "score_key": ""}],
             },
         },
     },
     "policy": {
         "model_name_or_path": "",
+        "build_tiny": False,  # embedded defaults: build the tiny random pipeline there if missing
         "lora": {
             "enable": False,
             "r": 32,
@@ -135,6 +139,7 @@ CHOICES = {
     "train.wandb.mode": ("online", "offline", "disabled"),
     "train.ckpt.save_mode": ("async", "sync"),
     "train.train_policy.type": ("sft", "nft", "grpo", "ddrl"),
+    "train.train_policy.remote_reward.on_failure": ("raise", "drop"),
     "train.train_policy.dataset.layout": ("paired", "wfm", "prompts"),
     "policy.lora.init_lora_weights": ("gaussian", "zeros", "default"),
     "policy.diffusers.weighting_scheme": ("logit_normal", "mode", "uniform", "none", "sigma_sqrt",

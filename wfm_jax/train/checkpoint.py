@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from typing import Any, NamedTuple
 
 import jax
@@ -141,7 +142,7 @@ class Checkpointer:
 
     def __init__(self, directory, max_keep: int | None = None, save_freq: int = 1,
                  async_: bool = True):
-        self.directory = epath.Path(directory)
+        self.directory = epath.Path(os.path.abspath(directory))  # orbax needs absolute paths
         self.save_freq = int(save_freq or 0)
         options = ocp.CheckpointManagerOptions(
             max_to_keep=max_keep if max_keep and max_keep > 0 else None,

@@ -67,3 +67,50 @@ def nft_grads(velocity: Velocity, params, old_params, ref_params, x0, cond, adva
     (grads, metrics), _ = jax.lax.scan(body, (zero_grads, zero_metrics), jnp.arange(num_train))
     scale = 1.0 / num_train
     return jax.tree.map(lambda g: g * scale, grads), jax.tree.map(lambda m: m * scale, metrics)
+
+
+class NFT:
+    """DiffusionNFT for the shared RL loop: the "old" policy (state.aux["old"], same tree as the
+    trained parameters) collects data CFG-free; the update trains on the stored clean latents;
+    after each step the old policy moves toward the current one (decay schedule §3)."""
+
+    name = "nft"
+    train_fields = ("x0",)
+
+    def __init__(self, config, shift: float):
+        from wfm_jax.sampling.schedule import flow_sigmas
+        d = config.policy.diffusers
+        tp = config.train.train_policy
+        self.solver = {"flow": "euler", "dpm1": "euler"}.get(d.sample.solver, d.sample.solver)
+        self.sigmas = jnp.asarray(flow_sigmas(d.sample.num_steps, shift)[0])
+        self.num_train = max(1, int(d.sample.num_steps * tp.timesteps_fraction))
+        self.beta = float(d.nft_beta)
+        self.kl_weight = float(tp.kl_beta)
+        self.adv_clip = float(tp.advantage_high)
+        self.decay_type = int(d.weight_copy_decay_type)
+
+    @staticmethod
+    def init_aux(params) -> dict:
+        return {"old": params}  # setup copies it
+
+    def rollout(self, velocity, state, latents, cond, key) -> dict:
+        return {"x0": nft_rollout(velocity, state.aux["old"], latents, cond, self.sigmas,
+                                  solver=self.solver)}
+
+    def final_latents(self, fields: dict):
+        return fields["x0"]
+
+    def grads(self, velocity, state, ref_params, batch: dict, key):
+        return nft_grads(velocity, state.params, state.aux["old"], ref_params, batch["x0"],
+                         batch["cond"], batch["advantage"], key, sigmas=self.sigmas,
+                         num_train=self.num_train, beta=self.beta, kl_weight=self.kl_weight,
+                         adv_clip_max=self.adv_clip)
+
+    def post_update_decay(self, step: int) -> float:
+        from wfm_jax.algorithms.decay import old_policy_decay
+        return old_policy_decay(step, self.decay_type)
+
+    def post_update(self, state, eta):
+        from wfm_jax.train.ema import soft_update
+        return state.replace(aux=dict(state.aux, old=soft_update(state.aux["old"], state.params,
+                                                                 eta)))

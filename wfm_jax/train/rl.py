@@ -1,0 +1,150 @@
+"""The RL loop shared by DiffusionNFT, Flow-GRPO and DDRL: rollout -> reward -> update.
+
+One step: the GroupBatcher gives this process's prompts (each repeated n_generation times); the
+rollout runs in chunks, and each chunk's decoded images go to the reward service (or local
+rewards) as soon as they exist, so sampling continues while rewards are computed; then
+advantages over the whole global batch, the algorithm's update (one optimizer step, gradients
+accumulated over micro-batches), the algorithm's post-update (e.g. NFT's old-policy soft
+update), EMA, metrics, checkpoint, validation. The algorithms differ only in the object in
+`rl_algorithms.py`: sampler, stored rollout fields and loss.
+"""
+from __future__ import annotations
+
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from wfm_jax.algorithms.advantages import clip_advantages, group_advantages
+from wfm_jax.train import rl_setup
+from wfm_jax.train.image_grid import captioned_grid, save_grid, to_uint8
+from wfm_jax.train.metrics import Timers, check_finite
+
+
+def _stats(prefix: str, values: np.ndarray) -> dict:
+    v = np.asarray(values, np.float64)
+    return {f"{prefix}_mean": float(v.mean()), f"{prefix}_std": float(v.std()),
+            f"{prefix}_min": float(v.min()), f"{prefix}_max": float(v.max())}
+
+
+def gather_host(x: np.ndarray) -> np.ndarray:
+    """Concatenate a per-process host array over all processes (identity for one process)."""
+    if jax.process_count() == 1:
+        return np.asarray(x)
+    from jax.experimental import multihost_utils
+    return np.asarray(multihost_utils.process_allgather(np.asarray(x), tiled=True))
+
+
+def rollout_batch(run, state, batch: dict, key, timers: Timers) -> dict:
+    """Sample, decode and submit every chunk of this process's rows; collect rewards at the end.
+
+    Returns host/device arrays of the whole local batch: the algorithm's stored fields, the
+    conditioning, rewards, the per-function scores and the keep mask.
+    """
+    prompts = list(batch["prompt"])
+    chunk = run.rollout_chunk
+    stored, handles = [], []
+    for lo in range(0, len(prompts), chunk):
+        rows = prompts[lo:lo + chunk]
+        key, k_lat, k_alg = jax.random.split(key, 3)
+        cond = run.encode(rows)
+        latents = run.initial_latents(k_lat, len(rows))
+        fields, pixels = run.rollout(state, latents, cond, k_alg)
+        images = to_uint8(jax.device_get(pixels))
+        meta = batch["metadata"][lo:lo + chunk]
+        extras = {"metadata": meta} if any(meta) else None
+        handles.append(run.rewards.submit(images, rows, extras=extras))
+        stored.append(dict(fields, cond=cond))
+    with timers("reward_wait"):
+        results = [h.result() for h in handles]
+    out = jax.tree.map(lambda *xs: jnp.concatenate(xs, axis=0), *stored)
+    out["reward"] = np.concatenate([r.total for r in results])
+    out["keep"] = np.concatenate([r.keep for r in results])
+    out["per_fn"] = {name: np.concatenate([r.per_fn[name] for r in results])
+                     for name in results[0].per_fn}
+    out["dropped_groups"] = sum(r.dropped_groups for r in results)
+    return out
+
+
+def advantages_for(run, rollout: dict, batch: dict) -> tuple[np.ndarray, dict]:
+    """Group advantages over the GLOBAL batch (per-prompt mean, global or per-prompt std)."""
+    rewards = gather_host(rollout["reward"])
+    keep = gather_host(rollout["keep"])
+    groups = gather_host(np.asarray(batch["group"]))
+    adv = np.zeros_like(rewards, dtype=np.float32)
+    if keep.any():
+        adv[keep] = group_advantages(rewards[keep], groups[keep], global_std=run.global_std)
+    adv = clip_advantages(adv, run.adv_clip)
+    lo = jax.process_index() * len(rollout["reward"])
+    mine = adv[lo:lo + len(rollout["reward"])]
+    metrics = _stats("train/reward", rewards[keep]) if keep.any() else {}
+    metrics.update(_stats("rollout/advantage", adv[keep]) if keep.any() else {})
+    metrics["rollout/dropped_groups"] = int(rollout["dropped_groups"])
+    for name, scores in rollout["per_fn"].items():
+        metrics[f"train/reward_{name}_mean"] = float(np.nanmean(gather_host(scores)))
+    return mine, metrics
+
+
+def validate(run, state, step: int) -> dict:
+    """Euler ODE (eval_num_steps) on the validation prompts with the evaluation weights; a
+    captioned grid PNG in output_dir and in wandb."""
+    rewards, images, captions = [], [], []
+    for batch in run.validation_batches():
+        rows = list(batch["prompt"])
+        cond = run.encode(rows)
+        latents = run.initial_latents(jax.random.key(run.seed + 1), len(rows))
+        pixels = np.asarray(jax.device_get(run.evaluate(state, latents, cond)))
+        imgs = to_uint8(pixels)
+        res = run.rewards.submit(imgs, rows).result()
+        valid = np.asarray(batch["valid"])
+        rewards.append(res.total[valid])
+        images.append(imgs[valid])
+        captions += [f"{p} | {r:.4g}" for p, r, v in zip(rows, res.total, valid) if v]
+    if not rewards:
+        return {}
+    rewards = np.concatenate(rewards)
+    grid = captioned_grid(np.concatenate(images), captions)
+    path = save_grid(grid, f"{run.output_dir}/validation/step_{step}.png")
+    run.logger.log_image("val/images", path, caption=f"step {step}", step=step)
+    return _stats("val/reward", rewards)
+
+
+def run(config) -> None:
+    """Entry point for train.train_policy.type in {nft, grpo, ddrl}."""
+    run = rl_setup.build(config)
+    try:
+        _loop(run)
+    finally:
+        run.close()
+
+
+def _loop(run) -> None:
+    state = run.state
+    timers = Timers()
+    if run.validation_enabled and run.val_before_train and run.start_step == 0:
+        run.logger.log(0, validate(run, state, 0))
+    for step in range(run.start_step + 1, run.max_steps + 1):
+        t0 = time.perf_counter()
+        batch = run.batcher.batch_at(step - 1)
+        key = jax.random.fold_in(run.base_key, step)
+        k_roll, k_update = jax.random.split(key)
+        with timers("rollout"):
+            rollout = rollout_batch(run, state, batch, k_roll, timers)
+        with timers("advantages"):
+            adv, metrics = advantages_for(run, rollout, batch)
+        with timers("update"):
+            state, update_metrics = run.update(state, rollout, adv, k_update, step)
+        metrics.update(update_metrics)
+        metrics.update(timers.metrics())
+        timers.reset()
+        elapsed = time.perf_counter() - t0
+        metrics["train/samples_per_s"] = run.global_batch / elapsed
+        metrics["train/iteration_time"] = elapsed
+        check_finite(step, metrics, keys=["train/loss"])
+        if run.validation_enabled and step % run.validation_freq == 0:
+            metrics.update(validate(run, state, step))
+        run.logger.log(step, metrics)
+        run.batcher.step = step
+        run.save(state, step)
+    run.save(state, run.max_steps, final=True)

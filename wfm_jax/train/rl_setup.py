@@ -1,0 +1,292 @@
+"""What the RL loop needs before its first step: the shared train setup (setup.build), the
+algorithm object, prompt batches, rewards, and the jit-compiled rollout / update / evaluate.
+
+Fail-fast order: prompt files and the reward service are checked before the model is loaded
+or anything is compiled.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from reward_client.computer import RewardComputer
+from wfm_jax.data.groups import eval_batches, group_batcher_from_config
+from wfm_jax.data.loader import process_shard
+from wfm_jax.data.prompts import prompt_splits_from_config
+from wfm_jax.models.sd3.pipeline import decode_latents, encode_tokens
+from wfm_jax.sampling.samplers import sample
+from wfm_jax.sampling.schedule import flow_sigmas
+from wfm_jax.train import setup as train_setup
+from wfm_jax.train.ema import ema_update
+from wfm_jax.train.metrics import MetricsLogger
+from wfm_jax.train.optim import apply_gradients
+from wfm_jax.train.rl_nft import NFT
+
+ALGORITHMS = {"nft": NFT}
+
+
+def reward_config(config) -> dict:
+    """train.train_policy.remote_reward -> RewardComputer.from_config's mapping."""
+    rr = config.train.train_policy.remote_reward
+    fns = []
+    for fn in rr.reward_fns:
+        spec = {"name": fn["name"], "weight": float(fn.get("weight", 1.0))}
+        if fn.get("score_key"):
+            spec["score_key"] = fn["score_key"]
+        if not config.train.train_policy.use_remote_reward:
+            spec["local"] = True
+        fns.append(spec)
+    out = {"reward_fns": fns, "scale": rr.scale, "clip": rr.clip,
+           "on_failure": rr.on_failure}
+    if config.train.train_policy.use_remote_reward:
+        remote = {k: v for k, v in (("enqueue_url", rr.enqueue_url), ("fetch_url", rr.fetch_url),
+                                    ("token", rr.token)) if v}
+        out["remote"] = remote
+    return out
+
+
+def make_velocity(graphdef, frozen):
+    """velocity(params, x, timesteps, cond) of the transformer with `params` trained."""
+    def velocity(params, x, t, cond):
+        model = nnx.merge(graphdef, params, frozen)
+        return model(x, cond["prompt_embeds"], cond["pooled_projections"], t)
+    return velocity
+
+
+def _tree_mean(trees):
+    return jax.tree.map(lambda *xs: sum(xs) / len(xs), *trees)
+
+
+@dataclasses.dataclass
+class RLRun:
+    config: Any
+    setup: Any
+    algo: Any
+    rewards: RewardComputer
+    batcher: Any
+    val_records: list
+    logger: MetricsLogger
+    ref_params: Any
+    micro_batches: int
+    rollout_chunk: int
+    max_steps: int
+    global_batch: int
+    seed: int
+    output_dir: str
+    base_key: Any = None
+    _fns: dict = dataclasses.field(default_factory=dict)
+
+    # -- loop-facing attributes --
+    @property
+    def state(self):
+        return self.setup.state
+
+    @property
+    def start_step(self) -> int:
+        return self.setup.start_step
+
+    @property
+    def global_std(self) -> bool:
+        return bool(self.config.train.train_policy.global_std)
+
+    @property
+    def adv_clip(self) -> float:
+        return float(self.config.train.train_policy.advantage_high)
+
+    @property
+    def validation_enabled(self) -> bool:
+        return bool(self.config.validation.enable) and bool(self.val_records)
+
+    @property
+    def val_before_train(self) -> bool:
+        return bool(self.config.validation.val_before_train)
+
+    @property
+    def validation_freq(self) -> int:
+        return int(self.config.validation.freq)
+
+    # -- model calls --
+    def encode(self, prompts) -> dict:
+        pipe = self.setup.pipe
+        max_len = int(self.config.policy.diffusers.max_prompt_length)
+        ids = self.setup.global_batch(pipe.tokenize(prompts, max_len))
+        embeds, pooled = _encode(pipe.text_encoders, ids,
+                                 int(pipe.transformer_config["joint_attention_dim"]), max_len)
+        return {"prompt_embeds": embeds, "pooled_projections": pooled}
+
+    def initial_latents(self, key, n: int):
+        h, w = self.config.policy.diffusers.inference_size
+        shape = self.setup.pipe.latent_shape(n, int(h), int(w))
+        return _normal(key, shape, self.setup.batch_sharding())
+
+    def rollout(self, state, latents, cond, key):
+        return self._fns["rollout"](state, self.setup.frozen, nnx.state(self.setup.pipe.vae),
+                                    latents, cond, key)
+
+    def evaluate(self, state, latents, cond):
+        return self._fns["evaluate"](state, self.setup.frozen, nnx.state(self.setup.pipe.vae),
+                                     latents, cond, self._uncond(latents.shape[0]))
+
+    def _uncond(self, n: int):
+        if float(self.config.policy.diffusers.sample.guidance_scale) <= 1.0:
+            return None
+        return self.encode([""] * n)
+
+    def update(self, state, rollout: dict, adv: np.ndarray, key, step: int):
+        data = {name: rollout[name] for name in self.algo.train_fields}
+        data["cond"] = rollout["cond"]
+        data["advantage"] = self.setup.global_batch(np.asarray(adv, np.float32))
+        eta = self.algo.post_update_decay(step)
+        state, metrics = self._fns["update"](state, self.setup.frozen, self.ref_params, data, key,
+                                             jnp.float32(eta))
+        self.setup.state = state
+        out = {f"train/{k}": float(v) for k, v in jax.device_get(metrics).items()}
+        out["train/old_policy_decay"] = eta
+        out["train/learning_rate"] = float(self.setup.lr_schedule(step - 1))
+        return state, out
+
+    def validation_batches(self):
+        return eval_batches(self.val_records, int(self.config.validation.batch_size),
+                            process_shard())
+
+    def save(self, state, step: int, final: bool = False) -> None:
+        self.setup.state = state
+        data_state = self.batcher.state()
+        saved = self.setup.save(step, data_state=data_state, force=final)
+        if saved and self.config.train.ckpt.export_safetensors:
+            from wfm_jax.train.export import export_step
+            export_step(self.setup, step)
+
+    def close(self) -> None:
+        self.setup.close()
+        self.logger.close()
+        self.rewards.close()
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _normal(key, shape, sharding):
+    return jax.lax.with_sharding_constraint(jax.random.normal(key, shape, jnp.float32), sharding)
+
+
+@functools.partial(nnx.jit, static_argnums=(2, 3))
+def _encode(encoders, ids, joint_attention_dim, max_len):
+    return encode_tokens(encoders, ids, joint_attention_dim, max_len)
+
+
+def _compile(run: RLRun) -> dict:
+    """The jitted rollout, update and evaluation functions of this run."""
+    s, algo, cfg = run.setup, run.algo, run.config
+    graphdef, vae_def = s.graphdef, nnx.graphdef(s.pipe.vae)
+    vae_config = s.pipe.vae_config
+    train = cfg.train
+    eval_sigmas = jnp.asarray(flow_sigmas(cfg.policy.diffusers.sample.eval_num_steps,
+                                          s.pipe.shift)[0])
+    guidance = float(cfg.policy.diffusers.sample.guidance_scale)
+
+    def decode(vae_state, latents):
+        return decode_latents(nnx.merge(vae_def, vae_state), vae_config, latents)
+
+    @jax.jit
+    def rollout(state, frozen, vae_state, latents, cond, key):
+        fields = algo.rollout(make_velocity(graphdef, frozen), state, latents, cond, key)
+        return fields, decode(vae_state, algo.final_latents(fields))
+
+    @jax.jit
+    def evaluate(state, frozen, vae_state, latents, cond, uncond):
+        params = state.params if state.ema is None else state.ema
+        velocity = make_velocity(graphdef, frozen)
+        out = sample(lambda x, t, c: velocity(params, x, t, c), latents, eval_sigmas,
+                     method="euler", cond=cond, uncond=uncond, cfg_scale=guidance)
+        return decode(vae_state, out.latents)
+
+    n_micro = run.micro_batches
+
+    @functools.partial(jax.jit, donate_argnums=(0,))
+    def update(state, frozen, ref_params, data, key, eta):
+        velocity = make_velocity(graphdef, frozen)
+        # micro-batch j takes rows j, j + n_micro, ...: every micro-batch spans all devices
+        micro = jax.tree.map(lambda x: jnp.swapaxes(
+            x.reshape((x.shape[0] // n_micro, n_micro) + x.shape[1:]), 0, 1), data)
+        keys = jax.random.split(key, n_micro)
+
+        def body(acc, xs):
+            batch, k = xs
+            grads, metrics = algo.grads(velocity, state, ref_params, batch, k)
+            return jax.tree.map(jnp.add, acc, (grads, metrics)), None
+
+        first = jax.eval_shape(lambda: algo.grads(velocity, state, ref_params,
+                                                  jax.tree.map(lambda x: x[0], micro), keys[0]))
+        zeros = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), first)
+        (grads, metrics), _ = jax.lax.scan(body, zeros, (micro, keys))
+        grads = jax.tree.map(lambda g: g / n_micro, grads)
+        metrics = jax.tree.map(lambda m: m / n_micro, metrics)
+        params, opt_state, info = apply_gradients(s.tx, state.params, state.opt_state, grads)
+        step = state.step + info["updated"].astype(jnp.int32)
+        ema = ema_update(state.ema, params, step, train.ema_decay, train.ema_update_step_interval,
+                         when=info["updated"])
+        state = state.replace(step=step, params=params, opt_state=opt_state, ema=ema)
+        state = algo.post_update(state, eta)
+        metrics["grad_norm"] = info["grad_norm"]
+        return state, metrics
+
+    return {"rollout": rollout, "evaluate": evaluate, "update": update}
+
+
+def _check_layout(config, setup) -> tuple[int, int]:
+    """(micro-batches per step, rollout chunk) with clear errors when the numbers don't divide."""
+    t = config.train
+    dp = setup.mesh.shape["data"] * setup.mesh.shape["fsdp"]
+    global_batch = int(t.train_batch_per_replica)
+    micro = int(t.train_policy.mini_batch) * dp
+    if global_batch % micro:
+        raise train_setup.SetupError(
+            f"train_batch_per_replica={global_batch} is not a multiple of train_policy.mini_batch="
+            f"{t.train_policy.mini_batch} x {dp} data-parallel devices")
+    chunk = micro // jax.process_count()
+    return global_batch // micro, chunk
+
+
+def build(config) -> RLRun:
+    algo_cls = ALGORITHMS.get(config.train.train_policy.type)
+    if algo_cls is None:
+        raise train_setup.SetupError(
+            f"train.train_policy.type={config.train.train_policy.type!r} has no RL trainer yet; "
+            f"available: {sorted(ALGORITHMS)}")
+    train_records, val_records = prompt_splits_from_config(config)
+    rewards = RewardComputer.from_config(reward_config(config))
+    rewards.check_reachable()  # fail fast, before any model is loaded or compiled
+    path = config.policy.model_name_or_path
+    if config.policy.build_tiny and path and not os.path.isdir(path):
+        from wfm_jax.tiny import build_tiny_pipeline
+        build_tiny_pipeline(path, seed=config.train.seed)
+    if not path or not os.path.isdir(path):
+        raise train_setup.SetupError(
+            f"model directory not found: '{path}'; pass a local diffusers SD3.5 pipeline "
+            f"directory with {train_setup.MODEL_FLAG}=DIR")
+    setup = train_setup.build(config, aux_fn=algo_cls.init_aux)
+    algo = algo_cls(config, setup.pipe.shift)
+    micro_batches, chunk = _check_layout(config, setup)
+    batcher = group_batcher_from_config(config, train_records,
+                                        data_parallel=setup.mesh.shape["data"]
+                                        * setup.mesh.shape["fsdp"])
+    if setup.data_state:
+        batcher.restore(setup.data_state)
+    if setup.lora:  # reference = adapters off
+        ref = jax.tree.map(jnp.zeros_like, setup.state.params)
+    else:  # reference = the weights the run started from (the loaded pipeline)
+        ref = jax.tree.map(jnp.copy, setup.state.params)
+    logger = MetricsLogger(config.train.output_dir, total_steps=config.train.max_steps,
+                           wandb_cfg=config.train.wandb.to_dict(), start_step=setup.start_step)
+    run = RLRun(config, setup, algo, rewards, batcher, val_records, logger, ref, micro_batches,
+                chunk, int(config.train.max_steps), int(config.train.train_batch_per_replica),
+                int(config.train.seed), config.train.output_dir,
+                base_key=jax.random.key(config.train.seed))
+    run._fns = _compile(run)
+    return run
