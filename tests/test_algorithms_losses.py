@@ -122,7 +122,7 @@ def test_nft_loss_matches_numpy(beta):
     def loss_fn(v):
         return nft.nft_loss(v, jnp.asarray(v_old), jnp.asarray(x0), jnp.asarray(xt), t, adv, jnp.asarray(v_ref), beta=beta)
 
-    (loss, metrics), grad = jax.value_and_grad(loss_fn, has_aux=True)(jnp.asarray(v_th))
+    (loss, metrics), grad = jax.jit(jax.value_and_grad(loss_fn, has_aux=True))(jnp.asarray(v_th))
     np.testing.assert_allclose(float(loss), want["loss"], rtol=1e-6)
     for k in ("policy_loss", "kl_loss", "old_deviation", "x0_norm", "unweighted_policy_loss"):
         np.testing.assert_allclose(float(metrics[k]), want[k], rtol=1e-6, err_msg=k)

@@ -162,6 +162,11 @@ def test_sde_with_zero_noise_is_the_euler_path(x_init, sde_run):
     ode = jax.jit(lambda x: sample(jax_velocity, x, sigmas, method="euler", cond=COND, return_trajectory=True))(x_init)
     np.testing.assert_allclose(np.asarray(sde.trajectory), np.asarray(ode.trajectory), rtol=0, atol=1e-6)
     assert np.isfinite(np.asarray(sde.log_probs)).all()
+    # without the trajectory the same key gives the same final latents
+    full = fn(x_init, rbg(3), 0.7)
+    lean = jax.jit(lambda x, k: sample(jax_velocity, x, sigmas, k, method="sde", cond=COND, noise_level=0.7))(x_init, rbg(3))
+    assert lean.trajectory is None and lean.log_probs is None
+    np.testing.assert_allclose(np.asarray(lean.latents), np.asarray(full.latents), rtol=0, atol=1e-6)
 
 
 # ----------------------------------------------------------------------------- CPS window, Dance
@@ -196,7 +201,7 @@ def test_dance_step_matches_numpy():
     rng = np.random.default_rng(5)
     x, v, noise = (rng.standard_normal(SHAPE).astype(np.float32) for _ in range(3))
     s, sn, eta = 0.6, 0.45, 0.3
-    x_next, lp, mean, std = S.dance_step(jnp.asarray(x), jnp.asarray(v), s, sn, jnp.asarray(noise), eta)
+    x_next, lp, mean, std = jax.jit(S.dance_step)(jnp.asarray(x), jnp.asarray(v), s, sn, jnp.asarray(noise), eta)
     x64, v64 = x.astype(np.float64), v.astype(np.float64)
     x0 = x64 - s * v64
     score = -(x64 - x0 * (1 - s)) / s**2
@@ -389,10 +394,11 @@ def test_cfg_detached_uncond_has_no_gradient(x_init):
         return jnp.sum(guided_velocity(vel, x, t, cond, uncond, 4.5, detach_uncond=detach))
 
     w_c, w_u = jnp.asarray([0.5, 1.0]), jnp.asarray([0.1, 0.2])
-    gc, gu = jax.grad(total, argnums=(0, 1))(w_c, w_u, True)
+    grads = jax.jit(jax.grad(total, argnums=(0, 1)), static_argnums=2)
+    gc, gu = grads(w_c, w_u, True)
     assert not np.asarray(gu).any()
     np.testing.assert_allclose(np.asarray(gc), 4.5 * np.asarray(x.sum(axis=(1, 2, 3))), rtol=1e-5)
-    _, gu_attached = jax.grad(total, argnums=(0, 1))(w_c, w_u, False)
+    _, gu_attached = grads(w_c, w_u, False)
     np.testing.assert_allclose(np.asarray(gu_attached), -3.5 * np.asarray(x.sum(axis=(1, 2, 3))), rtol=1e-5)
 
 

@@ -118,7 +118,7 @@ def sample(
     if method not in STOCHASTIC_FLOW:
         stochastic = jnp.zeros((n,), bool)
     xs["stochastic"] = stochastic
-    body = _flow_body(method, velocity, noise_level, sigmas[1], n)
+    body = _flow_body(method, velocity, noise_level, sigmas[1], n, return_trajectory)
     x0_init = jnp.zeros_like(latents)
     (final, _), rec = jax.lax.scan(body, (latents, x0_init), xs)
     if not return_trajectory:
@@ -145,7 +145,7 @@ def _velocity_closure(velocity_fn, cond, uncond, cfg_scale, timestep_scale):
     return velocity
 
 
-def _flow_body(method, velocity, noise_level, sigma_for_one, n):
+def _flow_body(method, velocity, noise_level, sigma_for_one, n, record):
     def body(carry, step):
         x, x0_prev = carry
         s, sn = step["sigma"], step["sigma_next"]
@@ -162,8 +162,9 @@ def _flow_body(method, velocity, noise_level, sigma_for_one, n):
         else:
             noise = jax.random.normal(step["key"], x.shape, F32)
             if method == "sde":
-                x_s, lp, mean, std_dev_t = S.sde_step(x, v, s, sn, noise, noise_level, sigma_for_one)
-                std = std_dev_t * jnp.sqrt(s - sn)
+                mean, _, std = S.sde_mean(x, v, s, sn, noise_level, sigma_for_one)
+                x_s = mean + std * noise
+                lp = S.gaussian_log_prob(x_s, mean, std)
             elif method == "cps":
                 x_s, lp, mean, std = S.cps_step(x, v, s, sn, noise, noise_level)
             else:
@@ -179,7 +180,7 @@ def _flow_body(method, velocity, noise_level, sigma_for_one, n):
                 std=std.astype(F32),
             )
         rec["x0"] = x0
-        return (rec["x_next"], x0), rec
+        return (rec["x_next"], x0), (rec if record else None)
 
     return body
 
@@ -198,7 +199,9 @@ def _sample_edm(velocity, latents, sigmas, xs, s_churn, s_noise, s_tmin, s_tmax,
         x_hat, sigma_hat, applied = S.edm_churn(x, step["sigma"], noise, eta, s_noise, s_tmin, s_tmax)
         x0 = x0_of(x_hat, sigma_hat)
         mean = S.edm_step_mean(x_hat, sigma_hat, step["sigma_next"], x0, x0_prev, sigma_prev_hat, step["i"] == 0)
-        rec = dict(x_hat=x_hat, mean=mean, noise=jnp.where(applied, noise, 0.0), x0=x0, sigma_hat=sigma_hat, applied=applied)
+        rec = dict(applied=applied)
+        if return_trajectory:
+            rec.update(x_hat=x_hat, mean=mean, noise=jnp.where(applied, noise, 0.0), x0=x0, sigma_hat=sigma_hat)
         return (mean, x0, sigma_hat), rec
 
     init = (latents, jnp.zeros_like(latents), sigmas[0])
