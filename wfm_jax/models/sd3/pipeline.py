@@ -68,15 +68,17 @@ class SD3Pipeline:
     # ---------------------------------------------------------------- construction
     @classmethod
     def load(cls, directory: str, *, dtype=None, param_dtype=jnp.float32, mesh=None, rules=None,
-             text_dtype=None) -> "SD3Pipeline":
-        """Load every component of a local diffusers SD3 pipeline dir straight onto `mesh`."""
+             text_dtype=None, transformer_options: dict | None = None) -> "SD3Pipeline":
+        """Load every component of a local diffusers SD3 pipeline dir straight onto `mesh`.
+        transformer_options go to the transformer's constructor (attention_impl, remat)."""
         info = read_model_index(directory)
         for name in ("transformer", "vae", "scheduler", "text_encoder", "text_encoder_2",
                      "tokenizer", "tokenizer_2"):
             if not _present(info, directory, name):
                 raise PipelineError(f"pipeline {directory} lacks its {name!r} component")
         kw = dict(param_dtype=param_dtype, mesh=mesh, rules=rules)
-        transformer, t_cfg = load_model(directory, component="transformer", dtype=dtype, **kw)
+        transformer, t_cfg = load_model(directory, component="transformer", dtype=dtype, **kw,
+                                        **(transformer_options or {}))
         vae, v_cfg = load_model(directory, component="vae", dtype=None, **kw)
         encoders, tokenizers = [], []
         for enc, tok in zip(_TEXT, _TOKENIZERS):

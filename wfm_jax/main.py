@@ -1,0 +1,88 @@
+"""The training entry point.
+
+    python -m wfm_jax.main --config configs/X.py [--config.a.b=value ...]
+
+Loads and validates the locked config, starts jax.distributed when the config / environment
+asks for several processes, writes the resolved config to output_dir/config.json (process 0),
+then runs the trainer for train.train_policy.type: "sft" -> wfm_jax.train.sft, "nft" / "grpo" /
+"ddrl" -> wfm_jax.train.rl. Every known failure (bad config, missing model or data, corrupt
+sample, NaN loss, unusable checkpoint) is one line on stderr and a non-zero exit, no traceback.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from typing import Sequence
+
+EXIT_BAD_INPUT = 2      # the run could not start: config, model dir, data, checkpoint layout
+EXIT_TRAINING_FAILED = 1  # it started and stopped: NaN/inf loss, a bad sample mid-run, ...
+EXIT_INTERRUPTED = 130
+
+
+def _known_errors() -> tuple[tuple[type, ...], tuple[type, ...]]:
+    """(bad-input errors, training-failure errors), imported lazily (jax is heavy)."""
+    from converters.registry import UnsupportedModelError
+    from converters.table import ConversionError
+    from reward_client.errors import RewardError
+    from wfm_jax.config import ConfigError
+    from wfm_jax.data.errors import DataError
+    from wfm_jax.models.sd3.pipeline import PipelineError
+    from wfm_jax.train.checkpoint import CheckpointError
+    from wfm_jax.train.lora import LoraError
+    from wfm_jax.train.metrics import NonFiniteLoss
+    from wfm_jax.train.setup import SetupError
+    bad_input = (ConfigError, SetupError, PipelineError, LoraError, ConversionError,
+                 UnsupportedModelError, CheckpointError, DataError, FileNotFoundError)
+    return bad_input, (NonFiniteLoss, RewardError)
+
+
+def train(config) -> int:
+    """Dispatch on train.train_policy.type; returns the last step trained."""
+    kind = config.train.train_policy.type
+    if kind == "sft":
+        from wfm_jax.train import sft
+        return sft.run(config)
+    from wfm_jax.train import rl  # the RL loop (nft / grpo / ddrl)
+    return rl.run(config)
+
+
+def prepare(argv: Sequence[str]):
+    """Parse + validate the config, start jax.distributed, write output_dir/config.json."""
+    from wfm_jax.config import config_from_argv, save_resolved
+    from wfm_jax.train.setup import init_distributed
+    config = config_from_argv(argv)
+    init_distributed(config)  # before anything touches a JAX backend
+    import jax
+    if jax.process_index() == 0:
+        save_resolved(config, os.path.join(config.train.output_dir, "config.json"))
+    return config
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        bad_input, failed = _known_errors()
+    except ImportError as e:  # a broken install: still one line
+        print(f"error: cannot import wfm_jax: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    try:
+        config = prepare(argv)
+        step = train(config)
+    except bad_input as e:
+        if isinstance(e, FileNotFoundError) and e.filename:
+            print(f"error: no such file or directory: {e.filename}", file=sys.stderr)
+        else:
+            print(f"error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except failed as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_TRAINING_FAILED
+    except KeyboardInterrupt:
+        print("error: interrupted; the last finished checkpoint is kept", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    print(f"done: trained to step {step}; outputs in {config.train.output_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,102 @@
+"""Export trained weights to cosmos-rl's layout, loadable by diffusers (torch).
+
+    output_dir/safetensors/step_N/            full fine-tune: a complete diffusers pipeline dir
+                                              (DiffusionPipeline.from_pretrained(step_dir))
+    output_dir/safetensors/step_N/lora/model.safetensors + adapter_config.json
+                                              LoRA: pipe.load_lora_weights(step_N/lora,
+                                              weight_name="model.safetensors")
+
+Every process must call the export functions (parameters sharded over processes are gathered);
+only process 0 writes. Each step dir is built under a temporary name and renamed into place, so
+it is complete or absent. The weights are the EMA shadow when EMA is on (export_params).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from typing import Any, Mapping, Sequence
+
+import jax
+import numpy as np
+
+from converters.atomic import atomic_directory
+from wfm_jax.models.loading import export_diffusers, host_array
+from wfm_jax.models.state import path_str
+from wfm_jax.train import lora as lora_lib
+
+LORA_WEIGHT_NAME = "model.safetensors"
+LORA_METADATA_KEY = "lora_adapter_metadata"  # diffusers reads the peft LoraConfig from here
+
+
+def step_dir(output_dir: str, step: int) -> str:
+    return os.path.join(output_dir, "safetensors", f"step_{int(step)}")
+
+
+def export_params(state) -> Any:
+    """What gets exported: the EMA shadow when EMA is on, else the trained params."""
+    return state.ema if state.ema is not None else state.params
+
+
+def _copy_components(source_dir: str, dst: str, skip: Sequence[str]) -> None:
+    """Copy a pipeline dir's entries except `skip` (symlinks are followed: a real copy)."""
+    for name in sorted(os.listdir(source_dir)):
+        if name in skip or name.startswith("."):
+            continue
+        src = os.path.join(source_dir, name)
+        if os.path.isdir(src):
+            shutil.copytree(src, os.path.join(dst, name), symlinks=False)
+        else:
+            shutil.copy2(src, os.path.join(dst, name))
+
+
+def export_full_pipeline(transformer, transformer_config: Mapping, source_dir: str,
+                         dst: str) -> str | None:
+    """A complete diffusers pipeline dir at `dst`: the source pipeline's other components copied
+    unchanged, the transformer written from `transformer`'s parameters (their dtype)."""
+    if jax.process_index() != 0:
+        export_diffusers(transformer, transformer_config, os.path.join(dst, "transformer"))
+        return None
+    with atomic_directory(dst) as tmp:
+        _copy_components(source_dir, tmp, skip=("transformer",))
+        export_diffusers(transformer, transformer_config, os.path.join(tmp, "transformer"))
+    return dst
+
+
+def lora_flat(params) -> dict[str, np.ndarray]:
+    """nnx.State of LoRA params -> {"<layer>.lora_a": host array, ...} (gathered)."""
+    return {path_str(p): host_array(v.get_value() if hasattr(v, "get_value") else v)
+            for p, v in params.flat_state()}
+
+
+def export_lora(params, adapter: Mapping, dst: str, prefix: str = "transformer") -> str | None:
+    """`dst/lora/model.safetensors` (peft keys, LoraConfig in the header) + adapter_config.json."""
+    from safetensors.numpy import save_file
+
+    tensors = lora_lib.to_diffusers(lora_flat(params), prefix)
+    if jax.process_index() != 0:
+        return None
+    metadata = {"format": "pt",
+                LORA_METADATA_KEY: json.dumps({f"{prefix}.{k}": v for k, v in adapter.items()},
+                                              sort_keys=True)}
+    with atomic_directory(dst) as tmp:
+        os.makedirs(os.path.join(tmp, "lora"))
+        save_file(tensors, os.path.join(tmp, "lora", LORA_WEIGHT_NAME), metadata=metadata)
+        with open(os.path.join(tmp, "lora", "adapter_config.json"), "w") as f:
+            json.dump(dict(adapter), f, indent=2, sort_keys=True)
+            f.write("\n")
+    return dst
+
+
+def export_step(setup, step: int) -> str | None:
+    """Export `setup.state` (EMA when on) for `step`; returns the step dir on process 0."""
+    config = setup.config
+    dst = step_dir(config.train.output_dir, step)
+    params = export_params(setup.state)
+    if setup.lora:
+        cfg = config.policy.lora
+        adapter = lora_lib.adapter_config(cfg.r, cfg.lora_alpha, cfg.target_modules,
+                                          cfg.init_lora_weights)
+        return export_lora(params, adapter, dst)
+    return export_full_pipeline(setup.merge(params), setup.pipe.transformer_config,
+                                setup.pipe.directory, dst)

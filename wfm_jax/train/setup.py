@@ -1,0 +1,277 @@
+"""Everything a training loop needs before its first step, from one config; loop-agnostic.
+
+    setup = build(config)          # distributed init, mesh, pipeline on the mesh, LoRA, split,
+                                   # optimizer, TrainState (fresh or resumed), Checkpointer
+    model = setup.merge(params)    # inside a jit: the transformer with these trained params
+    setup.save(step, data_state=...)   # checkpoint (every train.ckpt.save_freq steps)
+
+The transformer is split ONCE into (graphdef, trainable, frozen) with
+`nnx.split(model, nnx.LoRAParam | nnx.Param, ...)`: `trainable` lives in `state.params` (and its
+EMA / optimizer moments), `frozen` stays outside the state (base weights under LoRA, buffers),
+and train steps are plain `jax.jit` functions that call `merge` inside. Shardings are explicit:
+parameters follow the mesh rules (FSDP over `fsdp`), batches split over (data, fsdp).
+
+`pipe.transformer` is consumed by the split (its trained variables now live in the state only):
+use `setup.merge(params)` for the model.
+
+TrainState (wfm_jax.train.state) holds step, params (trainable), opt_state, ema (or None), rng
+(typed key) and aux (named extra copies, e.g. the RL "old" policy: `aux_fn=lambda p: {"old": p}`);
+all of it is checkpointed, plus each process's data-iterator state and a JSON `extra`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from wfm_jax import mesh as wmesh
+from wfm_jax.models.sd3.pipeline import PipelineError, SD3Pipeline
+from wfm_jax.train import lora as lora_lib
+from wfm_jax.train.checkpoint import Checkpointer, Restored
+from wfm_jax.train.optim import make_lr_schedule, make_optimizer
+from wfm_jax.train.state import TrainState
+
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+MODEL_FLAG = "--config.policy.model_name_or_path"
+
+
+class SetupError(RuntimeError):
+    """A run that cannot start (missing model dir, bad mesh, checkpoints in the way); one line."""
+
+
+# ----------------------------------------------------------------------------- pieces
+
+def init_distributed(config) -> bool:
+    """jax.distributed from config.distributed.* (None: JAX_* env); True when multi-process."""
+    d = config.distributed
+    try:
+        return wmesh.maybe_initialize_distributed(d.coordinator_address, d.num_processes,
+                                                  d.process_id)
+    except ValueError as e:
+        raise SetupError(f"distributed: {e}") from e
+
+
+def build_mesh(config) -> jax.sharding.Mesh:
+    try:
+        return wmesh.make_mesh(config.policy.parallelism)
+    except ValueError as e:
+        raise SetupError(f"policy.parallelism: {e}") from e
+
+
+def _primary_builds(path: str, build) -> None:
+    """Process 0 builds `path` if it is missing; every process waits until it exists."""
+    if jax.process_index() == 0 and not os.path.isdir(path):
+        build(path)
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+        multihost_utils.sync_global_devices(f"build {path}")
+
+
+def ensure_tiny_assets(config) -> None:
+    """policy.build_tiny / train.train_policy.dataset.build_tiny: generate the tiny random
+    pipeline / shapes dataset at their configured paths when absent (embedded recipes)."""
+    path = config.policy.model_name_or_path
+    if config.policy.build_tiny and path:
+        from wfm_jax.tiny import build_tiny_pipeline
+        _primary_builds(path, lambda p: build_tiny_pipeline(p, seed=0))
+    dataset = config.train.train_policy.dataset
+    if dataset.build_tiny and dataset.local_dir:
+        from wfm_jax.data.tiny_dataset import ensure_shapes_dataset
+        _primary_builds(dataset.local_dir, ensure_shapes_dataset)
+
+
+def load_pipeline(config, mesh=None, rules=None) -> SD3Pipeline:
+    ensure_tiny_assets(config)
+    path = config.policy.model_name_or_path
+    if not path or not os.path.isdir(path):
+        raise SetupError(f"model directory not found: '{path}'; pass a local diffusers SD3.5 "
+                         f"pipeline directory with {MODEL_FLAG}=DIR")
+    try:
+        return SD3Pipeline.load(
+            path, dtype=DTYPES[config.train.compute_dtype],
+            param_dtype=DTYPES[config.train.param_dtype], mesh=mesh, rules=rules,
+            text_dtype=DTYPES[config.train.compute_dtype],
+            transformer_options=dict(attention_impl=config.policy.attention_impl,
+                                     remat=config.policy.remat))
+    except (PipelineError, FileNotFoundError) as e:
+        raise SetupError(f"{e} ({MODEL_FLAG})") from e
+
+
+def place(value: jax.Array, sharding: jax.sharding.Sharding) -> jax.Array:
+    """Put a host-identical value into its shards (every process holds the same value)."""
+    if sharding.is_fully_addressable:
+        return jax.device_put(value, sharding)
+    host = jax.device_get(value)
+    return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+
+def add_lora_from_config(model: nnx.Module, config, mesh, rules=None) -> list[str]:
+    """Attach policy.lora to `model` and put the new parameters into their shards."""
+    cfg = config.policy.lora
+    try:
+        paths = lora_lib.attach_lora(model, cfg.target_modules, cfg.r, cfg.lora_alpha,
+                                     seed=config.train.seed, init=cfg.init_lora_weights)
+    except lora_lib.LoraError as e:
+        raise SetupError(str(e)) from e
+    shardings = wmesh.param_shardings(model, mesh, rules, filter=nnx.LoRAParam)
+    for path, var in nnx.state(model, nnx.LoRAParam).flat_state():
+        var.set_value(place(var.get_value(), shardings[".".join(str(p) for p in path)]))
+    return paths
+
+
+def split_model(model: nnx.Module, lora: bool):
+    """(graphdef, trainable, frozen): LoRA params only, or every Param (full fine-tune)."""
+    return nnx.split(model, nnx.LoRAParam if lora else nnx.Param, ...)
+
+
+def merge(graphdef, trainable, frozen) -> nnx.Module:
+    return nnx.merge(graphdef, trainable, frozen)
+
+
+def make_tx(config) -> tuple[optax.GradientTransformation, Callable]:
+    """(optimizer, lr schedule over the update count) from train.optm_*."""
+    t = config.train
+    kw = dict(warmup_steps=t.optm_warmup_steps, schedule=t.lr_schedule, total_steps=t.max_steps)
+    tx = make_optimizer(t.optm_lr, weight_decay=t.optm_weight_decay, betas=tuple(t.optm_betas),
+                        eps=t.optm_eps, grad_norm_clip=t.optm_grad_norm_clip,
+                        grad_accum_steps=t.grad_accum_steps, **kw)
+    return tx, make_lr_schedule(t.optm_lr, **kw)
+
+
+def replicated(mesh) -> NamedSharding:
+    return NamedSharding(mesh, P())
+
+
+def batch_sharding(mesh, rules=None) -> NamedSharding:
+    """Leading (batch) axis split over the mesh axes act_batch maps to (data x fsdp)."""
+    return NamedSharding(mesh, wmesh.logical_to_spec(("act_batch",), rules))
+
+
+def global_batch(tree: Any, mesh, rules=None) -> Any:
+    """This process's rows (numpy) -> global arrays split over the batch axes of the mesh."""
+    sharding = batch_sharding(mesh, rules)
+    return jax.tree.map(lambda x: jax.make_array_from_process_local_data(sharding, x), tree)
+
+
+def state_shardings(abstract: TrainState, param_shardings: Any, mesh, tx) -> TrainState:
+    """Shardings of every TrainState leaf: params / EMA / param-shaped optimizer leaves and
+    param-shaped aux entries like the params, everything else replicated."""
+    rep = replicated(mesh)
+    opt = optax.tree_map_params(tx, lambda _, s: s, abstract.opt_state, param_shardings,
+                                transform_non_params=lambda _: rep,
+                                is_leaf=lambda x: isinstance(x, NamedSharding))
+    params_def = jax.tree.structure(abstract.params)
+    aux = {k: (param_shardings if jax.tree.structure(v) == params_def
+               else jax.tree.map(lambda _: rep, v)) for k, v in abstract.aux.items()}
+    return abstract.replace(step=rep, params=param_shardings, opt_state=opt,
+                            ema=None if abstract.ema is None else param_shardings,
+                            rng=rep, aux=aux)
+
+
+def with_shardings(abstract: Any, shardings: Any) -> Any:
+    return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                        abstract, shardings)
+
+
+# ----------------------------------------------------------------------------- the whole setup
+
+@dataclasses.dataclass
+class TrainSetup:
+    config: Any
+    mesh: jax.sharding.Mesh
+    rules: Any
+    pipe: SD3Pipeline
+    graphdef: Any            # transformer structure (static)
+    frozen: Any              # nnx.State of the untrained transformer variables
+    param_shardings: Any     # pytree of NamedShardings matching state.params
+    tx: optax.GradientTransformation
+    lr_schedule: Callable    # update count (0-based) -> learning rate
+    state: TrainState
+    shardings: TrainState    # NamedSharding of every state leaf (jit in/out shardings)
+    checkpointer: Checkpointer
+    start_step: int          # optimizer steps already done (restored step, else 0)
+    data_state: dict | None  # this process's restored data-iterator state
+    extra: dict              # restored JSON extra ({} on a fresh start)
+    lora: bool
+    lora_targets: list
+
+    @property
+    def is_primary(self) -> bool:
+        return jax.process_index() == 0
+
+    def merge(self, params, frozen=None) -> nnx.Module:
+        """The transformer with `params` as its trained variables (call inside a jit)."""
+        return merge(self.graphdef, params, self.frozen if frozen is None else frozen)
+
+    def batch_sharding(self) -> NamedSharding:
+        return batch_sharding(self.mesh, self.rules)
+
+    def global_batch(self, tree: Any) -> Any:
+        return global_batch(tree, self.mesh, self.rules)
+
+    def save(self, step: int, data_state: dict | None = None, extra: dict | None = None,
+             force: bool = False) -> bool:
+        """Checkpoint `self.state` at `step` if due (train.ckpt.save_freq) or forced."""
+        return self.checkpointer.save(step, self.state, extra=extra, data_state=data_state,
+                                      force=force)
+
+    def close(self) -> None:
+        self.checkpointer.close()
+
+
+def build(config, *, aux_fn: Callable[[Any], dict] | None = None, pipe: SD3Pipeline | None = None,
+          checkpoint_dir: str | None = None) -> TrainSetup:
+    """Build (or resume, when train.resume and a checkpoint exists) the training state.
+
+    aux_fn(params) -> dict of extra arrays kept in TrainState.aux (copied, checkpointed);
+    entries shaped like params are sharded like them. `pipe` skips loading (tests).
+    """
+    init_distributed(config)
+    mesh = build_mesh(config)
+    rules = wmesh.active_rules()
+    if pipe is None:
+        pipe = load_pipeline(config, mesh, rules)
+    use_lora = bool(config.policy.lora.enable)
+    targets = add_lora_from_config(pipe.transformer, config, mesh, rules) if use_lora else []
+    graphdef, trainable, frozen = split_model(pipe.transformer, use_lora)
+    param_shardings = jax.tree.map(lambda x: x.sharding, trainable)
+    tx, schedule = make_tx(config)
+
+    def init(params, rng):
+        aux = aux_fn(params) if aux_fn is not None else {}
+        aux = jax.tree.map(lambda x: jnp.array(x, copy=True), aux)
+        return TrainState.create(params, tx, rng, ema=bool(config.train.ema_enable), aux=aux)
+
+    rng = place(jax.random.key(config.train.seed), replicated(mesh))
+    abstract = jax.eval_shape(init, trainable, rng)
+    shardings = state_shardings(abstract, param_shardings, mesh, tx)
+
+    directory = checkpoint_dir or os.path.join(config.train.output_dir, "checkpoints")
+    ckpt = Checkpointer(directory, max_keep=config.train.ckpt.max_keep,
+                        save_freq=config.train.ckpt.save_freq,
+                        async_=config.train.ckpt.save_mode == "async")
+    restored: Restored | None = None
+    if config.train.resume:
+        restored = ckpt.restore_latest(with_shardings(abstract, shardings))
+    elif ckpt.latest_step() is not None:
+        ckpt.close()
+        raise SetupError(f"{directory} already holds checkpoints (latest step "
+                         f"{ckpt.latest_step()}); pass --config.train.resume=True to continue "
+                         f"or choose a new train.output_dir")
+    if restored is not None:
+        state, start, data_state, extra = (restored.state, restored.step, restored.data_state,
+                                           restored.extra)
+        for leaf in jax.tree.leaves(trainable):
+            leaf.delete()
+    else:  # the trained variables move into the state (donated): no second copy of them
+        state = jax.jit(init, out_shardings=shardings, donate_argnums=0)(trainable, rng)
+        start, data_state, extra = 0, None, {}
+    del trainable
+    return TrainSetup(config, mesh, rules, pipe, graphdef, frozen, param_shardings, tx, schedule,
+                      state, shardings, ckpt, int(start), data_state, extra, use_lora, targets)

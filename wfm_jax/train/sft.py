@@ -1,0 +1,178 @@
+"""Supervised fine-tuning (rectified flow) of the SD3 transformer: LoRA or full.
+
+One optimizer step = train.grad_accum_steps micro-steps; each micro-step takes one global batch
+(train.train_batch_per_replica images over all processes), encodes prompts and images in their
+own gradient-free jits, and runs one jitted train step (donated state, explicit shardings):
+
+    t ~ policy.diffusers.weighting_scheme through the scheduler shift (algorithms/sft.py)
+    x_t = (1 - sigma) x0 + sigma eps;  loss = mean w(sigma) ||v(x_t, 1000 sigma) - (eps - x0)||^2
+
+Logs train/loss (= train/loss_avg), train/learning_rate, optimizer/grad_norm,
+train/iteration_time to metrics.jsonl / console / wandb; checkpoints every train.ckpt.save_freq
+steps (and at the end); exports to output_dir/safetensors/step_N with each checkpoint when
+train.ckpt.export_safetensors. A NaN/inf loss stops the run before anything is saved for it.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from wfm_jax.algorithms import sft as sft_loss
+from wfm_jax.data import sft_loader_from_config
+from wfm_jax.data.errors import DataError
+from wfm_jax.sampling.schedule import training_table
+from wfm_jax.train import setup as setup_lib
+from wfm_jax.train.encode import TextEncoder, VisualEncoder, local_sample_ids, per_sample_normal
+from wfm_jax.train.export import export_step
+from wfm_jax.train.metrics import MetricsLogger, check_finite
+from wfm_jax.train.state import train_state_update
+
+F32 = jnp.float32
+_KEY_VAE, _KEY_T, _KEY_NOISE = 1, 2, 3  # fold_in tags of one micro-step's key
+
+
+def sample_timesteps(key, ids, table_t, table_s, scheme: str, **density):
+    """Per-sample (timesteps, sigmas) from the shifted table, row i from fold_in(key, ids[i])."""
+    def one(i):
+        _, t, s = sft_loss.sample_training_timesteps(jax.random.fold_in(key, i), 1, table_t,
+                                                     table_s, scheme, **density)
+        return t[0], s[0]
+    return jax.vmap(one)(ids)
+
+
+def make_train_step(setup, shift: float, scheme: str, logit_mean: float, logit_std: float,
+                    mode_scale: float) -> Callable:
+    """jit((state, frozen, x0, embeds, pooled, ids) -> (state, {"loss", "grad_norm"}))."""
+    t_cfg = setup.config.train
+    tx, graphdef = setup.tx, setup.graphdef
+    table_t, table_s = (jnp.asarray(a) for a in training_table(shift))
+    density = dict(logit_mean=logit_mean, logit_std=logit_std, mode_scale=mode_scale)
+    ema_decay = float(t_cfg.ema_decay)
+    ema_interval = int(t_cfg.ema_update_step_interval) if t_cfg.ema_enable else 0
+
+    def step(state, frozen, x0, embeds, pooled, ids):
+        rng, key = jax.random.split(state.rng)
+        timesteps, sigmas = sample_timesteps(jax.random.fold_in(key, _KEY_T), ids, table_t,
+                                             table_s, scheme, **density)
+        noise = per_sample_normal(jax.random.fold_in(key, _KEY_NOISE), ids, x0.shape[1:])
+        x_t = sft_loss.noisy_latents(x0, noise, sigmas)
+
+        def loss_fn(params):
+            model = setup_lib.merge(graphdef, params, frozen)
+            v = model(x_t, embeds, pooled, timesteps)
+            return sft_loss.flow_matching_loss(v, noise, x0, sigmas, weighting=scheme)
+
+        loss, grads = jax.value_and_grad(loss_fn)(state.params)
+        state, info = train_state_update(state, grads, tx, ema_decay, ema_interval)
+        return state.replace(rng=rng), {"loss": loss, "grad_norm": info["grad_norm"]}
+
+    rep = setup_lib.replicated(setup.mesh)
+    data = setup.batch_sharding()
+    frozen_shardings = jax.tree.map(lambda x: x.sharding, setup.frozen)
+    return jax.jit(step, donate_argnums=0,
+                   in_shardings=(setup.shardings, frozen_shardings, data, data, data, data),
+                   out_shardings=(setup.shardings, {"loss": rep, "grad_norm": rep}))
+
+
+def _check_batch(batch: dict) -> None:
+    pixels = batch["pixels"]
+    if pixels.ndim != 4:
+        raise DataError(f"SD3 trains on images; the dataset gives pixels of shape "
+                        f"{tuple(pixels.shape)} (videos? set policy.diffusers.is_video=False and "
+                        f"use an image dataset)")
+
+
+class SFTTrainer:
+    """Owns the setup, data, encoders and step; `run()` trains to train.max_steps."""
+
+    def __init__(self, config, *, on_step: Callable[[int, dict], None] | None = None):
+        self.config, self.on_step = config, on_step
+        if config.policy.diffusers.is_video:
+            raise setup_lib.SetupError("policy.diffusers.is_video=True: the SD3 pipeline is an "
+                                       "image model")
+        self.setup = setup_lib.build(config)
+        s = self.setup
+        pipe, d = s.pipe, config.policy.diffusers
+        pipe.latent_shape(1, *d.inference_size)  # sizes must fit VAE x patch: fail before data
+        try:
+            from wfm_jax.mesh import check_batch
+            check_batch(s.mesh, config.train.train_batch_per_replica, s.rules)
+        except ValueError as e:
+            raise setup_lib.SetupError(f"train.train_batch_per_replica: {e}") from e
+        self.loader = sft_loader_from_config(config)
+        if s.data_state is not None:
+            self.loader.restore(s.data_state)
+        data = s.batch_sharding()
+        self.text = TextEncoder(pipe, d.max_prompt_length, out_sharding=data)
+        self.visual = VisualEncoder(pipe, out_sharding=data)
+        self.step_fn = make_train_step(s, pipe.shift, d.weighting_scheme, d.logit_mean,
+                                       d.logit_std, d.mode_scale)
+
+    def micro_step(self, batch: dict):
+        s = self.setup
+        _check_batch(batch)
+        local = len(batch["prompt"])
+        ids_host = local_sample_ids(local)
+        if "text_embedding" in batch:  # precomputed (WFM layout)
+            emb = batch["text_embedding"]
+            if not isinstance(emb, dict) or not {"prompt_embeds", "pooled_projections"} <= set(emb):
+                raise DataError("precomputed text embeddings for SD3 must hold 'prompt_embeds' "
+                                "and 'pooled_projections'")
+            embeds, pooled = s.global_batch((emb["prompt_embeds"].astype(np.float32),
+                                             emb["pooled_projections"].astype(np.float32)))
+        else:
+            embeds, pooled = self.text(s.global_batch(self.text.tokenize(batch["prompt"])))
+        pixels, ids = s.global_batch((np.asarray(batch["pixels"], np.float32), ids_host))
+        key = jax.random.fold_in(s.state.rng, _KEY_VAE)  # not advanced: the step splits rng
+        x0 = self.visual(pixels, key, ids)
+        s.state, out = self.step_fn(s.state, s.frozen, x0, embeds, pooled, ids)
+        return out
+
+    def run(self) -> int:
+        """Train from the restored step to train.max_steps; returns the last step done."""
+        s, t = self.setup, self.config.train
+        accum = int(t.grad_accum_steps)
+        logger = MetricsLogger(t.output_dir, total_steps=t.max_steps,
+                               wandb_cfg=dict(t.wandb), start_step=s.start_step)
+        step = s.start_step
+        saved = exported = step if step > 0 else None
+        try:
+            for step in range(s.start_step + 1, t.max_steps + 1):
+                start = time.perf_counter()
+                outs = [self.micro_step(next(self.loader)) for _ in range(accum)]
+                loss = float(np.mean([float(o["loss"]) for o in outs]))
+                grad_norm = float(outs[-1]["grad_norm"])
+                metrics = {"train/loss": loss, "train/loss_avg": loss,
+                           "train/learning_rate": float(s.lr_schedule(step - 1)),
+                           "optimizer/grad_norm": grad_norm,
+                           "train/iteration_time": time.perf_counter() - start}
+                if self.loader.skipped:
+                    metrics["data/skipped_samples"] = self.loader.skipped
+                check_finite(step, metrics, keys=("train/loss", "optimizer/grad_norm"))
+                logger.log(step, metrics)
+                if s.save(step, data_state=self.loader.state(), extra={"loss": loss}):
+                    saved = step
+                    if t.ckpt.export_safetensors:
+                        export_step(s, step)
+                        exported = step
+                if self.on_step is not None:
+                    self.on_step(step, metrics)
+            if step > s.start_step:
+                if saved != step:
+                    s.save(step, data_state=self.loader.state(), force=True)
+                if t.ckpt.export_safetensors and exported != step:
+                    export_step(s, step)
+        finally:
+            logger.close()
+            self.loader.close()
+            s.close()
+        return step
+
+
+def run(config, *, on_step: Callable[[int, dict], None] | None = None) -> int:
+    """Train with `config` (train.train_policy.type == "sft"); returns the last step."""
+    return SFTTrainer(config, on_step=on_step).run()
