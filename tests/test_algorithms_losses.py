@@ -219,3 +219,13 @@ def test_draw_data_sigma_is_lognormal():
     sig = np.asarray(ddrl.draw_data_sigma(key, 4096, math.log(4.0), 1.2), np.float64)
     z = np.asarray(jax.random.normal(key, (4096,), jnp.float32), np.float64)
     np.testing.assert_allclose(sig, np.exp(math.log(4.0) + 1.2 * z), rtol=1e-5)
+
+
+def test_nft_train_timesteps_are_per_sample_permutations():
+    ts = np.linspace(1000.0, 89.0, 10).astype(np.float32)
+    assert nft.trained_step_count(10, 0.99) == 9
+    got = np.asarray(nft.train_timesteps(jax.random.key(5, impl="rbg"), ts, 6, 9))
+    assert got.shape == (6, 9)
+    for row in got:
+        assert len(set(row.tolist())) == 9 and set(row.tolist()) <= set(ts.tolist())
+    assert len({tuple(r) for r in got.tolist()}) > 1  # samples get different orders

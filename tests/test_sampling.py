@@ -410,3 +410,12 @@ def test_sampler_rejects_bad_arguments(x_init):
         sample(jax_velocity, x_init, sigmas, method="sde", cond=COND)
     with pytest.raises(ValueError, match="sde_window_size"):
         sample(jax_velocity, x_init, sigmas, method="euler", cond=COND, sde_window_size=2)
+
+
+def test_draw_window_start_covers_the_reference_range():
+    from wfm_jax.sampling.samplers import draw_window_start
+
+    starts = {int(draw_window_start(rbg(s), (0, 10), 2)) for s in range(200)}
+    assert starts == set(range(0, 9))  # random.randint(0, 10 - 2) is inclusive
+    with pytest.raises(ValueError, match="too short"):
+        draw_window_start(rbg(0), (0, 2), 3)

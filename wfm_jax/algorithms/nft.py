@@ -67,3 +67,17 @@ def nft_loss(v_theta, v_old, x0, x_t, t, advantages, v_ref=None, *, beta: float 
     metrics["kl_loss"] = kl
     metrics["loss"] = loss
     return loss, jax.tree.map(jax.lax.stop_gradient, metrics)
+
+
+def trained_step_count(num_steps: int, fraction: float) -> int:
+    """Number of trained timesteps per sample: int(num_steps * timesteps_fraction) (9 of 10)."""
+    return int(num_steps * fraction)
+
+
+def train_timesteps(key, timesteps, batch_size: int, num_train: int):
+    """(B, num_train) timesteps: an independent random permutation of the rollout's timesteps per
+    sample, first num_train kept (spec §3)."""
+    timesteps = jnp.asarray(timesteps, F32)
+    keys = jax.random.split(key, batch_size)
+    perms = jax.vmap(lambda k: jax.random.permutation(k, timesteps.shape[0]))(keys)
+    return timesteps[perms[:, :num_train]]

@@ -65,6 +65,15 @@ def window_mask(num_steps: int, start, size: Optional[int]):
     return jnp.logical_and(idx >= start, idx < start + size)
 
 
+def draw_window_start(key, window_range, size: int):
+    """Flow-GRPO-Fast window start, uniform over [lo, hi - size] inclusive (random.randint in the
+    reference), as an int32 scalar usable inside jit."""
+    lo, hi = window_range
+    if hi - size < lo:
+        raise ValueError(f"sde_window_range {tuple(window_range)} is too short for sde_window_size {size}")
+    return jax.random.randint(key, (), lo, hi - size + 1, jnp.int32)
+
+
 def sample(
     velocity_fn: Callable[[jax.Array, jax.Array, Any], jax.Array],
     latents: jax.Array,
