@@ -6,6 +6,7 @@ whether the batch was assembled by one process or by many.
 """
 from __future__ import annotations
 
+import functools
 from typing import Sequence
 
 import jax
@@ -30,21 +31,48 @@ def local_sample_ids(local_batch: int) -> np.ndarray:
     return (p + n * np.arange(local_batch)).astype(np.int32)
 
 
+@functools.lru_cache(maxsize=8)
+def _text_fn(graphdef, joint_attention_dim: int, max_len: int, out_sharding):
+    """One jitted encoder per (structure, sizes, sharding): a second run in the same process
+    (a resumed run, a test) reuses the compiled program."""
+    def encode(state, ids):
+        return encode_tokens(nnx.merge(graphdef, state), ids, joint_attention_dim, max_len)
+
+    kw = {} if out_sharding is None else {"out_shardings": (out_sharding, out_sharding)}
+    return jax.jit(encode, **kw)
+
+
+@functools.lru_cache(maxsize=8)
+def _visual_fn(graphdef, vae_config_items: tuple, out_sharding):
+    vae_config = dict(vae_config_items)
+
+    def encode(state, pixels, key, ids):
+        vae = nnx.merge(graphdef, state)
+        dist = vae.encode(jnp.transpose(pixels, (0, 3, 1, 2)))
+        eps = per_sample_normal(key, ids, dist.mean.shape[1:])
+        z = dist.mean.astype(jnp.float32) + dist.std.astype(jnp.float32) * eps
+        return scale_latents(z, vae_config)
+
+    kw = {} if out_sharding is None else {"out_shardings": out_sharding}
+    return jax.jit(encode, **kw)
+
+
+def _hashable(value):
+    if isinstance(value, dict):
+        return tuple(sorted((k, _hashable(v)) for k, v in value.items()))
+    if isinstance(value, list):
+        return tuple(_hashable(v) for v in value)
+    return value
+
+
 class TextEncoder:
     """prompts -> (prompt_embeds (B, 77 + L, D), pooled (B, P)) in float32, as diffusers."""
 
     def __init__(self, pipe: SD3Pipeline, max_sequence_length: int, out_sharding=None):
         self.pipe, self.max_len = pipe, int(max_sequence_length)
-        self.graphdef, self.state = nnx.split(list(pipe.text_encoders))
-        joint = int(pipe.transformer_config["joint_attention_dim"])
-        graphdef, max_len = self.graphdef, self.max_len
-
-        def encode(state, ids):
-            encoders = nnx.merge(graphdef, state)
-            return encode_tokens(encoders, ids, joint, max_len)
-
-        kw = {} if out_sharding is None else {"out_shardings": (out_sharding, out_sharding)}
-        self._encode = jax.jit(encode, **kw)
+        graphdef, self.state = nnx.split(list(pipe.text_encoders))
+        self._encode = _text_fn(graphdef, int(pipe.transformer_config["joint_attention_dim"]),
+                                self.max_len, out_sharding)
 
     def tokenize(self, prompts: Sequence[str]) -> dict:
         """Host int32 ids per encoder (this process's prompts)."""
@@ -59,18 +87,8 @@ class VisualEncoder:
     row from fold_in(key, id) (diffusers' SD3 scripts sample `latent_dist`)."""
 
     def __init__(self, pipe: SD3Pipeline, out_sharding=None):
-        self.graphdef, self.state = nnx.split(pipe.vae)
-        graphdef, vae_config = self.graphdef, pipe.vae_config
-
-        def encode(state, pixels, key, ids):
-            vae = nnx.merge(graphdef, state)
-            dist = vae.encode(jnp.transpose(pixels, (0, 3, 1, 2)))
-            eps = per_sample_normal(key, ids, dist.mean.shape[1:])
-            z = dist.mean.astype(jnp.float32) + dist.std.astype(jnp.float32) * eps
-            return scale_latents(z, vae_config)
-
-        kw = {} if out_sharding is None else {"out_shardings": out_sharding}
-        self._encode = jax.jit(encode, **kw)
+        graphdef, self.state = nnx.split(pipe.vae)
+        self._encode = _visual_fn(graphdef, _hashable(pipe.vae_config), out_sharding)
 
     def __call__(self, pixels, key, ids):
         return self._encode(self.state, pixels, key, ids)

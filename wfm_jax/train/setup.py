@@ -31,6 +31,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from wfm_jax import mesh as wmesh
+from wfm_jax.models.layers.embeddings import Buffer
 from wfm_jax.models.sd3.pipeline import PipelineError, SD3Pipeline
 from wfm_jax.train import lora as lora_lib
 from wfm_jax.train.checkpoint import Checkpointer, Restored
@@ -125,9 +126,14 @@ def add_lora_from_config(model: nnx.Module, config, mesh, rules=None) -> list[st
     return paths
 
 
+def trainable_filter(lora: bool):
+    """LoRA params only, or every Param except persistent buffers (full fine-tune)."""
+    return nnx.LoRAParam if lora else nnx.All(nnx.Param, nnx.Not(Buffer))
+
+
 def split_model(model: nnx.Module, lora: bool):
-    """(graphdef, trainable, frozen): LoRA params only, or every Param (full fine-tune)."""
-    return nnx.split(model, nnx.LoRAParam if lora else nnx.Param, ...)
+    """(graphdef, trainable, frozen) with `trainable_filter(lora)` selecting the trained part."""
+    return nnx.split(model, trainable_filter(lora), ...)
 
 
 def merge(graphdef, trainable, frozen) -> nnx.Module:
@@ -137,7 +143,8 @@ def merge(graphdef, trainable, frozen) -> nnx.Module:
 def make_tx(config) -> tuple[optax.GradientTransformation, Callable]:
     """(optimizer, lr schedule over the update count) from train.optm_*."""
     t = config.train
-    kw = dict(warmup_steps=t.optm_warmup_steps, schedule=t.lr_schedule, total_steps=t.max_steps)
+    total = t.max_steps if t.lr_schedule == "cosine" else None  # only cosine needs it
+    kw = dict(warmup_steps=t.optm_warmup_steps, schedule=t.lr_schedule, total_steps=total)
     tx = make_optimizer(t.optm_lr, weight_decay=t.optm_weight_decay, betas=tuple(t.optm_betas),
                         eps=t.optm_eps, grad_norm_clip=t.optm_grad_norm_clip,
                         grad_accum_steps=t.grad_accum_steps, **kw)

@@ -24,6 +24,7 @@ import numpy as np
 from wfm_jax.algorithms import sft as sft_loss
 from wfm_jax.data import sft_loader_from_config
 from wfm_jax.data.errors import DataError
+from wfm_jax.mesh import check_batch
 from wfm_jax.sampling.schedule import training_table
 from wfm_jax.train import setup as setup_lib
 from wfm_jax.train.encode import TextEncoder, VisualEncoder, local_sample_ids, per_sample_normal
@@ -44,9 +45,39 @@ def sample_timesteps(key, ids, table_t, table_s, scheme: str, **density):
     return jax.vmap(one)(ids)
 
 
+def _step_key(setup, loss_args: tuple) -> tuple:
+    """Everything the compiled step depends on, hashable: equal keys give equal programs."""
+    t = setup.config.train
+    optim = (t.optm_lr, t.optm_weight_decay, tuple(t.optm_betas), t.optm_eps,
+             t.optm_grad_norm_clip, t.optm_warmup_steps, t.lr_schedule,
+             t.max_steps if t.lr_schedule == "cosine" else None, t.grad_accum_steps,
+             t.ema_enable, t.ema_decay, t.ema_update_step_interval)
+    state_leaves, state_def = jax.tree.flatten(setup.shardings)
+    frozen_leaves, frozen_def = jax.tree.flatten(_shardings_of(setup.frozen))
+    return (setup.graphdef, optim, loss_args, tuple(state_leaves), state_def,
+            tuple(frozen_leaves), frozen_def, setup.batch_sharding())
+
+
+def _shardings_of(tree):
+    return jax.tree.map(lambda x: x.sharding, tree)
+
+
+_STEPS: dict = {}  # step key -> jitted step: a resumed run in the same process compiles nothing
+
+
 def make_train_step(setup, shift: float, scheme: str, logit_mean: float, logit_std: float,
                     mode_scale: float) -> Callable:
     """jit((state, frozen, x0, embeds, pooled, ids) -> (state, {"loss", "grad_norm"}))."""
+    loss_args = (float(shift), scheme, float(logit_mean), float(logit_std), float(mode_scale))
+    key = _step_key(setup, loss_args)
+    if key not in _STEPS:
+        if len(_STEPS) >= 4:
+            _STEPS.pop(next(iter(_STEPS)))
+        _STEPS[key] = _build_train_step(setup, *loss_args)
+    return _STEPS[key]
+
+
+def _build_train_step(setup, shift, scheme, logit_mean, logit_std, mode_scale) -> Callable:
     t_cfg = setup.config.train
     tx, graphdef = setup.tx, setup.graphdef
     table_t, table_s = (jnp.asarray(a) for a in training_table(shift))
@@ -72,9 +103,9 @@ def make_train_step(setup, shift: float, scheme: str, logit_mean: float, logit_s
 
     rep = setup_lib.replicated(setup.mesh)
     data = setup.batch_sharding()
-    frozen_shardings = jax.tree.map(lambda x: x.sharding, setup.frozen)
     return jax.jit(step, donate_argnums=0,
-                   in_shardings=(setup.shardings, frozen_shardings, data, data, data, data),
+                   in_shardings=(setup.shardings, _shardings_of(setup.frozen), data, data, data,
+                                 data),
                    out_shardings=(setup.shardings, {"loss": rep, "grad_norm": rep}))
 
 
@@ -94,23 +125,33 @@ class SFTTrainer:
         if config.policy.diffusers.is_video:
             raise setup_lib.SetupError("policy.diffusers.is_video=True: the SD3 pipeline is an "
                                        "image model")
-        self.setup = setup_lib.build(config)
-        s = self.setup
-        pipe, d = s.pipe, config.policy.diffusers
-        pipe.latent_shape(1, *d.inference_size)  # sizes must fit VAE x patch: fail before data
-        try:
-            from wfm_jax.mesh import check_batch
-            check_batch(s.mesh, config.train.train_batch_per_replica, s.rules)
-        except ValueError as e:
-            raise setup_lib.SetupError(f"train.train_batch_per_replica: {e}") from e
+        # data problems (missing dir, JSON without "prompt") surface before the model loads
+        setup_lib.init_distributed(config)
+        setup_lib.ensure_tiny_assets(config)
         self.loader = sft_loader_from_config(config)
-        if s.data_state is not None:
-            self.loader.restore(s.data_state)
-        data = s.batch_sharding()
-        self.text = TextEncoder(pipe, d.max_prompt_length, out_sharding=data)
-        self.visual = VisualEncoder(pipe, out_sharding=data)
-        self.step_fn = make_train_step(s, pipe.shift, d.weighting_scheme, d.logit_mean,
-                                       d.logit_std, d.mode_scale)
+        try:
+            self.setup = s = setup_lib.build(config)
+            pipe, d = s.pipe, config.policy.diffusers
+            try:
+                pipe.latent_shape(1, *d.inference_size)  # sizes must fit VAE x patch
+            except ValueError as e:
+                raise setup_lib.SetupError(f"policy.diffusers.inference_size: {e}") from e
+            try:
+                check_batch(s.mesh, config.train.train_batch_per_replica, s.rules)
+            except ValueError as e:
+                raise setup_lib.SetupError(f"train.train_batch_per_replica: {e}") from e
+            if s.data_state is not None:
+                self.loader.restore(s.data_state)
+            data = s.batch_sharding()
+            self.text = TextEncoder(pipe, d.max_prompt_length, out_sharding=data)
+            self.visual = VisualEncoder(pipe, out_sharding=data)
+            self.step_fn = make_train_step(s, pipe.shift, d.weighting_scheme, d.logit_mean,
+                                           d.logit_std, d.mode_scale)
+        except BaseException:
+            self.loader.close()
+            if hasattr(self, "setup"):
+                self.setup.close()
+            raise
 
     def micro_step(self, batch: dict):
         s = self.setup
