@@ -87,12 +87,18 @@ def ensure_tiny_assets(config) -> None:
         _primary_builds(dataset.local_dir, ensure_shapes_dataset)
 
 
-def load_pipeline(config, mesh=None, rules=None) -> SD3Pipeline:
-    ensure_tiny_assets(config)
+def check_model_dir(config) -> str:
+    """The model dir, or a SetupError telling the user how to give one."""
     path = config.policy.model_name_or_path
     if not path or not os.path.isdir(path):
         raise SetupError(f"model directory not found: '{path}'; pass a local diffusers SD3.5 "
                          f"pipeline directory with {MODEL_FLAG}=DIR")
+    return path
+
+
+def load_pipeline(config, mesh=None, rules=None) -> SD3Pipeline:
+    ensure_tiny_assets(config)
+    path = check_model_dir(config)
     try:
         return SD3Pipeline.load(
             path, dtype=DTYPES[config.train.compute_dtype],
@@ -149,6 +155,11 @@ def make_tx(config) -> tuple[optax.GradientTransformation, Callable]:
                         eps=t.optm_eps, grad_norm_clip=t.optm_grad_norm_clip,
                         grad_accum_steps=t.grad_accum_steps, **kw)
     return tx, make_lr_schedule(t.optm_lr, **kw)
+
+
+def ema_active(config) -> bool:
+    """EMA is kept (and exported) when enabled with an update interval > 0 (0 = off)."""
+    return bool(config.train.ema_enable) and int(config.train.ema_update_step_interval) > 0
 
 
 def replicated(mesh) -> NamedSharding:
@@ -253,7 +264,7 @@ def build(config, *, aux_fn: Callable[[Any], dict] | None = None, pipe: SD3Pipel
     def init(params, rng):
         aux = aux_fn(params) if aux_fn is not None else {}
         aux = jax.tree.map(lambda x: jnp.array(x, copy=True), aux)
-        return TrainState.create(params, tx, rng, ema=bool(config.train.ema_enable), aux=aux)
+        return TrainState.create(params, tx, rng, ema=ema_active(config), aux=aux)
 
     rng = place(jax.random.key(config.train.seed), replicated(mesh))
     abstract = jax.eval_shape(init, trainable, rng)

@@ -83,7 +83,8 @@ def _build_train_step(setup, shift, scheme, logit_mean, logit_std, mode_scale) -
     table_t, table_s = (jnp.asarray(a) for a in training_table(shift))
     density = dict(logit_mean=logit_mean, logit_std=logit_std, mode_scale=mode_scale)
     ema_decay = float(t_cfg.ema_decay)
-    ema_interval = int(t_cfg.ema_update_step_interval) if t_cfg.ema_enable else 0
+    ema_on = setup_lib.ema_active(setup.config)
+    ema_interval = int(t_cfg.ema_update_step_interval) if ema_on else 0
 
     def step(state, frozen, x0, embeds, pooled, ids):
         rng, key = jax.random.split(state.rng)
@@ -128,6 +129,7 @@ class SFTTrainer:
         # data problems (missing dir, JSON without "prompt") surface before the model loads
         setup_lib.init_distributed(config)
         setup_lib.ensure_tiny_assets(config)
+        setup_lib.check_model_dir(config)
         self.loader = sft_loader_from_config(config)
         try:
             self.setup = s = setup_lib.build(config)
@@ -194,7 +196,8 @@ class SFTTrainer:
                 if self.loader.skipped:
                     metrics["data/skipped_samples"] = self.loader.skipped
                 check_finite(step, metrics, keys=("train/loss", "optimizer/grad_norm"))
-                logger.log(step, metrics)
+                if step % t.log_freq == 0 or step == t.max_steps:
+                    logger.log(step, metrics)
                 if s.save(step, data_state=self.loader.state(), extra={"loss": loss}):
                     saved = step
                     if t.ckpt.export_safetensors:
