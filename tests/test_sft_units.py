@@ -105,14 +105,11 @@ def test_lora_export_matches_diffusers_adapter(tmp_path, transformer_dir, torch_
     reference.load_lora_adapter(str(lora_dir), weight_name=LORA_WEIGHT_NAME, prefix="transformer",
                                 adapter_name="default")
     x, ctx, pooled, t = _tiny_sd3.inputs(batch=2)
+    args = dict(hidden_states=torch.from_numpy(x), encoder_hidden_states=torch.from_numpy(ctx),
+                pooled_projections=torch.from_numpy(pooled), timestep=torch.from_numpy(t))
     with torch.no_grad():
-        want = reference(hidden_states=torch.from_numpy(x), encoder_hidden_states=torch.from_numpy(ctx),
-                         pooled_projections=torch.from_numpy(pooled),
-                         timestep=torch.from_numpy(t)).sample.numpy()
-        base = torch_transformer(hidden_states=torch.from_numpy(x),
-                                 encoder_hidden_states=torch.from_numpy(ctx),
-                                 pooled_projections=torch.from_numpy(pooled),
-                                 timestep=torch.from_numpy(t)).sample.numpy()
+        want = reference(**args).sample.numpy()
+        base = torch_transformer(**args).sample.numpy()
     got = np.asarray(model(x, ctx, pooled, t))
     assert np.abs(want - base).max() > 1e-2  # the adapter changes the output
     np.testing.assert_allclose(got, want, atol=1e-4)
@@ -199,7 +196,8 @@ def test_main_missing_model_dir(capsys, tmp_path, tiny_assets):
     assert rc == 2 and len(errors) == 1
     assert "model directory not found" in errors[0]
     assert "--config.policy.model_name_or_path" in errors[0]
-    assert json.load(open(tmp_path / "o" / "config.json"))["train"]["output_dir"] == str(tmp_path / "o")
+    written = json.load(open(tmp_path / "o" / "config.json"))  # resolved config, before the model
+    assert written["train"]["output_dir"] == str(tmp_path / "o")
 
 
 def _copy_dataset(src, dst):
