@@ -151,6 +151,8 @@ def test_checkpoints_in_the_way(tiny_assets, tmp_path):
     s.close()
     with pytest.raises(setup_lib.SetupError, match=r"already holds checkpoints \(latest step 2\)"):
         setup_lib.build(config)
+    with pytest.raises(setup_lib.SetupError, match=r"already holds checkpoints \(latest step 2\)"):
+        setup_lib.check_fresh_output(config)  # what main checks before writing config.json
 
 
 # ----------------------------------------------------------------------------- data

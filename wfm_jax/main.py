@@ -49,8 +49,9 @@ def train(config) -> int:
 def prepare(argv: Sequence[str]):
     """Parse + validate the config, start jax.distributed, write output_dir/config.json."""
     from wfm_jax.config import config_from_argv, save_resolved
-    from wfm_jax.train.setup import init_distributed
+    from wfm_jax.train.setup import check_fresh_output, init_distributed
     config = config_from_argv(argv)
+    check_fresh_output(config)  # a refused run must not overwrite the old run's config.json
     init_distributed(config)  # before anything touches a JAX backend
     import jax
     if jax.process_index() == 0:

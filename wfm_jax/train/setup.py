@@ -110,6 +110,23 @@ def load_pipeline(config, mesh=None, rules=None) -> SD3Pipeline:
         raise SetupError(f"{e} ({MODEL_FLAG})") from e
 
 
+def checkpoints_path(config) -> str:
+    return os.path.join(config.train.output_dir, "checkpoints")
+
+
+def check_fresh_output(config) -> None:
+    """Without train.resume, an output dir that already holds checkpoints is an error (checked
+    before anything, e.g. config.json, is written there)."""
+    directory = checkpoints_path(config)
+    if config.train.resume or not os.path.isdir(directory):
+        return
+    steps = sorted(int(n) for n in os.listdir(directory) if n.isdigit())
+    if steps:
+        raise SetupError(f"{directory} already holds checkpoints (latest step {steps[-1]}); pass "
+                         f"--config.train.resume=True to continue or choose a new "
+                         f"train.output_dir")
+
+
 def place(value: jax.Array, sharding: jax.sharding.Sharding) -> jax.Array:
     """Put a host-identical value into its shards (every process holds the same value)."""
     if sharding.is_fully_addressable:
@@ -270,7 +287,7 @@ def build(config, *, aux_fn: Callable[[Any], dict] | None = None, pipe: SD3Pipel
     abstract = jax.eval_shape(init, trainable, rng)
     shardings = state_shardings(abstract, param_shardings, mesh, tx)
 
-    directory = checkpoint_dir or os.path.join(config.train.output_dir, "checkpoints")
+    directory = checkpoint_dir or checkpoints_path(config)
     ckpt = Checkpointer(directory, max_keep=config.train.ckpt.max_keep,
                         save_freq=config.train.ckpt.save_freq,
                         async_=config.train.ckpt.save_mode == "async")
