@@ -16,13 +16,13 @@ def get_config():
     c = default_config()
     c.train.output_dir = "./outputs/tiny_nft"
     c.train.train_policy.type = "nft"
-    c.train.max_steps = 30
+    c.train.max_steps = 20
     c.train.seed = 0
     c.train.param_dtype = "float32"
     c.train.compute_dtype = "float32"
     c.train.train_batch_per_replica = 16  # 4 prompts x 4 images
     c.train.train_policy.mini_batch = 8
-    c.train.optm_lr = 1e-3
+    c.train.optm_lr = 3e-3
     c.train.optm_weight_decay = 1e-4
     c.train.optm_grad_norm_clip = 1.0
     c.train.ema_enable = True
@@ -37,7 +37,10 @@ def get_config():
     c.rollout.n_generation = 4
     c.policy.model_name_or_path = "./outputs/tiny_sd3"
     c.policy.build_tiny = True
-    c.policy.lora.enable = True
+    # Full fine-tune: on this 2-layer random model a LoRA moves the reward too slowly to see in
+    # 20 steps (measured: +0.2% with LoRA r8 lr 1e-2 vs +1.9% full lr 3e-3). The "old" policy is
+    # then a parameter copy; --config.policy.lora.enable=True gives the recipe's two adapters.
+    c.policy.lora.enable = False
     c.policy.lora.r = 8
     c.policy.lora.lora_alpha = 16
     d = c.policy.diffusers

@@ -54,13 +54,17 @@ def rollout_batch(run, state, batch: dict, key, timers: Timers) -> dict:
         images = to_uint8(jax.device_get(pixels))
         meta = batch["metadata"][lo:lo + chunk]
         extras = {"metadata": meta} if any(meta) else None
-        handles.append(run.rewards.submit(images, rows, extras=extras))
+        groups = np.asarray(batch["group"][lo:lo + chunk])
+        handles.append(run.rewards.submit(images, rows, group_ids=groups, extras=extras))
         stored.append(dict(fields, cond=cond))
     with timers("reward_wait"):
         results = [h.result() for h in handles]
     out = jax.tree.map(lambda *xs: jnp.concatenate(xs, axis=0), *stored)
     out["reward"] = np.concatenate([r.total for r in results])
-    out["keep"] = np.concatenate([r.keep for r in results])
+    keep = np.concatenate([r.keep for r in results])
+    # a group split over chunks is dropped whole when any of its rewards was dropped
+    groups = np.asarray(batch["group"])
+    out["keep"] = keep & ~np.isin(groups, groups[~keep])
     out["per_fn"] = {name: np.concatenate([r.per_fn[name] for r in results])
                      for name in results[0].per_fn}
     out["dropped_groups"] = sum(r.dropped_groups for r in results)
@@ -110,13 +114,14 @@ def validate(run, state, step: int) -> dict:
     return _stats("val/reward", rewards)
 
 
-def run(config) -> None:
-    """Entry point for train.train_policy.type in {nft, grpo, ddrl}."""
+def run(config) -> int:
+    """Entry point for train.train_policy.type in {nft, grpo, ddrl}; returns the last step."""
     run = rl_setup.build(config)
     try:
         _loop(run)
     finally:
         run.close()
+    return run.max_steps
 
 
 def _loop(run) -> None:

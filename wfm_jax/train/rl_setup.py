@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 from typing import Any
 
 import jax
@@ -20,11 +19,12 @@ from reward_client.computer import RewardComputer
 from wfm_jax.data.groups import eval_batches, group_batcher_from_config
 from wfm_jax.data.loader import process_shard
 from wfm_jax.data.prompts import prompt_splits_from_config
-from wfm_jax.models.sd3.pipeline import decode_latents, encode_tokens
+from wfm_jax.models.sd3.pipeline import decode_latents
 from wfm_jax.sampling.samplers import sample
 from wfm_jax.sampling.schedule import flow_sigmas
 from wfm_jax.train import setup as train_setup
 from wfm_jax.train.ema import ema_update
+from wfm_jax.train.encode import TextEncoder
 from wfm_jax.train.metrics import MetricsLogger
 from wfm_jax.train.optim import apply_gradients
 from wfm_jax.train.rl_nft import NFT
@@ -60,10 +60,6 @@ def make_velocity(graphdef, frozen):
     return velocity
 
 
-def _tree_mean(trees):
-    return jax.tree.map(lambda *xs: sum(xs) / len(xs), *trees)
-
-
 @dataclasses.dataclass
 class RLRun:
     config: Any
@@ -73,7 +69,6 @@ class RLRun:
     batcher: Any
     val_records: list
     logger: MetricsLogger
-    ref_params: Any
     micro_batches: int
     rollout_chunk: int
     max_steps: int
@@ -81,6 +76,7 @@ class RLRun:
     seed: int
     output_dir: str
     base_key: Any = None
+    text_encoder: Any = None
     _fns: dict = dataclasses.field(default_factory=dict)
 
     # -- loop-facing attributes --
@@ -114,11 +110,8 @@ class RLRun:
 
     # -- model calls --
     def encode(self, prompts) -> dict:
-        pipe = self.setup.pipe
-        max_len = int(self.config.policy.diffusers.max_prompt_length)
-        ids = self.setup.global_batch(pipe.tokenize(prompts, max_len))
-        embeds, pooled = _encode(pipe.text_encoders, ids,
-                                 int(pipe.transformer_config["joint_attention_dim"]), max_len)
+        ids = self.setup.global_batch(self.text_encoder.tokenize(prompts))
+        embeds, pooled = self.text_encoder(ids)
         return {"prompt_embeds": embeds, "pooled_projections": pooled}
 
     def initial_latents(self, key, n: int):
@@ -144,8 +137,7 @@ class RLRun:
         data["cond"] = rollout["cond"]
         data["advantage"] = self.setup.global_batch(np.asarray(adv, np.float32))
         eta = self.algo.post_update_decay(step)
-        state, metrics = self._fns["update"](state, self.setup.frozen, self.ref_params, data, key,
-                                             jnp.float32(eta))
+        state, metrics = self._fns["update"](state, self.setup.frozen, data, key, jnp.float32(eta))
         self.setup.state = state
         out = {f"train/{k}": float(v) for k, v in jax.device_get(metrics).items()}
         out["train/old_policy_decay"] = eta
@@ -153,11 +145,14 @@ class RLRun:
         return state, out
 
     def validation_batches(self):
-        return eval_batches(self.val_records, int(self.config.validation.batch_size),
-                            process_shard())
+        dp = self.setup.mesh.shape["data"] * self.setup.mesh.shape["fsdp"]
+        size = -(-int(self.config.validation.batch_size) // dp) * dp  # padded rows are not scored
+        return eval_batches(self.val_records, size, process_shard())
 
     def save(self, state, step: int, final: bool = False) -> None:
         self.setup.state = state
+        if final and self.setup.checkpointer.latest_step() == step:
+            return  # the regular save at this step already happened
         data_state = self.batcher.state()
         saved = self.setup.save(step, data_state=data_state, force=final)
         if saved and self.config.train.ckpt.export_safetensors:
@@ -173,11 +168,6 @@ class RLRun:
 @functools.partial(jax.jit, static_argnums=(1, 2))
 def _normal(key, shape, sharding):
     return jax.lax.with_sharding_constraint(jax.random.normal(key, shape, jnp.float32), sharding)
-
-
-@functools.partial(nnx.jit, static_argnums=(2, 3))
-def _encode(encoders, ids, joint_attention_dim, max_len):
-    return encode_tokens(encoders, ids, joint_attention_dim, max_len)
 
 
 def _compile(run: RLRun) -> dict:
@@ -209,8 +199,11 @@ def _compile(run: RLRun) -> dict:
     n_micro = run.micro_batches
 
     @functools.partial(jax.jit, donate_argnums=(0,))
-    def update(state, frozen, ref_params, data, key, eta):
+    def update(state, frozen, data, key, eta):
         velocity = make_velocity(graphdef, frozen)
+        ref_params = state.aux.get("ref")
+        if ref_params is None:  # LoRA: the reference is the base model, adapters zeroed
+            ref_params = jax.tree.map(jnp.zeros_like, state.params)
         # micro-batch j takes rows j, j + n_micro, ...: every micro-batch spans all devices
         micro = jax.tree.map(lambda x: jnp.swapaxes(
             x.reshape((x.shape[0] // n_micro, n_micro) + x.shape[1:]), 0, 1), data)
@@ -261,16 +254,17 @@ def build(config) -> RLRun:
             f"available: {sorted(ALGORITHMS)}")
     train_records, val_records = prompt_splits_from_config(config)
     rewards = RewardComputer.from_config(reward_config(config))
-    rewards.check_reachable()  # fail fast, before any model is loaded or compiled
-    path = config.policy.model_name_or_path
-    if config.policy.build_tiny and path and not os.path.isdir(path):
-        from wfm_jax.tiny import build_tiny_pipeline
-        build_tiny_pipeline(path, seed=config.train.seed)
-    if not path or not os.path.isdir(path):
-        raise train_setup.SetupError(
-            f"model directory not found: '{path}'; pass a local diffusers SD3.5 pipeline "
-            f"directory with {train_setup.MODEL_FLAG}=DIR")
-    setup = train_setup.build(config, aux_fn=algo_cls.init_aux)
+    train_setup.ensure_tiny_assets(config)
+    train_setup.check_model_dir(config)  # before the slow steps below
+    rewards.check_reachable(budget_s=10.0)  # fail fast, before any model is loaded or compiled
+    # The KL reference: LoRA off (zeros, made inside the update), or for a full fine-tune the
+    # starting weights, kept in the checkpointed state so a resumed run still has them.
+    keep_ref = not config.policy.lora.enable and config.train.train_policy.kl_beta > 0
+
+    def aux_fn(params):
+        return dict(algo_cls.init_aux(params), **({"ref": params} if keep_ref else {}))
+
+    setup = train_setup.build(config, aux_fn=aux_fn)
     algo = algo_cls(config, setup.pipe.shift)
     micro_batches, chunk = _check_layout(config, setup)
     batcher = group_batcher_from_config(config, train_records,
@@ -278,15 +272,13 @@ def build(config) -> RLRun:
                                         * setup.mesh.shape["fsdp"])
     if setup.data_state:
         batcher.restore(setup.data_state)
-    if setup.lora:  # reference = adapters off
-        ref = jax.tree.map(jnp.zeros_like, setup.state.params)
-    else:  # reference = the weights the run started from (the loaded pipeline)
-        ref = jax.tree.map(jnp.copy, setup.state.params)
     logger = MetricsLogger(config.train.output_dir, total_steps=config.train.max_steps,
                            wandb_cfg=config.train.wandb.to_dict(), start_step=setup.start_step)
-    run = RLRun(config, setup, algo, rewards, batcher, val_records, logger, ref, micro_batches,
+    run = RLRun(config, setup, algo, rewards, batcher, val_records, logger, micro_batches,
                 chunk, int(config.train.max_steps), int(config.train.train_batch_per_replica),
                 int(config.train.seed), config.train.output_dir,
                 base_key=jax.random.key(config.train.seed))
+    run.text_encoder = TextEncoder(setup.pipe, config.policy.diffusers.max_prompt_length,
+                                   out_sharding=setup.batch_sharding())
     run._fns = _compile(run)
     return run

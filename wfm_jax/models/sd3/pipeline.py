@@ -15,7 +15,6 @@ from typing import Any, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
 from wfm_jax.models.loading import load_model
 from wfm_jax.models.vae.autoencoder_kl import scale_latents, unscale_latents, vae_scale_factor
