@@ -1,0 +1,201 @@
+"""wfm_jax.bench: the FLOP formulas against traced jaxprs, the peak table, the report, the CLI's
+bad-input paths, and one in-process run of the tiny suite whose JSON must carry every figure for
+both stacks. Figures are never asserted (they are measurements); only their presence and type,
+and that both stacks trained the same parameters from the same weights."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from wfm_jax.bench import flops, report, runner, timing
+from wfm_jax.bench.__main__ import main
+from wfm_jax.bench.devices import peak_flops_for
+from wfm_jax.bench.suites import CPU_VAE, LORA_TARGETS, TINY_TRANSFORMER, Options, get_suite
+from wfm_jax.models.layers.embeddings import Buffer
+from wfm_jax.models.sd3.transformer import SD3Transformer
+from wfm_jax.models.vae import AutoencoderKL
+from wfm_jax.train.lora import attach_lora
+
+# 3 blocks: dual + plain + last (context_pre_only), non-square latents
+T_CFG = dict(TINY_TRANSFORMER, num_layers=3, dual_attention_layers=(0,))
+B, H, W, L = 2, 8, 12, 5
+
+
+def _abstract_transformer(lora_rank: int = 0):
+    def make():
+        m = SD3Transformer(T_CFG, rngs=nnx.Rngs(0))
+        if lora_rank:
+            attach_lora(m, LORA_TARGETS, lora_rank, 2.0 * lora_rank)
+        return m
+    return nnx.eval_shape(make)
+
+
+def _inputs():
+    return (jax.ShapeDtypeStruct((B, T_CFG["in_channels"], H, W), jnp.float32),
+            jax.ShapeDtypeStruct((B, L, T_CFG["joint_attention_dim"]), jnp.float32),
+            jax.ShapeDtypeStruct((B, T_CFG["pooled_projection_dim"]), jnp.float32),
+            jax.ShapeDtypeStruct((B,), jnp.float32))
+
+
+def _jaxpr_flops(fn, *args) -> float:
+    return flops.count_jaxpr_flops(jax.make_jaxpr(fn)(*args))
+
+
+@pytest.mark.parametrize("rank", [0, 4], ids=["base", "lora"])
+def test_mmdit_forward_flops_match_jaxpr(rank):
+    graph, state = nnx.split(_abstract_transformer(rank))
+    got = _jaxpr_flops(lambda s, *a: nnx.merge(graph, s)(*a), state, *_inputs())
+    want = flops.mmdit_forward(T_CFG, H, W, L)["total"]
+    if rank:
+        want += flops.lora_forward(T_CFG, H, W, L, LORA_TARGETS, rank)
+    assert got == B * want
+
+
+def test_full_finetune_flops_match_autodiff():
+    graph, params, rest = nnx.split(_abstract_transformer(), nnx.All(nnx.Param, nnx.Not(Buffer)), ...)
+    args = [jnp.zeros(a.shape, a.dtype) for a in _inputs()]
+
+    def loss(p, r):
+        return jnp.mean(nnx.merge(graph, p, r)(*args).astype(jnp.float32) ** 2)
+
+    got = _jaxpr_flops(jax.grad(loss), params, rest)
+    want = flops.train_step(T_CFG, B, H, W, L)
+    assert got == want["autodiff"]
+    assert want["model"] == 3 * want["forward"]
+
+
+def test_lora_flops_convention_bounds_autodiff():
+    graph, lora, rest = nnx.split(_abstract_transformer(4), nnx.LoRAParam, ...)
+    args = [jnp.zeros(a.shape, a.dtype) for a in _inputs()]
+    got = _jaxpr_flops(jax.grad(lambda p, r: jnp.mean(nnx.merge(graph, p, r)(*args) ** 2)), lora,
+                       rest)
+    want = flops.train_step(T_CFG, B, H, W, L, lora_targets_=LORA_TARGETS, lora_rank=4)
+    # the convention counts every frozen input gradient; autodiff prunes those nothing needs
+    assert want["forward"] < got <= want["model"]
+
+
+@pytest.mark.parametrize("post_quant", [False, True])
+def test_vae_decode_flops_match_jaxpr(post_quant):
+    cfg = dict(CPU_VAE, use_post_quant_conv=post_quant)
+    graph, state = nnx.split(nnx.eval_shape(lambda: AutoencoderKL(cfg, rngs=nnx.Rngs(0))))
+    z = jax.ShapeDtypeStruct((1, cfg["latent_channels"], 6, 4), jnp.float32)
+    got = _jaxpr_flops(lambda s, z: nnx.merge(graph, s).decode(z), state, z)
+    assert got == flops.vae_decode(cfg, 6, 4)
+
+
+def test_lora_targets_are_the_recipe_targets():
+    from wfm_jax.config_schema import SD3_LORA_TARGETS
+    assert LORA_TARGETS == tuple(SD3_LORA_TARGETS)
+
+
+def test_peak_table_lookup():
+    assert peak_flops_for("NVIDIA H100 80GB HBM3") == 989.4e12
+    assert peak_flops_for("NVIDIA H100 PCIe") == 756e12
+    assert peak_flops_for("NVIDIA H200") == 989.4e12
+    assert peak_flops_for("TPU v5 lite") == 197e12
+    assert peak_flops_for("TPU v5p") == 459e12
+    assert peak_flops_for("cpu") is None
+
+
+def test_ratios_and_markdown_with_a_failed_stack():
+    ok = {"stack": "wfm_jax", "status": "ok", "step_time_s": 0.5, "samples_per_s": 4.0,
+          "flops_per_step": 1e9, "tflops_per_s": 2e-3, "mfu": None, "peak_memory_bytes": None,
+          "compile_time_s": 3.0, "notes": {"mfu": "x", "peak_memory_bytes": "y"}}
+    bad = timing.failed("torch", "train_full", MemoryError("out of memory\nsecond line"))
+    r = report.ratios(ok, bad)
+    assert set(r) == set(timing.FIGURES) | {"speedup"}
+    assert all(v is None for v in r.values())
+    assert bad["error"] == "MemoryError: out of memory"
+    assert all(bad["notes"][k] for k in timing.FIGURES)
+    good = dict(ok, stack="torch", step_time_s=1.0)
+    assert report.ratios(ok, good)["speedup"] == 2.0
+
+
+def test_cli_rejects_bad_arguments(tmp_path, capsys):
+    for argv in (["--only", "nope"], ["--repeats", "0"], ["--suite", "tpu"]):
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        assert e.value.code == 2
+    capsys.readouterr()
+    (tmp_path / "blocker").write_text("")
+    assert main(["--tiny", "--out", str(tmp_path / "blocker" / "r.json")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "blocker" in err[0]
+
+
+def test_worker_entry_writes_a_record(tmp_path):
+    """The isolated-process path in-process: the spec round-trips the suite (reward: no jit)."""
+    suite = get_suite("tiny")
+    out = tmp_path / "rec.json"
+    spec = {"suite": dataclasses.asdict(suite), "options": dataclasses.asdict(Options()),
+            "workload": "reward", "stack": "torch", "peak": {}, "out": str(out)}
+    assert runner.worker_main(json.dumps(spec)) == 0
+    rec = json.loads(out.read_text())
+    assert rec["status"] == "ok" and rec["stack"] == "torch"
+    _check_figures(rec)
+
+
+def _check_figures(rec: dict):
+    for key in timing.FIGURES:
+        assert key in rec, key
+        value = rec[key]
+        if value is None:
+            assert isinstance(rec["notes"].get(key), str) and rec["notes"][key], key
+        else:
+            assert isinstance(value, (int, float)) and math.isfinite(value), (key, value)
+    assert isinstance(rec["step_times_s"], list) and rec["step_times_s"]
+    assert all(isinstance(t, float) for t in rec["step_times_s"])
+    assert isinstance(rec["first_call_s"], float)
+
+
+@pytest.fixture(scope="module")
+def tiny_result(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench") / "results.json"
+    result = runner.run_suite(get_suite("tiny"), options=Options(attention="xla"))
+    report.write(result, str(out))
+    return json.loads(out.read_text()), out.with_suffix(".md").read_text()
+
+
+@pytest.mark.slow
+def test_tiny_suite_json_has_every_figure_for_both_stacks(tiny_result):
+    result, md = tiny_result
+    assert result["suite"] == "tiny"
+    for key in ("jax", "torch", "diffusers", "peft", "date"):
+        assert isinstance(result["environment"][key], str) and result["environment"][key]
+    assert isinstance(result["device"]["device_kind"], str)
+    assert isinstance(result["peak"]["peak_source"], str)
+    assert result["shapes"]["transformer"]["num_layers"] == TINY_TRANSFORMER["num_layers"]
+    assert set(result["workloads"]) == set(runner.WORKLOADS)
+    for name, w in result["workloads"].items():
+        assert set(w["stacks"]) == {"wfm_jax", "torch"}, name
+        for stack, rec in w["stacks"].items():
+            assert rec["status"] == "ok", (name, stack, rec.get("error"))
+            _check_figures(rec)
+        ratio = w["ratio_wfm_jax_over_torch"]
+        assert set(ratio) == set(timing.FIGURES) | {"speedup"}
+        assert all(v is None or isinstance(v, float) for v in ratio.values())
+        assert name in md
+    assert "wfm_jax / torch" in md
+
+
+@pytest.mark.slow
+def test_tiny_suite_stacks_trained_the_same_model(tiny_result):
+    """Same weights, same inputs: both stacks train the same parameters (the position Buffer
+    excluded) and start from the same loss, to bf16 precision."""
+    result, _ = tiny_result
+    for name in ("train_full", "train_lora"):
+        s = result["workloads"][name]["stacks"]
+        assert s["wfm_jax"]["trained_params"] == s["torch"]["trained_params"], name
+        # bf16 compute in both, different op order: a few bf16 roundings apart
+        np.testing.assert_allclose(s["wfm_jax"]["first_loss"], s["torch"]["first_loss"], rtol=5e-2)
+    r = result["workloads"]["rollout"]["stacks"]
+    np.testing.assert_allclose(r["wfm_jax"]["output_mean"], r["torch"]["output_mean"], atol=2e-2)
+    w = result["workloads"]["reward"]["stacks"]
+    assert w["wfm_jax"]["first_score"] == w["torch"]["first_score"]

@@ -1,0 +1,99 @@
+"""python -m wfm_jax.bench --suite cpu|gpu [--out results.json] [--only NAME ...]
+
+Runs each workload on wfm_jax and on the PyTorch diffusers (+ peft) stack, writes the JSON and a
+markdown table beside it (results.md for results.json) and prints the table. See
+docs/bench_notes.md for what every figure means.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+WORKLOAD_NAMES = ("train_full", "train_lora", "rollout", "reward")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m wfm_jax.bench", description=__doc__.splitlines()[0])
+    p.add_argument("--suite", choices=("cpu", "gpu", "tiny"), default="cpu",
+                   help="gpu: real SD3.5-Medium shapes; cpu: scaled down for 2 cores; "
+                        "tiny: smallest shapes, 1 repeat (the test's mode)")
+    p.add_argument("--tiny", action="store_true", help="same as --suite tiny")
+    p.add_argument("--out", default=None,
+                   help="JSON path (default outputs/bench/<suite>.json); the .md goes beside it")
+    p.add_argument("--only", nargs="+", choices=WORKLOAD_NAMES, metavar="NAME",
+                   help=f"run only these workloads ({', '.join(WORKLOAD_NAMES)})")
+    p.add_argument("--stacks", nargs="+", choices=("wfm_jax", "torch"), default=None)
+    iso = p.add_mutually_exclusive_group()
+    iso.add_argument("--isolate", dest="isolate", action="store_true", default=None,
+                     help="each (workload, stack) in its own process (default on gpu)")
+    iso.add_argument("--no-isolate", dest="isolate", action="store_false",
+                     help="everything in this process (default on cpu/tiny)")
+    p.add_argument("--repeats", type=int, default=None, help="timed steps (median reported)")
+    p.add_argument("--warmup", type=int, default=None, help="untimed steps after the first call")
+    p.add_argument("--train-batch", type=int, default=None)
+    p.add_argument("--rollout-batch", type=int, default=None)
+    p.add_argument("--attention", choices=("auto", "xla", "cudnn"), default=None,
+                   help="wfm_jax attention kernel (default: auto on gpu, xla on cpu)")
+    p.add_argument("--remat", choices=("none", "full", "dots"), default="none",
+                   help="wfm_jax block remat; not 'none' also turns on torch gradient checkpointing")
+    p.add_argument("--torch-compile", action="store_true",
+                   help="torch.compile the diffusers transformer (default eager)")
+    p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.tiny:
+        args.suite = "tiny"
+    for name in ("repeats", "train_batch", "rollout_batch"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    if args.warmup is not None and args.warmup < 0:
+        p.error(f"--warmup must be >= 0, got {args.warmup}")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    isolate = args.isolate if args.isolate is not None else args.suite == "gpu"
+    if not isolate:  # jax and torch share the device: jax must not grab 75% of it up front
+        os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    # torch's OpenMP threads spin-wait by default; on a CPU shared with other processes that
+    # makes eager torch ~10x slower (measured on the 2-core CI box). Must precede `import torch`.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    from wfm_jax.bench import report, runner
+    if args.worker is not None:
+        return runner.worker_main(args.worker)
+    from wfm_jax.bench.suites import Options, get_suite
+    out = args.out or os.path.join("outputs", "bench", f"{args.suite}.json")
+    out_dir = os.path.dirname(os.path.abspath(out))
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+    except OSError as e:
+        print(f"bench: cannot create the output directory {out_dir}: {e.strerror}", file=sys.stderr)
+        return 2
+    if not os.access(out_dir, os.W_OK):
+        print(f"bench: output directory {out_dir} is not writable", file=sys.stderr)
+        return 2
+    suite = get_suite(args.suite, repeats=args.repeats, warmup=args.warmup,
+                      train_batch=args.train_batch, rollout_batch=args.rollout_batch)
+    attention = args.attention or ("auto" if args.suite == "gpu" else "xla")
+    options = Options(attention=attention, remat=args.remat, torch_compile=args.torch_compile)
+    try:
+        result = runner.run_suite(suite, only=args.only, options=options, isolate=isolate,
+                                  stacks=tuple(args.stacks or runner.STACKS))
+    except runner.BenchError as e:
+        print(f"bench: {e}", file=sys.stderr)
+        return 2
+    md = report.write(result, out)
+    print(md, end="")
+    print(f"wrote {out} and {os.path.splitext(out)[0]}.md")
+    failed = [f"{w}/{s}" for w, rec in result["workloads"].items()
+              for s, r in rec["stacks"].items() if r["status"] != "ok"]
+    if failed:
+        print(f"bench: failed runs: {', '.join(failed)} (errors in the JSON)", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,140 @@
+"""The result document (JSON), the wfm_jax / torch ratios and the markdown table."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+import tempfile
+
+from wfm_jax.bench.timing import FIGURES, finite
+
+SCHEMA_VERSION = 1
+
+
+def ratios(jax_rec: dict | None, torch_rec: dict | None) -> dict:
+    """wfm_jax / torch for every figure (None where either side has no number), plus
+    `speedup` = torch step time / wfm_jax step time (> 1: wfm_jax is faster)."""
+    out = {}
+    for key in FIGURES:
+        a = (jax_rec or {}).get(key)
+        b = (torch_rec or {}).get(key)
+        out[key] = a / b if finite(a) and finite(b) and b != 0 else None
+    step = out["step_time_s"]
+    out["speedup"] = 1.0 / step if step else None
+    return out
+
+
+def workload_flops(suite, name: str) -> dict | None:
+    from wfm_jax.bench import flops
+    from wfm_jax.bench.suites import LORA_TARGETS
+    s, t = suite.latent_size, suite.transformer
+    fwd = flops.mmdit_forward(t, s, s, suite.text_len)
+    if name.startswith("train"):
+        per = flops.train_step(t, suite.train_batch, s, s, suite.text_len,
+                               lora_targets_=LORA_TARGETS if name == "train_lora" else None,
+                               lora_rank=suite.lora_rank)
+        return {**per, "forward_per_sample": fwd}
+    if name == "rollout":
+        return {**flops.rollout(t, suite.vae, suite.rollout_batch, suite.rollout_steps, s, s,
+                                suite.text_len), "forward_per_sample": fwd}
+    return None
+
+
+def assemble(suite, options, isolate: bool, ctx: dict, records: dict, descriptions: dict) -> dict:
+    workloads = {}
+    for name, stacks in records.items():
+        workloads[name] = {"description": descriptions[name], "flops": workload_flops(suite, name),
+                           "stacks": stacks,
+                           "ratio_wfm_jax_over_torch": ratios(stacks.get("wfm_jax"),
+                                                              stacks.get("torch"))}
+    return {"schema_version": SCHEMA_VERSION, "suite": suite.name, "shapes": suite.shapes(),
+            "warmup": suite.warmup, "repeats": suite.repeats,
+            "options": dataclasses.asdict(options), "isolated_processes": isolate,
+            "command": " ".join([os.path.basename(sys.executable), "-m", "wfm_jax.bench"]
+                                + sys.argv[1:]) if sys.argv and sys.argv[0] else None,
+            **ctx, "workloads": workloads}
+
+
+# ----------------------------------------------------------------------------- markdown
+
+def _num(x, fmt: str, scale: float = 1.0) -> str:
+    return format(x * scale, fmt) if finite(x) else "n/a"
+
+
+def _ratio(x) -> str:
+    return f"{x:.2f}x" if finite(x) else "n/a"
+
+
+COLUMNS = ("workload", "stack", "step time (ms)", "samples/s", "TFLOP/step", "TFLOP/s", "MFU",
+           "peak mem (GiB)", "compile (s)")
+
+
+def markdown(result: dict) -> str:
+    env, dev, peak = result["environment"], result["device"], result["peak"]
+    kind = dev.get("torch_device_name") or dev["device_kind"]
+    lines = [f"Suite `{result['suite']}` on {kind} ({dev['platform']}), {env['date']}; "
+             f"jax {env['jax']}, torch {env['torch']}, diffusers {env['diffusers']}, "
+             f"peft {env['peft']}. Median of {result['repeats']} steps after "
+             f"{result['warmup']} warm-up. MFU peak: {peak['peak_source']}.", "",
+             "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    for name, w in result["workloads"].items():
+        for stack in ("wfm_jax", "torch"):
+            rec = w["stacks"].get(stack)
+            if rec is None:
+                continue
+            if rec["status"] != "ok":
+                lines.append(f"| {name} | {stack} | error: {rec['error'][:80]} |" + " |" * 6)
+                continue
+            lines.append("| " + " | ".join([
+                name, stack, _num(rec["step_time_s"], ".1f", 1e3),
+                _num(rec["samples_per_s"], ".2f"), _num(rec["flops_per_step"], ".3g", 1e-12),
+                _num(rec["tflops_per_s"], ".3g"), _num(rec["mfu"], ".1%"),
+                _num(rec["peak_memory_bytes"], ".2f", 2.0 ** -30),
+                _num(rec["compile_time_s"], ".1f")]) + " |")
+        r = w["ratio_wfm_jax_over_torch"]
+        lines.append("| " + " | ".join([
+            name, "**wfm_jax / torch**", _ratio(r["step_time_s"]), _ratio(r["samples_per_s"]),
+            "", _ratio(r["tflops_per_s"]), _ratio(r["mfu"]), _ratio(r["peak_memory_bytes"]),
+            _ratio(r["compile_time_s"])]) + " |")
+    lines += ["", "step time ratio < 1 and samples/s ratio > 1 mean wfm_jax is faster. "
+              "Peak memory: " + _memory_note(result) + " Torch runs eager unless noted, so its "
+              "compile time is n/a."]
+    return "\n".join(lines) + "\n"
+
+
+def _memory_note(result: dict) -> str:
+    notes = {}
+    for name, w in result["workloads"].items():
+        for stack, rec in w["stacks"].items():
+            note = rec.get("notes", {}).get("peak_memory_bytes")
+            if name != "reward" and rec.get("status") == "ok" and note:
+                notes.setdefault(stack, note)
+    return "; ".join(f"{s}: {n}" for s, n in notes.items()) + "." if notes else "see the JSON."
+
+
+# ----------------------------------------------------------------------------- files
+
+def write_json_atomic(obj, path: str) -> None:
+    _write_atomic(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
+
+
+def _write_atomic(path: str, text: str) -> None:
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".bench-", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def write(result: dict, json_path: str) -> str:
+    """results.json and results.md beside it (both atomically); returns the markdown."""
+    md = markdown(result)
+    write_json_atomic(result, json_path)
+    _write_atomic(os.path.splitext(json_path)[0] + ".md", md)
+    return md

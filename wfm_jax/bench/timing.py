@@ -1,0 +1,66 @@
+"""Device-synchronised timing and the per-stack figure record every workload returns."""
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from typing import Any, Callable
+
+# Figures every stack record carries (a number, or None with a note saying why).
+FIGURES = ("step_time_s", "samples_per_s", "flops_per_step", "tflops_per_s", "mfu",
+           "peak_memory_bytes", "compile_time_s")
+
+
+def time_calls(call: Callable[[], Any], sync: Callable[[Any], None], *, warmup: int,
+               repeats: int) -> dict:
+    """First call (timed alone: it compiles / warms caches), `warmup` untimed calls, then
+    `repeats` timed calls, each ended by `sync` (block_until_ready / cuda.synchronize)."""
+    start = time.perf_counter()
+    sync(call())
+    first = time.perf_counter() - start
+    for _ in range(warmup):
+        sync(call())
+    times = []
+    for _ in range(max(1, repeats)):
+        start = time.perf_counter()
+        sync(call())
+        times.append(time.perf_counter() - start)
+    return {"first_call_s": first, "step_times_s": times, "step_time_s": statistics.median(times)}
+
+
+def record(stack: str, impl: str, timing: dict, *, samples: int, flops: float | None,
+           peak_flops: float | None, memory: tuple[int | None, str],
+           compile_time_s: float | None, compile_note: str, extra: dict | None = None,
+           notes: dict | None = None) -> dict:
+    """One stack's figures for one workload; every None figure gets a note naming the reason."""
+    step = timing["step_time_s"]
+    notes = dict(notes or {})
+    out = {"stack": stack, "impl": impl, "status": "ok",
+           "step_time_s": step, "step_times_s": timing["step_times_s"],
+           "first_call_s": timing["first_call_s"],
+           "samples_per_step": samples, "samples_per_s": samples / step,
+           "flops_per_step": flops,
+           "tflops_per_s": None if flops is None else flops / step / 1e12,
+           "mfu": None if flops is None or not peak_flops else flops / step / peak_flops,
+           "peak_memory_bytes": memory[0], "compile_time_s": compile_time_s}
+    notes["peak_memory_bytes"] = memory[1]
+    notes["compile_time_s"] = compile_note
+    if flops is None:
+        notes.setdefault("flops_per_step", "no FLOP count for this workload")
+        notes.setdefault("tflops_per_s", notes["flops_per_step"])
+    if out["mfu"] is None:
+        notes.setdefault("mfu", notes.get("flops_per_step") or "no peak FLOP/s for this device")
+    out["notes"] = notes
+    out.update(extra or {})
+    return out
+
+
+def failed(stack: str, impl: str, error: BaseException) -> dict:
+    """A stack that could not run this workload (e.g. out of memory): recorded, not fatal."""
+    message = f"{type(error).__name__}: {error}".splitlines()[0][:500]
+    return {"stack": stack, "impl": impl, "status": "error", "error": message,
+            **{k: None for k in FIGURES}, "notes": {k: message for k in FIGURES}}
+
+
+def finite(x) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x)

@@ -1,0 +1,160 @@
+"""The PyTorch stack a user would otherwise run: diffusers modules (+ peft LoRA), eager mode.
+
+Same weights (weights.random_state_dict), same inputs (inputs.py), same precision policy as the
+wfm_jax workloads: full fine-tune = fp32 master weights under bf16 autocast; LoRA = bf16 frozen
+base, fp32 adapters, bf16 autocast (diffusers' train_dreambooth_lora_sd3 recipe); rollout = bf16
+weights, fp32 latents through diffusers' DPMSolverMultistepScheduler (DPM-Solver++ 2M for flow
+models) on the SD3 sigma grid, then the VAE decode.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from wfm_jax.bench import devices, flops, inputs, timing, weights
+from wfm_jax.bench.suites import LORA_TARGETS, OPTIM
+from wfm_jax.sampling.schedule import flow_sigmas
+
+
+def device():
+    import torch
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _sync(dev):
+    import torch
+    if dev.type == "cuda":
+        return lambda _: torch.cuda.synchronize(dev)
+    return lambda _: None  # eager CPU ops have finished when they return
+
+
+def _maybe_compile(module, options):
+    import torch
+    return torch.compile(module) if options.torch_compile else module
+
+
+def _compile_figure(t: dict, options) -> tuple[float | None, str]:
+    if options.torch_compile:
+        return (t["first_call_s"] - t["step_time_s"],
+                "torch.compile: first call (compile + run) minus the steady step")
+    return None, "n/a: eager mode (no compilation); see first_call_s for first-call overhead"
+
+
+def _add_lora(model, suite):
+    import torch
+    from peft import LoraConfig
+    model.requires_grad_(False)
+    model.add_adapter(LoraConfig(r=suite.lora_rank, lora_alpha=suite.lora_alpha,
+                                 init_lora_weights="gaussian", target_modules=list(LORA_TARGETS)))
+    layers = {name[: -len(".lora_A.default")]: mod
+              for name, mod in model.named_modules() if name.endswith(".lora_A.default")}
+    a = weights.lora_a({p: m.in_features for p, m in layers.items()}, suite.lora_rank)
+    with torch.no_grad():
+        for path, mod in layers.items():
+            mod.weight.copy_(torch.from_numpy(a[path].T))
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    for p in trainable:  # diffusers' cast_training_params: adapters train in fp32
+        p.data = p.data.float()
+    return trainable
+
+
+def train(suite, mode: str, options, peak_flops: float | None) -> dict:
+    import torch
+    dev = device()
+    lora = mode == "lora"
+    model = weights.torch_module("transformer", suite.transformer, dev,
+                                 torch.bfloat16 if lora else torch.float32)
+    if options.remat != "none":
+        model.enable_gradient_checkpointing()
+    model.train()
+    trainable = _add_lora(model, suite) if lora else list(model.parameters())
+    if not lora:
+        model.pos_embed.pos_embed.requires_grad_(False)  # a buffer already; kept explicit
+    o = OPTIM[mode]
+    opt = torch.optim.AdamW(trainable, lr=o["lr"], betas=o["betas"], eps=o["eps"],
+                            weight_decay=o["weight_decay"])
+    forward = _maybe_compile(model, options)
+    b = {k: torch.from_numpy(v).to(dev) for k, v in inputs.train_batch(suite).items()}
+    s = b["sigmas"][:, None, None, None]
+    losses = []
+
+    def call():
+        opt.zero_grad(set_to_none=True)
+        x_t = (1.0 - s) * b["x0"] + s * b["noise"]
+        with torch.autocast(dev.type, dtype=torch.bfloat16):
+            v = forward(hidden_states=x_t, encoder_hidden_states=b["prompt_embeds"],
+                        pooled_projections=b["pooled_projections"], timestep=b["timesteps"],
+                        return_dict=False)[0]
+        loss = ((v.float() - (b["noise"] - b["x0"])) ** 2).mean()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(trainable, o["clip"])
+        opt.step()
+        losses.append(loss.detach())
+        return loss
+
+    devices.torch_reset_peak(dev)
+    t = timing.time_calls(call, _sync(dev), warmup=suite.warmup, repeats=suite.repeats)
+    lat = suite.latent_size
+    f = flops.train_step(suite.transformer, suite.train_batch, lat, lat, suite.text_len,
+                         lora_targets_=LORA_TARGETS if lora else None, lora_rank=suite.lora_rank,
+                         remat=options.remat)
+    compile_s, compile_note = _compile_figure(t, options)
+    return timing.record(
+        "torch", f"diffusers SD3Transformer2DModel{' + peft LoRA' if lora else ''}, "
+        f"{'torch.compile' if options.torch_compile else 'eager'}, autocast bf16, "
+        f"torch.optim.AdamW (default impl), grad checkpointing={options.remat != 'none'}",
+        t, samples=suite.train_batch, flops=f["model"], peak_flops=peak_flops,
+        memory=devices.torch_peak_memory(dev), compile_time_s=compile_s,
+        compile_note=compile_note,
+        extra={"first_loss": float(losses[0]),
+               "trained_params": int(sum(p.numel() for p in trainable)),
+               "recompute_flops": f["recompute"]})
+
+
+def dpm_scheduler():
+    from diffusers import DPMSolverMultistepScheduler
+    return DPMSolverMultistepScheduler(algorithm_type="dpmsolver++", solver_order=2,
+                                       prediction_type="flow_prediction", use_flow_sigmas=True,
+                                       flow_shift=inputs.SHIFT, lower_order_final=True,
+                                       final_sigmas_type="zero")
+
+
+def rollout(suite, options, peak_flops: float | None) -> dict:
+    import torch
+    dev = device()
+    transformer = _maybe_compile(
+        weights.torch_module("transformer", suite.transformer, dev, torch.bfloat16).eval(), options)
+    vae = weights.torch_module("vae", suite.vae, dev, torch.bfloat16).eval()
+    b = {k: torch.from_numpy(v).to(dev) for k, v in inputs.rollout_batch(suite).items()}
+    emb, pooled = b["prompt_embeds"].to(torch.bfloat16), b["pooled_projections"].to(torch.bfloat16)
+    sigmas, _ = flow_sigmas(suite.rollout_steps, inputs.SHIFT)
+    sched = dpm_scheduler()
+    scale, shift = suite.vae["scaling_factor"], suite.vae["shift_factor"]
+    outputs = []
+
+    @torch.no_grad()
+    def call():
+        sched.set_timesteps(suite.rollout_steps)
+        sched.sigmas = torch.from_numpy(sigmas)  # the SD3 grid wfm_jax samples on
+        x = b["noise"]
+        for i, t in enumerate(sched.timesteps):
+            ts = torch.full((x.shape[0],), float(sigmas[i] * np.float32(1000)), device=dev)
+            v = transformer(hidden_states=x.to(torch.bfloat16), encoder_hidden_states=emb,
+                            pooled_projections=pooled, timestep=ts, return_dict=False)[0]
+            x = sched.step(v.float(), t, x).prev_sample
+        image = vae.decode((x / scale + shift).to(torch.bfloat16), return_dict=False)[0]
+        image = (image.float() / 2 + 0.5).clamp(0, 1)
+        outputs.append(image)
+        return image
+
+    devices.torch_reset_peak(dev)
+    t = timing.time_calls(call, _sync(dev), warmup=suite.warmup, repeats=suite.repeats)
+    lat = suite.latent_size
+    f = flops.rollout(suite.transformer, suite.vae, suite.rollout_batch, suite.rollout_steps,
+                      lat, lat, suite.text_len)
+    compile_s, compile_note = _compile_figure(t, options)
+    return timing.record(
+        "torch", "diffusers SD3Transformer2DModel + DPMSolverMultistepScheduler (2M, flow) + "
+        f"AutoencoderKL.decode, bf16, {'torch.compile' if options.torch_compile else 'eager'}",
+        t, samples=suite.rollout_batch, flops=f["model"], peak_flops=peak_flops,
+        memory=devices.torch_peak_memory(dev), compile_time_s=compile_s,
+        compile_note=compile_note, extra={"output_mean": float(outputs[0].mean())})

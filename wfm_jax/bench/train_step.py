@@ -1,0 +1,124 @@
+"""wfm_jax train steps: full fine-tune and LoRA of the SD3 MMDiT, flow-matching loss, AdamW.
+
+One jitted step = noise mix -> transformer forward (bf16 compute) -> loss -> grads -> global-norm
+clip -> AdamW, with params and optimizer state donated, as the SFT trainer runs it. Full: fp32
+master weights, every Param but the position-table Buffer trained. LoRA: frozen bf16 base, fp32
+adapters (the SD3.5 NFT recipe's "bf16 params").
+"""
+from __future__ import annotations
+
+import time
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from wfm_jax.algorithms.sft import flow_matching_loss, noisy_latents
+from wfm_jax.bench import devices, flops, inputs, timing, weights
+from wfm_jax.bench.suites import LORA_TARGETS, OPTIM
+from wfm_jax.models.layers.embeddings import Buffer
+from wfm_jax.models.state import path_str
+from wfm_jax.train.lora import attach_lora, find_targets
+from wfm_jax.train.optim import apply_gradients, make_optimizer
+
+TRAINABLE_FULL = nnx.All(nnx.Param, nnx.Not(Buffer), nnx.Not(nnx.LoRAParam))
+
+
+def build_model(suite, mode: str, options):
+    """The transformer with identical random weights (and LoRA adapters for mode "lora")."""
+    lora = mode == "lora"
+    model = weights.jax_module("transformer", suite.transformer, dtype=jnp.bfloat16,
+                               param_dtype=jnp.bfloat16 if lora else jnp.float32,
+                               attention_impl=options.attention_impl, remat=options.remat)
+    if lora:
+        attach_lora(model, LORA_TARGETS, suite.lora_rank, suite.lora_alpha)
+        layers = find_targets(model, LORA_TARGETS)
+        a = weights.lora_a({p: m.in_features for p, m in layers.items()}, suite.lora_rank)
+        device = jax.local_devices()[0]
+        for path, layer in layers.items():
+            layer.lora_a[...] = jax.device_put(a[path], device)
+    return model
+
+
+def make_step(graphdef, tx):
+    def step(params, opt_state, rest, batch):
+        x_t = noisy_latents(batch["x0"], batch["noise"], batch["sigmas"])
+
+        def loss_fn(p):
+            model = nnx.merge(graphdef, p, rest)
+            v = model(x_t, batch["prompt_embeds"], batch["pooled_projections"],
+                      batch["timesteps"])
+            return flow_matching_loss(v, batch["noise"], batch["x0"], batch["sigmas"])
+
+        loss, grads = jax.value_and_grad(loss_fn)(params)
+        params, opt_state, _ = apply_gradients(tx, params, opt_state, grads)
+        return params, opt_state, loss
+
+    return jax.jit(step, donate_argnums=(0, 1))
+
+
+def optimizer(mode: str):
+    o = OPTIM[mode]
+    return make_optimizer(o["lr"], weight_decay=o["weight_decay"], betas=o["betas"], eps=o["eps"],
+                          grad_norm_clip=o["clip"])
+
+
+def step_flops(suite, mode: str, remat: str) -> dict:
+    s = suite.latent_size
+    return flops.train_step(suite.transformer, suite.train_batch, s, s, suite.text_len,
+                            lora_targets_=LORA_TARGETS if mode == "lora" else None,
+                            lora_rank=suite.lora_rank, remat=remat)
+
+
+def run(suite, mode: str, options, peak_flops: float | None) -> dict:
+    """Time one train step of `mode` ("full" | "lora"); returns the stack record."""
+    model = build_model(suite, mode, options)
+    wrt = nnx.LoRAParam if mode == "lora" else TRAINABLE_FULL
+    graphdef, params, rest = nnx.split(model, wrt, ...)
+    del model
+    tx = optimizer(mode)
+    opt_state = tx.init(params)
+    device = jax.local_devices()[0]
+    batch = {k: jax.device_put(v, device) for k, v in inputs.train_batch(suite).items()}
+    start = time.perf_counter()
+    compiled = make_step(graphdef, tx).lower(params, opt_state, rest, batch).compile(
+        compiler_options=suite.compiler_options)
+    compile_s = time.perf_counter() - start
+    state = {"params": params, "opt_state": opt_state, "losses": []}
+
+    def call():
+        p, o, loss = compiled(state["params"], state["opt_state"], rest, batch)
+        state["params"], state["opt_state"] = p, o
+        state["losses"].append(loss)
+        return p, o, loss
+
+    t = timing.time_calls(call, jax.block_until_ready, warmup=suite.warmup, repeats=suite.repeats)
+    t["first_call_s"] += compile_s
+    f = step_flops(suite, mode, options.remat)
+    n_trained = sum(x.size for x in jax.tree.leaves(params))
+    return timing.record(
+        "wfm_jax", f"wfm_jax SD3Transformer ({'LoRA' if mode == 'lora' else 'full'}), "
+        f"jit + donation, attention={options.attention}, remat={options.remat}",
+        t, samples=suite.train_batch, flops=f["model"], peak_flops=peak_flops,
+        memory=devices.jax_peak_memory(),
+        compile_time_s=t["first_call_s"] - t["step_time_s"],
+        compile_note="first call (trace + lower + XLA compile + run) minus the steady step",
+        extra={"first_loss": float(state["losses"][0]), "trained_params": int(n_trained),
+               "recompute_flops": f["recompute"],
+               "xla_memory_plan_bytes": xla_plan_bytes(compiled)})
+
+
+def xla_plan_bytes(compiled) -> int | None:
+    """Arguments + outputs + temporaries - donated aliases, as XLA planned the program."""
+    try:
+        m = compiled.memory_analysis()
+        return int(m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
+                   - m.alias_size_in_bytes)
+    except Exception:  # not every backend / version offers the analysis
+        return None
+
+
+def trained_paths(model, mode: str) -> list[str]:
+    """Paths the step trains (for tests: the Buffer and LoRA exclusions)."""
+    wrt = nnx.LoRAParam if mode == "lora" else TRAINABLE_FULL
+    return sorted(path_str(p) for p, _ in nnx.state(model, wrt).flat_state())

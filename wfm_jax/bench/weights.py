@@ -1,0 +1,102 @@
+"""Identical random weights for both stacks: one seeded numpy state dict in diffusers layout.
+
+The torch stack loads it into the diffusers module; the wfm_jax stack converts it through the
+converter table (the same path a real checkpoint takes), so both compute the same function.
+Weights are drawn, not default-initialised: diffusers zero-initialises the adaLN and output
+layers, which would make the outputs (and the loss) trivially equal.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import math
+
+import numpy as np
+
+_CLASSES = {"transformer": "SD3Transformer2DModel", "vae": "AutoencoderKL"}
+
+
+def diffusers_class(kind: str):
+    import diffusers
+    return getattr(diffusers, _CLASSES[kind])
+
+
+def _meta_module(kind: str, config: dict):
+    import torch
+    with torch.device("meta"):  # shapes only: no memory, no init time
+        return diffusers_class(kind)(**config)
+
+
+@functools.lru_cache(maxsize=4)
+def _state_dict(kind: str, config_json: str, seed: int) -> dict[str, np.ndarray]:
+    shapes = {k: tuple(v.shape) for k, v in _meta_module(kind, json.loads(config_json)).state_dict().items()}
+    rng = np.random.default_rng(seed)
+    out = {}
+    for key in sorted(shapes):
+        shape = shapes[key]
+        x = rng.standard_normal(shape, dtype=np.float32)
+        if len(shape) >= 2 and not key.endswith("pos_embed"):
+            x *= 1.0 / math.sqrt(math.prod(shape[1:]))  # fan-in scaling keeps activations O(1)
+        elif key.endswith(".weight"):  # norm scales
+            x = 1.0 + 0.02 * x
+        else:  # biases and the position table
+            x *= 0.02
+        x.setflags(write=False)  # cached and shared by every build: nobody may train it in place
+        out[key] = x
+    return out
+
+
+def random_state_dict(kind: str, config: dict, seed: int = 0) -> dict[str, np.ndarray]:
+    """diffusers key -> fp32 array for a `kind` ("transformer" | "vae") built from `config`."""
+    return _state_dict(kind, json.dumps(config, sort_keys=True, default=list), seed)
+
+
+def torch_module(kind: str, config: dict, device, dtype, seed: int = 0):
+    """The diffusers module holding `random_state_dict`, on `device` in `dtype`."""
+    import torch
+    from diffusers.utils import logging
+    module = _meta_module(kind, config)
+    # a copy: the torch module trains its tensors in place, the cached arrays must stay initial
+    state = {k: torch.from_numpy(v.copy()) for k, v in random_state_dict(kind, config, seed).items()}
+    module.load_state_dict(state, strict=True, assign=True)
+    verbosity = logging.get_verbosity()
+    logging.set_verbosity_error()  # .to(dtype) warns about from_pretrained's fp32-module list
+    try:
+        return module.to(device=device, dtype=dtype)
+    finally:
+        logging.set_verbosity(verbosity)
+
+
+def jax_module(kind: str, config: dict, *, dtype, param_dtype, seed: int = 0, **options):
+    """The wfm_jax module holding `random_state_dict`, converted by the model's mapping table and
+    placed on the first local device (built abstract first: no throw-away initialisation)."""
+    import jax
+    from flax import nnx
+
+    from converters.registry import spec_for
+    from converters.table import convert_to_jax
+    from wfm_jax.models.state import flat_shapes, path_str
+
+    cfg = dict(config, _class_name=_CLASSES[kind])
+    spec = spec_for(cfg)
+    model = nnx.eval_shape(lambda: spec.make_model(config, dtype=dtype, param_dtype=param_dtype,
+                                                   rngs=nnx.Rngs(0), **options))
+    state = random_state_dict(kind, config, seed)
+    flat = convert_to_jax(spec.build_table(config), {k: (lambda v=v: v) for k, v in state.items()},
+                          flat_shapes(model))
+    device = jax.local_devices()[0]
+    variables = {path_str(p): v for p, v in nnx.state(model, nnx.Variable).flat_state()}
+    for path, value in flat.items():
+        var = variables.pop(path)
+        var.set_value(jax.device_put(value.astype(var.dtype), device))
+    if variables:  # nothing but table-mapped parameters may exist: fail rather than time garbage
+        raise ValueError(f"{_CLASSES[kind]}: variables without weights: {sorted(variables)[:8]}")
+    return model
+
+
+def lora_a(paths_and_fan_in: dict[str, int], rank: int, seed: int = 3) -> dict[str, np.ndarray]:
+    """LoRA down-projections A (fan_in, rank) ~ N(0, 1/rank) (peft's "gaussian" init) for both
+    stacks; the up-projections B start at zero in both."""
+    rng = np.random.default_rng(seed)
+    return {p: rng.standard_normal((n, rank), dtype=np.float32) / rank
+            for p, n in sorted(paths_and_fan_in.items())}
