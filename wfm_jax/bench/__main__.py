@@ -55,7 +55,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     args = parse_args(argv)
     isolate = args.isolate if args.isolate is not None else args.suite == "gpu"
-    if not isolate:  # jax and torch share the device: jax must not grab 75% of it up front
+    if not isolate and args.worker is None:
+        # jax and torch share the device: jax must not grab 75% of it up front
         os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     # torch's OpenMP threads spin-wait by default; on a CPU shared with other processes that
     # makes eager torch ~10x slower (measured on the 2-core CI box). Must precede `import torch`.
@@ -79,8 +80,9 @@ def main(argv=None) -> int:
     attention = args.attention or ("auto" if args.suite == "gpu" else "xla")
     options = Options(attention=attention, remat=args.remat, torch_compile=args.torch_compile)
     try:
+        command = " ".join(["python -m wfm_jax.bench"] + list(sys.argv[1:] if argv is None else argv))
         result = runner.run_suite(suite, only=args.only, options=options, isolate=isolate,
-                                  stacks=tuple(args.stacks or runner.STACKS))
+                                  stacks=tuple(args.stacks or runner.STACKS), command=command)
     except runner.BenchError as e:
         print(f"bench: {e}", file=sys.stderr)
         return 2

@@ -4,7 +4,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import sys
 import tempfile
 
 from wfm_jax.bench.timing import FIGURES, finite
@@ -41,7 +40,8 @@ def workload_flops(suite, name: str) -> dict | None:
     return None
 
 
-def assemble(suite, options, isolate: bool, ctx: dict, records: dict, descriptions: dict) -> dict:
+def assemble(suite, options, isolate: bool, ctx: dict, records: dict, descriptions: dict,
+             command: str | None = None) -> dict:
     workloads = {}
     for name, stacks in records.items():
         workloads[name] = {"description": descriptions[name], "flops": workload_flops(suite, name),
@@ -51,9 +51,7 @@ def assemble(suite, options, isolate: bool, ctx: dict, records: dict, descriptio
     return {"schema_version": SCHEMA_VERSION, "suite": suite.name, "shapes": suite.shapes(),
             "warmup": suite.warmup, "repeats": suite.repeats,
             "options": dataclasses.asdict(options), "isolated_processes": isolate,
-            "command": " ".join([os.path.basename(sys.executable), "-m", "wfm_jax.bench"]
-                                + sys.argv[1:]) if sys.argv and sys.argv[0] else None,
-            **ctx, "workloads": workloads}
+            "command": command, **ctx, "workloads": workloads}
 
 
 # ----------------------------------------------------------------------------- markdown

@@ -74,7 +74,7 @@ def context() -> dict:
 
 
 def run_suite(suite: Suite, *, only=None, options: Options = Options(), isolate: bool = False,
-              stacks=STACKS) -> dict:
+              stacks=STACKS, command: str | None = None) -> dict:
     names = list(only or WORKLOADS)
     unknown = [n for n in names if n not in WORKLOADS]
     if unknown:
@@ -89,7 +89,7 @@ def run_suite(suite: Suite, *, only=None, options: Options = Options(), isolate:
                 records[name][stack] = _worker(suite, options, name, stack, ctx["peak"])
             else:
                 records[name][stack] = run_one(name, stack, suite, options, ctx["peak"])
-    return report.assemble(suite, options, isolate, ctx, records, WORKLOADS)
+    return report.assemble(suite, options, isolate, ctx, records, WORKLOADS, command)
 
 
 def _worker(suite: Suite, options: Options, workload: str, stack: str | None, peak: dict):
