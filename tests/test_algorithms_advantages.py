@@ -7,6 +7,7 @@ import pytest
 
 from wfm_jax.algorithms import advantages as A
 from wfm_jax.algorithms import decay as D
+from wfm_jax.train.ema import soft_update
 
 
 def _grpo_numpy(rewards, prompts, global_std):
@@ -94,25 +95,12 @@ def test_soft_update_and_type0_copies():
     old = {"a": rng.standard_normal((3, 2)).astype(np.float32), "b": [rng.standard_normal(4).astype(np.float32)]}
     new = {"a": rng.standard_normal((3, 2)).astype(np.float32), "b": [rng.standard_normal(4).astype(np.float32)]}
     eta = D.old_policy_decay(300, 1)
-    got = D.soft_update(jax_tree(old), jax_tree(new), eta)
+    got = soft_update(jax_tree(old), jax_tree(new), eta)
     for g, o, n in ((got["a"], old["a"], new["a"]), (got["b"][0], old["b"][0], new["b"][0])):
         np.testing.assert_allclose(np.asarray(g), o.astype(np.float64) * eta + n.astype(np.float64) * (1 - eta), rtol=1e-6)
-    copied = D.soft_update(jax_tree(old), jax_tree(new), D.old_policy_decay(300, 0))
+    copied = soft_update(jax_tree(old), jax_tree(new), D.old_policy_decay(300, 0))
     np.testing.assert_array_equal(np.asarray(copied["a"]), new["a"])
 
 
 def jax_tree(tree):
     return {"a": jnp.asarray(tree["a"]), "b": [jnp.asarray(tree["b"][0])]}
-
-
-def test_ema_warmup_interval_and_update():
-    for step in (0, 1, 5, 50, 10_000):
-        assert D.ema_decay(step, 0.9) == pytest.approx(min((1 + step) / (10 + step), 0.9))
-        assert float(D.ema_decay(jnp.asarray(step), 0.9)) == pytest.approx(min((1 + step) / (10 + step), 0.9))
-    assert [D.ema_due(s, 3) for s in range(6)] == [False, False, True, False, False, True]
-    assert not any(D.ema_due(s, 0) for s in range(5))  # 0 = off, never a modulo by zero
-    rng = np.random.default_rng(3)
-    ema, p = rng.standard_normal(6).astype(np.float32), rng.standard_normal(6).astype(np.float32)
-    got = D.ema_update({"w": jnp.asarray(ema)}, {"w": jnp.asarray(p)}, 4, 0.9)
-    d = min(5 / 14, 0.9)
-    np.testing.assert_allclose(np.asarray(got["w"]), d * ema.astype(np.float64) + (1 - d) * p, rtol=1e-6)

@@ -2,7 +2,7 @@
 
 from wfm_jax.algorithms.advantages import clip_advantages, ddrl_advantages, group_advantages, nft_optimality
 from wfm_jax.algorithms.ddrl import ddrl_data_loss, ddrl_loss, ddrl_policy_loss, draw_data_sigma, edm_noisy
-from wfm_jax.algorithms.decay import ema_decay, ema_due, ema_update, old_policy_decay, soft_update
+from wfm_jax.algorithms.decay import old_policy_decay
 from wfm_jax.algorithms.grpo import closed_form_kl, grpo_loss, ppo_clipped_loss
 from wfm_jax.algorithms.nft import nft_loss, train_timesteps, trained_step_count
 from wfm_jax.algorithms.sft import (
@@ -23,9 +23,6 @@ __all__ = [
     "ddrl_policy_loss",
     "draw_data_sigma",
     "edm_noisy",
-    "ema_decay",
-    "ema_due",
-    "ema_update",
     "flow_matching_loss",
     "grpo_loss",
     "group_advantages",
@@ -37,7 +34,6 @@ __all__ = [
     "ppo_clipped_loss",
     "sample_density",
     "sample_training_timesteps",
-    "soft_update",
     "table_indices",
     "train_timesteps",
     "trained_step_count",

@@ -11,7 +11,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
-from wfm_jax.algorithms.nft import nft_loss
+from wfm_jax.algorithms.nft import nft_loss, train_timesteps, trained_step_count
 from wfm_jax.sampling.samplers import sample
 
 F32 = jnp.float32
@@ -25,14 +25,6 @@ def nft_rollout(velocity: Velocity, old_params, latents, cond, sigmas, *, solver
     return out.latents
 
 
-def train_sigmas(key, batch: int, sigmas, num_train: int) -> jax.Array:
-    """(B, K) sigmas: per sample, the first K of a random permutation of the N sampling sigmas
-    (the trailing 0 excluded), as the reference trainer picks its timesteps."""
-    n = sigmas.shape[0] - 1
-    perms = jax.vmap(lambda k: jax.random.permutation(k, n))(jax.random.split(key, batch))
-    return jnp.asarray(sigmas, F32)[:-1][perms[:, :num_train]]
-
-
 def nft_grads(velocity: Velocity, params, old_params, ref_params, x0, cond, advantages, key, *,
               sigmas, num_train: int, beta: float, kl_weight: float, adv_clip_max: float):
     """Mean gradient and metrics of the NFT loss over K trained timesteps of each sample.
@@ -42,7 +34,7 @@ def nft_grads(velocity: Velocity, params, old_params, ref_params, x0, cond, adva
     """
     b = x0.shape[0]
     k_t, k_eps = jax.random.split(key)
-    ts = train_sigmas(k_t, b, sigmas, num_train)  # (B, K)
+    ts = train_timesteps(k_t, jnp.asarray(sigmas)[:-1], b, num_train)  # (B, K) flow sigmas
     noises = jax.random.normal(k_eps, (num_train,) + x0.shape, F32)
 
     def loss_at(p, t, eps):
@@ -83,7 +75,7 @@ class NFT:
         tp = config.train.train_policy
         self.solver = {"flow": "euler", "dpm1": "euler"}.get(d.sample.solver, d.sample.solver)
         self.sigmas = jnp.asarray(flow_sigmas(d.sample.num_steps, shift)[0])
-        self.num_train = max(1, int(d.sample.num_steps * tp.timesteps_fraction))
+        self.num_train = max(1, trained_step_count(d.sample.num_steps, tp.timesteps_fraction))
         self.beta = float(d.nft_beta)
         self.kl_weight = float(tp.kl_beta)
         self.adv_clip = float(tp.advantage_high)

@@ -1,0 +1,173 @@
+"""DiffusionNFT end to end on the tiny pipeline (issue E acceptance).
+
+One 20-step run of configs/tiny_nft.py through the reference reward server on loopback (the
+remote path) must raise the JPEG-compressibility reward; a local-reward run of the same recipe,
+killed after step 4 and resumed from its step-3 checkpoint, must log exactly the same rewards and
+losses for steps 1..6 (local == remote, resume bit-identical); a LoRA run's export must load in
+diffusers and give the JAX model's velocity. Bad input stops with one line before compiling.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+
+import numpy as np
+import pytest
+
+from wfm_jax import main as wmain
+
+RECIPE = os.path.join(os.path.dirname(__file__), "..", "configs", "tiny_nft.py")
+TOKEN = "test-token"
+
+
+def _metrics(out_dir) -> dict[int, dict]:
+    rows = [json.loads(line) for line in open(os.path.join(out_dir, "metrics.jsonl"))]
+    return {r["step"]: r for r in rows}
+
+
+def _argv(tiny_dir, out_dir, *extra):
+    # mini_batch 2 per device x the 8 test devices = the whole batch of 16 in one micro-batch
+    return ["--config", RECIPE, f"--config.policy.model_name_or_path={tiny_dir}",
+            f"--config.train.output_dir={out_dir}", "--config.train.train_policy.mini_batch=2",
+            *extra]
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    from wfm_jax.tiny import build_tiny_pipeline
+    return build_tiny_pipeline(str(tmp_path_factory.mktemp("tiny") / "pipe"), seed=0)
+
+
+@pytest.fixture(scope="module")
+def remote_run(tiny_dir, tmp_path_factory):
+    """The whole tiny recipe, rewards from the reference server over HTTP."""
+    from reward_client.background import BackgroundServer
+    from reward_client.protocol import ENQUEUE_PATH, PULL_PATH
+    from reward_client.server import create_app
+    out = tmp_path_factory.mktemp("nft_remote")
+    with BackgroundServer(create_app(TOKEN)) as srv:
+        rc = wmain.main(_argv(tiny_dir, out, "--config.train.train_policy.use_remote_reward=True",
+                              f"--config.train.train_policy.remote_reward.enqueue_url="
+                              f"{srv.url}{ENQUEUE_PATH}",
+                              f"--config.train.train_policy.remote_reward.fetch_url="
+                              f"{srv.url}{PULL_PATH}",
+                              f"--config.train.train_policy.remote_reward.token={TOKEN}"))
+    assert rc == 0
+    return out
+
+
+@pytest.mark.slow
+def test_tiny_nft_reward_rises_through_the_reward_server(remote_run):
+    m = _metrics(remote_run)
+    steps = sorted(m)
+    assert steps == list(range(1, 21))
+    rewards = np.array([m[s]["train/reward_mean"] for s in steps])
+    first, last = rewards[:5], rewards[-5:]
+    # "clearly above": the gain exceeds 3 standard errors of the two 5-step means
+    se = np.sqrt(first.var(ddof=1) / 5 + last.var(ddof=1) / 5)
+    assert last.mean() - first.mean() > 3 * se, (first, last)
+    for key in ("train/reward_std", "train/reward_min", "train/reward_max", "rollout/advantage_mean",
+                "train/loss", "train/policy_loss", "train/kl_loss", "train/old_deviation",
+                "train/grad_norm", "train/samples_per_s", "time/rollout", "time/reward_wait",
+                "time/update"):
+        assert all(np.isfinite(m[s][key]) for s in steps), key
+    assert "val/reward_mean" in m[10] and "val/reward_mean" in m[20]
+    assert os.path.isfile(os.path.join(remote_run, "validation", "step_20.png"))
+    # full fine-tune export: a complete diffusers pipeline directory
+    assert os.path.isfile(os.path.join(remote_run, "safetensors", "step_20", "model_index.json"))
+
+
+@pytest.mark.slow
+def test_local_rewards_match_remote_and_resume_is_bit_identical(remote_run, tiny_dir, tmp_path,
+                                                                monkeypatch):
+    from wfm_jax.train.metrics import MetricsLogger
+    out = tmp_path / "nft_local"
+    real_log = MetricsLogger.log
+
+    def log_then_die_after_4(self, step, metrics):
+        record = real_log(self, step, metrics)
+        if step == 4:
+            raise KeyboardInterrupt  # a kill after step 4; the last checkpoint is step 3
+        return record
+
+    monkeypatch.setattr(MetricsLogger, "log", log_then_die_after_4)
+    assert wmain.main(_argv(tiny_dir, out, "--config.train.ckpt.save_freq=3")) == wmain.EXIT_INTERRUPTED
+    monkeypatch.setattr(MetricsLogger, "log", real_log)
+    assert wmain.main(_argv(tiny_dir, out, "--config.train.ckpt.save_freq=3",
+                            "--config.train.max_steps=6", "--config.train.resume=True")) == 0
+
+    local, remote = _metrics(out), _metrics(remote_run)
+    assert sorted(local) == [1, 2, 3, 4, 5, 6]
+    for step in range(1, 7):
+        for key in ("train/reward_mean", "train/loss", "train/old_deviation", "train/grad_norm"):
+            assert local[step][key] == remote[step][key], (step, key)
+
+
+@pytest.mark.slow
+def test_lora_export_loads_in_diffusers(tiny_dir, tmp_path):
+    import torch
+    from diffusers import StableDiffusion3Pipeline
+
+    from wfm_jax.config import load_config
+    from wfm_jax.train import rl, rl_setup
+
+    out = tmp_path / "nft_lora"
+    config = load_config(RECIPE, [("policy.model_name_or_path", tiny_dir),
+                                  ("train.output_dir", str(out)), ("policy.lora.enable", "True"),
+                                  ("train.max_steps", "2"), ("train.ckpt.save_freq", "2"),
+                                  ("validation.enable", "False"), ("train.optm_lr", "3e-2"),
+                                  ("train.train_policy.mini_batch", "2")])
+    run = rl_setup.build(config)
+    try:
+        rl._loop(run)
+        state = run.setup.state
+        rng = np.random.default_rng(0)
+        x = rng.standard_normal((2, 4, 32, 32)).astype(np.float32)
+        ctx = rng.standard_normal((2, 93, 32)).astype(np.float32)
+        pooled = rng.standard_normal((2, 64)).astype(np.float32)
+        t = np.array([700.0, 250.5], np.float32)
+        model = run.setup.merge(state.ema)  # EMA is what the export holds
+        got = np.asarray(model(x, ctx, pooled, t))
+    finally:
+        run.close()
+    pipe = StableDiffusion3Pipeline.from_pretrained(tiny_dir)
+    with torch.no_grad():
+        base = pipe.transformer(torch.from_numpy(x), torch.from_numpy(ctx), torch.from_numpy(pooled),
+                                torch.from_numpy(t)).sample.numpy()
+        pipe.load_lora_weights(str(out / "safetensors" / "step_2" / "lora"),
+                               weight_name="model.safetensors", adapter_name="default")
+        want = pipe.transformer(torch.from_numpy(x), torch.from_numpy(ctx), torch.from_numpy(pooled),
+                                torch.from_numpy(t)).sample.numpy()
+    assert np.abs(want - base).max() > 1e-4  # the adapter changed the model
+    np.testing.assert_allclose(got, want, atol=1e-4)
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_bad_input_stops_with_one_line(tiny_dir, tmp_path, capsys):
+    def run(*extra):
+        rc = wmain.main(_argv(tiny_dir, tmp_path / "out", *extra))
+        return rc, capsys.readouterr().err.strip()
+
+    rc, err = run(f"--config.policy.model_name_or_path={tmp_path / 'nope'}",
+                  "--config.policy.build_tiny=False")
+    assert rc == 2 and "--config.policy.model_name_or_path" in err and "\n" not in err
+
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n\n")
+    rc, err = run(f"--config.train.train_policy.dataset.local_dir={empty}")
+    assert rc == 2 and "empty.txt" in err
+
+    url = f"http://127.0.0.1:{_closed_port()}/api/reward/enqueue"
+    rc, err = run("--config.train.train_policy.use_remote_reward=True",
+                  f"--config.train.train_policy.remote_reward.enqueue_url={url}",
+                  f"--config.train.train_policy.remote_reward.fetch_url={url}")
+    assert rc != 0 and "127.0.0.1" in err
+
+    rc, err = run("--config.rollout.n_generation=3")
+    assert rc == 2 and "16" in err and "3" in err
