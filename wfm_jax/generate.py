@@ -10,7 +10,6 @@ reproduced exactly; `--save-array` writes float pixels (B, H, W, C) in [0, 1] li
 from __future__ import annotations
 
 import argparse
-import functools
 import math
 import os
 import sys
@@ -21,20 +20,15 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from wfm_jax.models.sd3.pipeline import SD3Pipeline, decode_latents, encode_tokens
+from wfm_jax.models.sd3.pipeline import SD3Pipeline, decode_latents
 from wfm_jax.sampling.samplers import sample
 from wfm_jax.sampling.schedule import flow_sigmas
+from wfm_jax.train.encode import TextEncoder
 
 
 def encode_prompts(pipe, prompts: Sequence[str], max_sequence_length: int):
-    ids = {k: jnp.asarray(v) for k, v in pipe.tokenize(prompts, max_sequence_length).items()}
-    joint = int(pipe.transformer_config["joint_attention_dim"])
-    return _encode(pipe.text_encoders, ids, joint, max_sequence_length)
-
-
-@functools.partial(nnx.jit, static_argnums=(2, 3))
-def _encode(encoders, ids, joint_attention_dim, max_sequence_length):
-    return encode_tokens(encoders, ids, joint_attention_dim, max_sequence_length)
+    encoder = TextEncoder(pipe, max_sequence_length)
+    return encoder({k: jnp.asarray(v) for k, v in encoder.tokenize(prompts).items()})
 
 
 def generate(pipe, prompts: Sequence[str], *, steps: int, guidance: float, height: int, width: int,
