@@ -71,6 +71,13 @@ def test_generate_bad_inputs(tmp_path, tiny_dir, capsys):
     assert generate.main(["--model", str(other), *base]) == 2
     assert "FluxPipeline" in capsys.readouterr().err
 
+    import shutil
+    partial = tmp_path / "partial"
+    shutil.copytree(tiny_dir, partial)
+    shutil.rmtree(partial / "vae")
+    assert generate.main(["--model", str(partial), *base]) == 2
+    assert "'vae'" in capsys.readouterr().err
+
     assert generate.main(["--model", tiny_dir, *base, "--height", "33", "--width", "32"]) == 2
     assert "multiples of" in capsys.readouterr().err
 
