@@ -71,6 +71,9 @@ COLUMNS = ("workload", "stack", "step time (ms)", "samples/s", "TFLOP/step", "TF
 def markdown(result: dict) -> str:
     env, dev, peak = result["environment"], result["device"], result["peak"]
     kind = dev.get("torch_device_name") or dev["device_kind"]
+    if dev["platform"] == "cpu":  # shared CPUs: the load says how much of them the run had
+        kind = (f"{dev.get('cpu_count')} CPU cores, load average {env['load_average_1m']:.1f} "
+                "at start")
     lines = [f"Suite `{result['suite']}` on {kind} ({dev['platform']}), {env['date']}; "
              f"jax {env['jax']}, torch {env['torch']}, diffusers {env['diffusers']}, "
              f"peft {env['peft']}. Median of {result['repeats']} steps after "

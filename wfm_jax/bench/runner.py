@@ -75,10 +75,10 @@ def context() -> dict:
 
 def run_suite(suite: Suite, *, only=None, options: Options = Options(), isolate: bool = False,
               stacks=STACKS, command: str | None = None) -> dict:
-    names = list(only or WORKLOADS)
-    unknown = [n for n in names if n not in WORKLOADS]
+    unknown = [n for n in only or () if n not in WORKLOADS]
     if unknown:
         raise BenchError(f"unknown workload(s) {unknown}; choose from {sorted(WORKLOADS)}")
+    names = [n for n in WORKLOADS if only is None or n in only]  # table order stays fixed
     ctx = _worker(suite, options, "context", None, {}) if isolate else context()
     records = {n: {} for n in names}
     for stack in STACKS:  # torch first: see the module docstring

@@ -88,8 +88,10 @@ class Suite:
 
 SUITES = {
     # 512x512 images; 77 CLIP + 256 T5 tokens (diffusers' default max_sequence_length);
-    # rollout batch 24 = one NFT group (rollout.n_generation).
-    "gpu": Suite("gpu", SD35_MEDIUM, SD3_VAE, latent_size=64, text_len=333, train_batch=8,
+    # rollout batch 24 = one NFT group (rollout.n_generation). Train batch 4: the torch full
+    # fine-tune (36 GB of fp32 weights, grads and AdamW state, bf16 autocast weight copies, no
+    # gradient checkpointing) should fit an 80 GB H100; try --train-batch 8 on an H200.
+    "gpu": Suite("gpu", SD35_MEDIUM, SD3_VAE, latent_size=64, text_len=333, train_batch=4,
                  rollout_batch=24, rollout_steps=10, reward_shape=(8, 512, 512, 3), lora_rank=32,
                  lora_alpha=64.0, warmup=2, repeats=10),
     "cpu": Suite("cpu", CPU_TRANSFORMER, CPU_VAE, latent_size=32, text_len=64, train_batch=2,
