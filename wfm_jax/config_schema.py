@@ -60,6 +60,17 @@ DEFAULTS = {
             "advantage_high": 5.0,
             "timesteps_fraction": 0.99,
             "global_std": True,  # advantages: per-prompt mean / std over the whole batch  # cosmos-rl recipes misspell this 'timestep_fraction'
+            # Flow-GRPO / DDRL (spec algorithms.md §2, §4)
+            "clip_range": 1e-4,            # PPO ratio clip (DDRL's clip_ratio)
+            "train_on": tuple(range(0, 20, 2)),  # DDRL: trained steps; -1 = a random other step
+            "data_beta": 0.01,             # DDRL: weight of the diffusion loss on real data
+            "use_rl_sigma_and_noise": True,  # DDRL data loss at the rollout's sigma and noise
+            "data_on_first_only": False,   # DDRL data loss on the first trained step only
+            "exp_reward": True,            # DDRL advantages A -> -exp(-A)
+            "update_ref_every_iter": 16,   # DDRL: copy the policy into the KL reference (0: never)
+            "loss_scale": 10.0,            # DDRL total-loss factor
+            "data_sigma_p_mean": 1.3862943611198906,  # log 4: DDRL data sigma ~ lognormal
+            "data_sigma_p_std": 1.2,
             "use_remote_reward": False,
             "remote_reward": {
                 "enqueue_url": "",  # empty: REMOTE_REWARD_ENQUEUE_URL (or WFM_REWARD_*) env
@@ -101,6 +112,15 @@ DEFAULTS = {
                 "noise_level": 0.7,
                 "solver": "dpm2",
                 "deterministic_sampling": True,
+                "sde_window_size": 0,          # Flow-GRPO-Fast: stochastic window length (0: off)
+                "sde_window_range": (0, 10),   # window start uniform in [lo, hi - size]
+                "s_churn": 1.0,                # DDRL EDM sampler churn (EDM Alg. 2)
+                "s_noise": 1.0,
+                "s_tmin": 0.0,
+                "s_tmax": 1e9,                 # churn where s_tmin < sigma < s_tmax
+                "edm_sigma_min": 0.01,
+                "edm_sigma_max": 200.0,
+                "edm_rho": 7.0,
             },
         },
         "parallelism": {"data": -1, "fsdp": 1, "context": 1},  # -1: all devices left over
@@ -197,6 +217,10 @@ def check_ranges(config) -> None:
                        "policy.diffusers.train_frames", "policy.diffusers.sample.num_steps",
                        "policy.diffusers.sample.eval_num_steps", "policy.parallelism.fsdp",
                        "policy.parallelism.context"])
+    _positive(config, ["train.train_policy.clip_range", "train.train_policy.data_beta",
+                       "train.train_policy.loss_scale", "train.train_policy.update_ref_every_iter",
+                       "policy.diffusers.sample.sde_window_size",
+                       "policy.diffusers.sample.s_churn"], allow_zero=True)
     _positive(config, ["train.optm_lr", "train.optm_weight_decay", "train.optm_eps",
                        "train.optm_warmup_steps", "train.ema_update_step_interval",
                        "data.num_workers", "data.prefetch_buffer_size"], allow_zero=True)

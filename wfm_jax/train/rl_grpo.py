@@ -1,0 +1,199 @@
+"""Flow-GRPO and its Fast (windowed) variant for the shared RL loop (spec algorithms.md §2).
+
+Rollout: the current policy samples with the SDE (or CPS / Dance) sampler and CFG, one
+`lax.scan` recording the trajectory; only the trained steps are stored, batch-first: the states
+`traj` (B, K+1, ...) around the K trained steps, their flow sigmas (B, K+1), and the sampler's
+log-probs (B, K) (a diagnostic: see below). Trained steps: the first int(N * timesteps_fraction)
+steps in order, or, with `sde_window_size` > 0 (Flow-GRPO-Fast), the stochastic window, whose
+start is drawn per rollout chunk in `sde_window_range`; outside the window the sampler is Euler.
+
+Update: each trained step is recomputed with the training numerics (CFG with the unconditional
+branch detached); PPO-clipped ratio + closed-form KL to the reference; gradients averaged over
+the trained steps and the micro-batches (one optimizer step per inner epoch).
+
+Exact ratio 1 at the first inner epoch, by construction: there the "old" log-prob IS the
+log-prob just computed in the same forward (under stop_gradient), i.e. the policy that rolled
+out evaluated with the training computation; later epochs reuse those stored values. The
+sampler's own log-prob differs from it by XLA rounding only (~1e-7) and is reported as
+`rollout_log_prob_gap`.
+
+Samples whose advantage is 0 (including groups dropped for a failed reward) stay in the
+fixed-shape batch: their policy term is exactly 0, but they still count in the batch mean and
+the KL term (the reference code drops them before batching).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+
+from wfm_jax.algorithms.grpo import grpo_loss
+from wfm_jax.config import ConfigError
+from wfm_jax.sampling import steps as S
+from wfm_jax.sampling.guidance import uses_cfg
+from wfm_jax.sampling.samplers import draw_window_start, sample
+from wfm_jax.sampling.schedule import flow_sigmas
+
+F32 = jnp.float32
+Velocity = Callable[[Any, jax.Array, jax.Array, Any], jax.Array]
+SOLVERS = {"flow": "sde", "sde": "sde", "cps": "cps", "dance": "dance"}
+
+
+def step_transition(method: str, x, v, sigma, sigma_next, x_next, noise_level, sigma_for_one):
+    """(mean, log_prob (B,), kl_std) of the stored step x -> x_next under velocity v.
+
+    kl_std is what the closed-form KL divides by: std_dev_t for "sde" (no dt, as the reference
+    code), the step's std for "cps" / "dance". sigma, sigma_next: scalars or (B,).
+    """
+    if method == "sde":
+        lp, mean, std_dev_t = S.sde_log_prob(x_next, x, v, sigma, sigma_next, noise_level,
+                                             sigma_for_one)
+        return mean, lp, std_dev_t
+    if method == "cps":
+        mean, std = S.cps_mean(x, v, sigma, sigma_next, noise_level)
+        return mean, S.cps_log_prob(x_next, mean), std
+    if method == "dance":
+        mean, std = S.dance_mean(x, v, sigma, sigma_next, noise_level)
+        return mean, S.dance_log_prob(x_next, mean, std), S.per_sample(std, x)
+    raise ValueError(f"Flow-GRPO has no transition for sampler {method!r}")
+
+
+def cfg_velocity(velocity: Velocity, params, x, timesteps, cond, uncond, guidance: float):
+    """v_u + g (v_c - v_u) for training: the unconditional branch is a separate forward under
+    stop_gradient, so no backward pass runs through it (one batched call would back-propagate
+    zeros through half the batch). timesteps: (B,) float32."""
+    if not uses_cfg(uncond, guidance):
+        return velocity(params, x, timesteps, cond).astype(F32)
+    v_c = velocity(params, x, timesteps, cond).astype(F32)
+    uncond = jax.tree.map(lambda u: jnp.broadcast_to(u, (x.shape[0],) + u.shape[1:]), uncond)
+    v_u = jax.lax.stop_gradient(velocity(params, x, timesteps, uncond).astype(F32))
+    return v_u + jnp.asarray(guidance, F32) * (v_c - v_u)
+
+
+def flow_velocity(velocity: Velocity, params, x, sigma, cond, uncond, guidance: float):
+    """The guided velocity at flow sigma (B,): the network sees timestep 1000 sigma in fp32, as
+    in the sampler."""
+    timesteps = jnp.asarray(sigma, F32) * jnp.asarray(1000.0, F32)
+    return cfg_velocity(velocity, params, x, timesteps, cond, uncond, guidance)
+
+
+class GRPO:
+    """Flow-GRPO on the shared loop: on-policy SDE rollouts with stored trajectories; the update
+    keeps per-step "old" log-probs across inner epochs (`keeps_old`)."""
+
+    name = "grpo"
+    train_fields = ("traj", "sigmas", "log_prob")
+    keeps_old = True
+
+    def __init__(self, config, shift: float):
+        s, tp = config.policy.diffusers.sample, config.train.train_policy
+        if s.solver not in SOLVERS:
+            raise ConfigError(f"config key 'policy.diffusers.sample.solver' = {s.solver!r}: "
+                              f"Flow-GRPO samples with one of {sorted(SOLVERS)}")
+        self.method = SOLVERS[s.solver]
+        self.num_steps = int(s.num_steps)
+        self.sigmas = jnp.asarray(flow_sigmas(self.num_steps, shift)[0])
+        self.window = int(s.sde_window_size) or None
+        if self.window is not None:
+            lo, hi = (int(v) for v in s.sde_window_range)
+            if not 0 <= lo <= hi - self.window or hi > self.num_steps:
+                raise ConfigError(
+                    f"config key 'policy.diffusers.sample.sde_window_range' = {(lo, hi)} must "
+                    f"hold a window of sde_window_size={self.window} inside the "
+                    f"{self.num_steps} sampling steps")
+            self.window_range = (lo, hi)
+            self.num_train = self.window
+        else:
+            self.num_train = max(1, int(self.num_steps * tp.timesteps_fraction))
+        self.noise_level = float(s.noise_level)
+        self.guidance = float(s.guidance_scale)
+        self.clip_range = float(tp.clip_range)
+        self.kl_beta = float(tp.kl_beta)
+        self.adv_clip = float(tp.advantage_high)
+
+    @staticmethod
+    def init_aux(params) -> dict:
+        return {}
+
+    def prepare(self, run) -> dict:
+        """Once per run: the arrays every rollout and update gets, here the negative-prompt ("")
+        embedding for CFG (one rollout chunk / micro-batch of rows)."""
+        if self.guidance <= 1.0:
+            return {}
+        return {"uncond": run.encode([""] * run.rollout_chunk)}
+
+    # -- rollout --
+    def rollout(self, velocity: Velocity, state, latents, cond, key, uncond=None) -> dict:
+        k_window, k_sde = jax.random.split(key)
+        start = (draw_window_start(k_window, self.window_range, self.window)
+                 if self.window is not None else jnp.int32(0))
+        out = sample(lambda x, t, c: velocity(state.params, x, t, c), latents, self.sigmas, k_sde,
+                     method=self.method, cond=cond, uncond=uncond, cfg_scale=self.guidance,
+                     noise_level=self.noise_level,
+                     sde_window_start=start if self.window is not None else None,
+                     sde_window_size=self.window, return_trajectory=True)
+        k, b = self.num_train, latents.shape[0]
+        traj = jax.lax.dynamic_slice_in_dim(out.trajectory, start, k + 1, axis=0)
+        sig = jax.lax.dynamic_slice_in_dim(self.sigmas, start, k + 1)
+        lp = jax.lax.dynamic_slice_in_dim(out.log_probs, start, k, axis=0)
+        return {"traj": jnp.swapaxes(traj, 0, 1), "sigmas": jnp.broadcast_to(sig, (b, k + 1)),
+                "log_prob": lp.T, "final": out.latents}
+
+    def final_latents(self, fields: dict):
+        return fields["final"]
+
+    # -- update --
+    def step_loss(self, velocity: Velocity, params, ref_params, batch: dict, j, old_log_prob,
+                  uncond=None):
+        """(loss, (metrics, log_prob)) of trained step j of a micro-batch; old_log_prob None
+        means "this forward is the old policy" (first inner epoch): ratio exactly 1."""
+        traj, sig = batch["traj"], batch["sigmas"]
+        x, x_next, s, sn = traj[:, j], traj[:, j + 1], sig[:, j], sig[:, j + 1]
+        v = flow_velocity(velocity, params, x, s, batch["cond"], uncond, self.guidance)
+        mean, lp, kl_std = step_transition(self.method, x, v, s, sn, x_next, self.noise_level,
+                                           self.sigmas[1])
+        old = lp if old_log_prob is None else old_log_prob  # stop_gradient'ed in the loss
+        ref_mean = None
+        if self.kl_beta:
+            v_ref = flow_velocity(velocity, ref_params, x, s, batch["cond"], uncond, self.guidance)
+            ref_mean = step_transition(self.method, x, v_ref, s, sn, x_next, self.noise_level,
+                                       self.sigmas[1])[0]
+        loss, metrics = grpo_loss(lp, old, batch["advantage"], clip_range=self.clip_range,
+                                  adv_clip_max=self.adv_clip, kl_beta=self.kl_beta, mean=mean,
+                                  ref_mean=ref_mean, std_dev_t=kl_std)
+        ratio = jnp.exp(lp - jax.lax.stop_gradient(old))
+        metrics = dict(metrics, ratio_abs_dev=jax.lax.stop_gradient(jnp.max(jnp.abs(ratio - 1))),
+                       rollout_log_prob_gap=jax.lax.stop_gradient(
+                           jnp.max(jnp.abs(lp - batch["log_prob"][:, j]))))
+        return loss, (metrics, jax.lax.stop_gradient(lp))
+
+    def grads(self, velocity: Velocity, state, ref_params, batch: dict, key, *, old=None,
+              first: bool = True, uncond=None):
+        """Mean gradient / metrics over the trained steps of one micro-batch, and the (B, K)
+        old log-probs (computed here on the first inner epoch, passed through after)."""
+        del key
+        grad_fn = jax.value_and_grad(self.step_loss, argnums=1, has_aux=True)
+
+        def body(acc, j):
+            old_j = None if first else old[:, j]
+            (_, (metrics, lp)), g = grad_fn(velocity, state.params, ref_params, batch, j, old_j,
+                                            uncond)
+            return jax.tree.map(jnp.add, acc, (g, metrics)), lp
+
+        shapes = jax.eval_shape(lambda: self.step_loss(velocity, state.params, ref_params, batch,
+                                                       0, None, uncond)[1][0])
+        zeros = (jax.tree.map(jnp.zeros_like, state.params),
+                 jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), shapes))
+        (grads, metrics), lps = jax.lax.scan(body, zeros, jnp.arange(self.num_train))
+        scale = 1.0 / self.num_train
+        grads = jax.tree.map(lambda g: g * scale, grads)
+        metrics = jax.tree.map(lambda m: m * scale, metrics)
+        return grads, metrics, (lps.T if first else old)
+
+    # -- after the update --
+    def post_update_decay(self, step: int) -> float:
+        return 0.0
+
+    def post_update(self, state, eta):
+        return state
