@@ -50,7 +50,8 @@ def rollout_batch(run, state, batch: dict, key, timers: Timers) -> dict:
         key, k_lat, k_alg = jax.random.split(key, 3)
         cond = run.encode(rows)
         latents = run.initial_latents(k_lat, len(rows))
-        fields, pixels = run.rollout(state, latents, cond, k_alg)
+        inputs = run.chunk_inputs(batch, lo, lo + chunk)
+        fields, pixels = run.rollout(state, latents, cond, k_alg, inputs)
         images = to_uint8(jax.device_get(pixels))
         meta = batch["metadata"][lo:lo + chunk]
         extras = {"metadata": meta} if any(meta) else None
@@ -77,8 +78,10 @@ def advantages_for(run, rollout: dict, batch: dict) -> tuple[np.ndarray, dict]:
     keep = gather_host(rollout["keep"])
     groups = gather_host(np.asarray(batch["group"]))
     adv = np.zeros_like(rewards, dtype=np.float32)
+    custom = getattr(run.algo, "advantages", None)  # e.g. DDRL's exp-mapped advantages
     if keep.any():
-        adv[keep] = group_advantages(rewards[keep], groups[keep], global_std=run.global_std)
+        adv[keep] = (custom(rewards[keep], groups[keep]) if custom is not None else
+                     group_advantages(rewards[keep], groups[keep], global_std=run.global_std))
     adv = clip_advantages(adv, run.adv_clip)
     lo = jax.process_index() * len(rollout["reward"])
     mine = adv[lo:lo + len(rollout["reward"])]

@@ -27,9 +27,16 @@ from wfm_jax.train.ema import ema_update
 from wfm_jax.train.encode import TextEncoder
 from wfm_jax.train.metrics import MetricsLogger
 from wfm_jax.train.optim import apply_gradients
+from wfm_jax.train.rl_ddrl import DDRL
+from wfm_jax.train.rl_grpo import GRPO
 from wfm_jax.train.rl_nft import NFT
 
-ALGORITHMS = {"nft": NFT}
+# Algorithm objects: init_aux, rollout, final_latents, train_fields, grads, post_update_decay,
+# post_update; optional hooks: records(config) (a dataset other than prompt files),
+# prepare(run) -> arrays passed to every rollout / update as keywords, chunk_inputs(run,
+# batch, lo, hi) -> per-row rollout inputs, advantages(rewards, groups), moves_reference(config),
+# keeps_old (grads takes old= / first= and returns per-row values kept across inner epochs).
+ALGORITHMS = {"nft": NFT, "grpo": GRPO, "ddrl": DDRL}
 
 
 def reward_config(config) -> dict:
@@ -77,6 +84,8 @@ class RLRun:
     output_dir: str
     base_key: Any = None
     text_encoder: Any = None
+    mu_iterations: int = 1   # inner epochs: optimizer steps on each rollout batch
+    shared: dict = dataclasses.field(default_factory=dict)  # algo.prepare's arrays
     _fns: dict = dataclasses.field(default_factory=dict)
 
     # -- loop-facing attributes --
@@ -119,9 +128,14 @@ class RLRun:
         shape = self.setup.pipe.latent_shape(n, int(h), int(w))
         return _normal(key, shape, self.setup.batch_sharding())
 
-    def rollout(self, state, latents, cond, key):
+    def rollout(self, state, latents, cond, key, inputs: dict | None = None):
         return self._fns["rollout"](state, self.setup.frozen, nnx.state(self.setup.pipe.vae),
-                                    latents, cond, key)
+                                    latents, cond, key, dict(self.shared, **(inputs or {})))
+
+    def chunk_inputs(self, batch: dict, lo: int, hi: int) -> dict:
+        """The algorithm's extra per-row rollout inputs for rows lo:hi (e.g. DDRL's data)."""
+        fn = getattr(self.algo, "chunk_inputs", None)
+        return fn(self, batch, lo, hi) if fn is not None else {}
 
     def evaluate(self, state, latents, cond):
         return self._fns["evaluate"](state, self.setup.frozen, nnx.state(self.setup.pipe.vae),
@@ -137,7 +151,8 @@ class RLRun:
         data["cond"] = rollout["cond"]
         data["advantage"] = self.setup.global_batch(np.asarray(adv, np.float32))
         eta = self.algo.post_update_decay(step)
-        state, metrics = self._fns["update"](state, self.setup.frozen, data, key, jnp.float32(eta))
+        state, metrics = self._fns["update"](state, self.setup.frozen, data, key, jnp.float32(eta),
+                                             self.shared)
         self.setup.state = state
         out = {f"train/{k}": float(v) for k, v in jax.device_get(metrics).items()}
         out["train/old_policy_decay"] = eta
@@ -184,8 +199,8 @@ def _compile(run: RLRun) -> dict:
         return decode_latents(nnx.merge(vae_def, vae_state), vae_config, latents)
 
     @jax.jit
-    def rollout(state, frozen, vae_state, latents, cond, key):
-        fields = algo.rollout(make_velocity(graphdef, frozen), state, latents, cond, key)
+    def rollout(state, frozen, vae_state, latents, cond, key, inputs):
+        fields = algo.rollout(make_velocity(graphdef, frozen), state, latents, cond, key, **inputs)
         return fields, decode(vae_state, algo.final_latents(fields))
 
     @jax.jit
@@ -196,10 +211,11 @@ def _compile(run: RLRun) -> dict:
                      method="euler", cond=cond, uncond=uncond, cfg_scale=guidance)
         return decode(vae_state, out.latents)
 
-    n_micro = run.micro_batches
+    n_micro, n_epochs = run.micro_batches, run.mu_iterations
+    keeps_old = getattr(algo, "keeps_old", False)
 
     @functools.partial(jax.jit, donate_argnums=(0,))
-    def update(state, frozen, data, key, eta):
+    def update(state, frozen, data, key, eta, shared):
         velocity = make_velocity(graphdef, frozen)
         ref_params = state.aux.get("ref")
         if ref_params is None:  # LoRA: the reference is the base model, adapters zeroed
@@ -207,26 +223,50 @@ def _compile(run: RLRun) -> dict:
         # micro-batch j takes rows j, j + n_micro, ...: every micro-batch spans all devices
         micro = jax.tree.map(lambda x: jnp.swapaxes(
             x.reshape((x.shape[0] // n_micro, n_micro) + x.shape[1:]), 0, 1), data)
-        keys = jax.random.split(key, n_micro)
 
-        def body(acc, xs):
-            batch, k = xs
+        def grads_of(state, batch, k, old, first):
+            if keeps_old:  # per-row "old" values computed on the first inner epoch, kept after
+                return algo.grads(velocity, state, ref_params, batch, k, old=old, first=first,
+                                  **shared)
             grads, metrics = algo.grads(velocity, state, ref_params, batch, k)
-            return jax.tree.map(jnp.add, acc, (grads, metrics)), None
+            return grads, metrics, old
 
-        first = jax.eval_shape(lambda: algo.grads(velocity, state, ref_params,
-                                                  jax.tree.map(lambda x: x[0], micro), keys[0]))
-        zeros = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), first)
-        (grads, metrics), _ = jax.lax.scan(body, zeros, (micro, keys))
-        grads = jax.tree.map(lambda g: g / n_micro, grads)
-        metrics = jax.tree.map(lambda m: m / n_micro, metrics)
-        params, opt_state, info = apply_gradients(s.tx, state.params, state.opt_state, grads)
-        step = state.step + info["updated"].astype(jnp.int32)
-        ema = ema_update(state.ema, params, step, train.ema_decay, train.ema_update_step_interval,
-                         when=info["updated"])
-        state = state.replace(step=step, params=params, opt_state=opt_state, ema=ema)
+        def inner_epoch(state, key, olds, first: bool):
+            """One optimizer step, gradients accumulated over the micro-batches."""
+            keys = jax.random.split(key, n_micro)
+
+            def body(acc, xs):
+                batch, k, old = xs
+                grads, metrics, old = grads_of(state, batch, k, old, first)
+                return jax.tree.map(jnp.add, acc, (grads, metrics)), old
+
+            shapes = jax.eval_shape(lambda: grads_of(
+                state, *jax.tree.map(lambda x: x[0], (micro, keys, olds)), first)[:2])
+            zeros = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), shapes)
+            (grads, metrics), olds = jax.lax.scan(body, zeros, (micro, keys, olds))
+            grads = jax.tree.map(lambda g: g / n_micro, grads)
+            metrics = jax.tree.map(lambda m: m / n_micro, metrics)
+            params, opt_state, info = apply_gradients(s.tx, state.params, state.opt_state, grads)
+            step = state.step + info["updated"].astype(jnp.int32)
+            ema = ema_update(state.ema, params, step, train.ema_decay,
+                             train.ema_update_step_interval, when=info["updated"])
+            state = state.replace(step=step, params=params, opt_state=opt_state, ema=ema)
+            metrics["grad_norm"] = info["grad_norm"]
+            return state, metrics, olds
+
+        state, metrics, olds = inner_epoch(state, key, None, True)
+        first_dev = metrics.get("ratio_abs_dev")  # 0 exactly: the old policy is this forward
+        if n_epochs > 1:
+            def later(carry, e):
+                state, m, olds = inner_epoch(carry[0], jax.random.fold_in(key, e), carry[1],
+                                             False)
+                return (state, olds), m
+
+            (state, _), rest = jax.lax.scan(later, (state, olds), jnp.arange(1, n_epochs))
+            metrics = jax.tree.map(lambda a, r: (a + r.sum(0)) / n_epochs, metrics, rest)
+        if first_dev is not None:
+            metrics["first_epoch_ratio_abs_dev"] = first_dev
         state = algo.post_update(state, eta)
-        metrics["grad_norm"] = info["grad_norm"]
         return state, metrics
 
     return {"rollout": rollout, "evaluate": evaluate, "update": update}
@@ -252,14 +292,20 @@ def build(config) -> RLRun:
         raise train_setup.SetupError(
             f"train.train_policy.type={config.train.train_policy.type!r} has no RL trainer yet; "
             f"available: {sorted(ALGORITHMS)}")
-    train_records, val_records = prompt_splits_from_config(config)
+    records_fn = getattr(algo_cls, "records", None)
+    train_records, val_records = (records_fn(config) if records_fn is not None
+                                  else prompt_splits_from_config(config))
     rewards = RewardComputer.from_config(reward_config(config))
     train_setup.ensure_tiny_assets(config)
     train_setup.check_model_dir(config)  # before the slow steps below
     rewards.check_reachable(budget_s=10.0)  # fail fast, before any model is loaded or compiled
     # The KL reference: LoRA off (zeros, made inside the update), or for a full fine-tune the
     # starting weights, kept in the checkpointed state so a resumed run still has them.
-    keep_ref = not config.policy.lora.enable and config.train.train_policy.kl_beta > 0
+    # An algorithm whose reference follows the policy (DDRL update_ref_every_iter) keeps it
+    # there under LoRA too.
+    moves = getattr(algo_cls, "moves_reference", None)
+    keep_ref = config.train.train_policy.kl_beta > 0 and (
+        not config.policy.lora.enable or (moves is not None and moves(config)))
 
     def aux_fn(params):
         return dict(algo_cls.init_aux(params), **({"ref": params} if keep_ref else {}))
@@ -280,5 +326,8 @@ def build(config) -> RLRun:
                 base_key=jax.random.key(config.train.seed))
     run.text_encoder = TextEncoder(setup.pipe, config.policy.diffusers.max_prompt_length,
                                    out_sharding=setup.batch_sharding())
+    run.mu_iterations = int(config.train.train_policy.mu_iterations)
+    prepare = getattr(algo, "prepare", None)
+    run.shared = prepare(run) if prepare is not None else {}
     run._fns = _compile(run)
     return run
