@@ -270,3 +270,35 @@ def check_reward_fns(config) -> None:
                 close = difflib.get_close_matches(key, REWARD_FN_KEYS, n=1)
                 hint = f"; did you mean '{close[0]}'?" if close else f"; valid: {list(REWARD_FN_KEYS)}"
                 raise ConfigError(f"unknown key '{where}.{key}'{hint}")
+
+
+GRPO_SOLVERS = ("flow", "sde", "cps", "dance")  # "flow" = the Flow-GRPO SDE
+
+
+@register_check
+def check_rl_samplers(config) -> None:
+    """Flow-GRPO needs a stochastic flow sampler and a window inside the steps; DDRL samples
+    with the EDM sampler and trains on existing steps."""
+    kind = get(config, "train.train_policy.type")
+    s = "policy.diffusers.sample"
+    solver, steps = get(config, f"{s}.solver"), get(config, f"{s}.num_steps")
+    if kind == "grpo":
+        if solver not in GRPO_SOLVERS:
+            raise ConfigError(f"config key '{s}.solver' = {solver!r}: Flow-GRPO samples with one "
+                              f"of {list(GRPO_SOLVERS)}")
+        size, window = get(config, f"{s}.sde_window_size"), get(config, f"{s}.sde_window_range")
+        if size and (len(window) != 2 or not 0 <= window[0] <= window[1] - size
+                     or window[1] > steps):
+            raise ConfigError(f"config key '{s}.sde_window_range' = {tuple(window)} must hold a "
+                              f"window of sde_window_size={size} inside num_steps={steps}")
+    if kind == "ddrl":
+        if solver != "edm":
+            raise ConfigError(f"config key '{s}.solver' = {solver!r}: DDRL samples with the EDM "
+                              f"sampler, set it to 'edm'")
+        train_on = [int(i) for i in get(config, "train.train_policy.train_on")]
+        explicit = [i for i in train_on if i != -1]
+        if (not train_on or len(set(explicit)) != len(explicit)
+                or any(not 0 <= i < steps for i in explicit) or len(train_on) > steps):
+            raise ConfigError(f"config key 'train.train_policy.train_on' = {tuple(train_on)} must "
+                              f"list distinct steps in [0, {steps}) ({s}.num_steps) or -1 (a "
+                              f"random other step), at most {steps} entries")

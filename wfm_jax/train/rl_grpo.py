@@ -29,7 +29,6 @@ import jax
 import jax.numpy as jnp
 
 from wfm_jax.algorithms.grpo import grpo_loss
-from wfm_jax.config import ConfigError
 from wfm_jax.sampling import steps as S
 from wfm_jax.sampling.guidance import uses_cfg
 from wfm_jax.sampling.samplers import draw_window_start, sample
@@ -88,21 +87,12 @@ class GRPO:
 
     def __init__(self, config, shift: float):
         s, tp = config.policy.diffusers.sample, config.train.train_policy
-        if s.solver not in SOLVERS:
-            raise ConfigError(f"config key 'policy.diffusers.sample.solver' = {s.solver!r}: "
-                              f"Flow-GRPO samples with one of {sorted(SOLVERS)}")
-        self.method = SOLVERS[s.solver]
+        self.method = SOLVERS[s.solver]  # config_schema.check_rl_samplers vets solver / window
         self.num_steps = int(s.num_steps)
         self.sigmas = jnp.asarray(flow_sigmas(self.num_steps, shift)[0])
         self.window = int(s.sde_window_size) or None
         if self.window is not None:
-            lo, hi = (int(v) for v in s.sde_window_range)
-            if not 0 <= lo <= hi - self.window or hi > self.num_steps:
-                raise ConfigError(
-                    f"config key 'policy.diffusers.sample.sde_window_range' = {(lo, hi)} must "
-                    f"hold a window of sde_window_size={self.window} inside the "
-                    f"{self.num_steps} sampling steps")
-            self.window_range = (lo, hi)
+            self.window_range = tuple(int(v) for v in s.sde_window_range)
             self.num_train = self.window
         else:
             self.num_train = max(1, int(self.num_steps * tp.timesteps_fraction))
