@@ -14,6 +14,7 @@ import math
 import numpy as np
 
 _CLASSES = {"transformer": "SD3Transformer2DModel", "vae": "AutoencoderKL"}
+POOL = 1 << 24
 
 
 def diffusers_class(kind: str):
@@ -31,10 +32,18 @@ def _meta_module(kind: str, config: dict):
 def _state_dict(kind: str, config_json: str, seed: int) -> dict[str, np.ndarray]:
     shapes = {k: tuple(v.shape) for k, v in _meta_module(kind, json.loads(config_json)).state_dict().items()}
     rng = np.random.default_rng(seed)
+    # Every tensor is a slice of one pool of normals (cyclic beyond the pool size): SD3.5-Medium's
+    # 2.5e9 values then cost a copy instead of a minute of random draws per process.
+    pool = rng.standard_normal(POOL, dtype=np.float32)
     out = {}
     for key in sorted(shapes):
         shape = shapes[key]
-        x = rng.standard_normal(shape, dtype=np.float32)
+        n = math.prod(shape)
+        if n <= POOL:
+            start = int(rng.integers(0, POOL - n + 1))
+            x = pool[start:start + n].reshape(shape).copy()
+        else:
+            x = np.resize(pool, n).reshape(shape)
         if len(shape) >= 2 and not key.endswith("pos_embed"):
             x *= 1.0 / math.sqrt(math.prod(shape[1:]))  # fan-in scaling keeps activations O(1)
         elif key.endswith(".weight"):  # norm scales
@@ -88,7 +97,7 @@ def jax_module(kind: str, config: dict, *, dtype, param_dtype, seed: int = 0, **
     variables = {path_str(p): v for p, v in nnx.state(model, nnx.Variable).flat_state()}
     for path, value in flat.items():
         var = variables.pop(path)
-        var.set_value(jax.device_put(value.astype(var.dtype), device))
+        var.set_value(jax.device_put(value.astype(var.dtype, copy=False), device))
     if variables:  # nothing but table-mapped parameters may exist: fail rather than time garbage
         raise ValueError(f"{_CLASSES[kind]}: variables without weights: {sorted(variables)[:8]}")
     return model
