@@ -59,7 +59,8 @@ def test_mmdit_forward_flops_match_jaxpr(rank):
 
 
 def test_full_finetune_flops_match_autodiff():
-    graph, params, rest = nnx.split(_abstract_transformer(), nnx.All(nnx.Param, nnx.Not(Buffer)), ...)
+    trainable = nnx.All(nnx.Param, nnx.Not(Buffer))
+    graph, params, rest = nnx.split(_abstract_transformer(), trainable, ...)
     args = [jnp.zeros(a.shape, a.dtype) for a in _inputs()]
 
     def loss(p, r):

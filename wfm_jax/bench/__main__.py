@@ -14,7 +14,8 @@ WORKLOAD_NAMES = ("train_full", "train_lora", "rollout", "reward")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m wfm_jax.bench", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m wfm_jax.bench",
+                                description=__doc__.splitlines()[0])
     p.add_argument("--suite", choices=("cpu", "gpu", "tiny"), default="cpu",
                    help="gpu: real SD3.5-Medium shapes; cpu: scaled down for 2 cores; "
                         "tiny: smallest shapes, 1 repeat (the test's mode)")
@@ -36,7 +37,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--attention", choices=("auto", "xla", "cudnn"), default=None,
                    help="wfm_jax attention kernel (default: auto on gpu, xla on cpu)")
     p.add_argument("--remat", choices=("none", "full", "dots"), default="none",
-                   help="wfm_jax block remat; not 'none' also turns on torch gradient checkpointing")
+                   help="wfm_jax block remat; not 'none' also turns on torch gradient "
+                        "checkpointing")
     p.add_argument("--torch-compile", action="store_true",
                    help="torch.compile the diffusers transformer (default eager)")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
@@ -80,7 +82,8 @@ def main(argv=None) -> int:
     attention = args.attention or ("auto" if args.suite == "gpu" else "xla")
     options = Options(attention=attention, remat=args.remat, torch_compile=args.torch_compile)
     try:
-        command = " ".join(["python -m wfm_jax.bench"] + list(sys.argv[1:] if argv is None else argv))
+        given = sys.argv[1:] if argv is None else list(argv)
+        command = " ".join(["python -m wfm_jax.bench"] + given)
         result = runner.run_suite(suite, only=args.only, options=options, isolate=isolate,
                                   stacks=tuple(args.stacks or runner.STACKS), command=command)
     except runner.BenchError as e:

@@ -128,7 +128,8 @@ def jax_peak_memory() -> tuple[int | None, str]:
 
     stats = jax.local_devices()[0].memory_stats() or {}
     if "peak_bytes_in_use" in stats:
-        return int(stats["peak_bytes_in_use"]), "jax memory_stats peak_bytes_in_use (process lifetime)"
+        return (int(stats["peak_bytes_in_use"]),
+                "jax memory_stats peak_bytes_in_use (process lifetime)")
     return None, "n/a: this jax backend reports no memory_stats (CPU)"
 
 

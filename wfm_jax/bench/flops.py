@@ -123,7 +123,8 @@ def _outside_blocks(config: dict, latent_h: int, latent_w: int, text_len: int) -
     d = cfg["num_attention_heads"] * cfg["attention_head_dim"]
     n = (latent_h // p) * (latent_w // p)
     fwd = mmdit_forward(config, latent_h, latent_w, text_len)
-    return fwd["first_layer"] + 2 * _lin(1, d, d) + _lin(1, d, 2 * d) + _lin(n, d, p * p * cfg["out_channels"])
+    head = _lin(1, d, 2 * d) + _lin(n, d, p * p * cfg["out_channels"])
+    return fwd["first_layer"] + 2 * _lin(1, d, d) + head
 
 
 def _conv(h: int, w: int, k: int, c_in: int, c_out: int) -> float:

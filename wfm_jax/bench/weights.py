@@ -30,7 +30,8 @@ def _meta_module(kind: str, config: dict):
 
 @functools.lru_cache(maxsize=4)
 def _state_dict(kind: str, config_json: str, seed: int) -> dict[str, np.ndarray]:
-    shapes = {k: tuple(v.shape) for k, v in _meta_module(kind, json.loads(config_json)).state_dict().items()}
+    module = _meta_module(kind, json.loads(config_json))
+    shapes = {k: tuple(v.shape) for k, v in module.state_dict().items()}
     rng = np.random.default_rng(seed)
     # Every tensor is a slice of one pool of normals (cyclic beyond the pool size): SD3.5-Medium's
     # 2.5e9 values then cost a copy instead of a minute of random draws per process.
@@ -66,7 +67,8 @@ def torch_module(kind: str, config: dict, device, dtype, seed: int = 0):
     from diffusers.utils import logging
     module = _meta_module(kind, config)
     # a copy: the torch module trains its tensors in place, the cached arrays must stay initial
-    state = {k: torch.from_numpy(v.copy()) for k, v in random_state_dict(kind, config, seed).items()}
+    state = {k: torch.from_numpy(v.copy())
+             for k, v in random_state_dict(kind, config, seed).items()}
     module.load_state_dict(state, strict=True, assign=True)
     verbosity = logging.get_verbosity()
     logging.set_verbosity_error()  # .to(dtype) warns about from_pretrained's fp32-module list
