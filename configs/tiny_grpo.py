@@ -31,9 +31,11 @@ def get_config():
     c.train.ckpt.save_freq = 10
     c.train.ckpt.max_keep = 2
     tp = c.train.train_policy
-    tp.kl_beta = 0.01
+    # Speed on 2 CPU cores: half the steps trained (the recipe: 9 of 10) and no KL term (the
+    # reference forward); with kl_beta 0.01 the reward still rises, about 4x less in 20 steps.
+    tp.kl_beta = 0.0
     tp.clip_range = 1e-4
-    tp.timesteps_fraction = 0.99
+    tp.timesteps_fraction = 0.5
     tp.dataset.local_dir = os.path.join(HERE, "prompts", "tiny.txt")
     tp.use_remote_reward = False
     tp.remote_reward.reward_fns = [

@@ -240,16 +240,16 @@ def test_tiny_grpo_reward_rises(tiny_dir, tmp_path):
     toy.assert_reward_rises(m)
     for step in m.values():
         assert step["train/first_epoch_ratio_abs_dev"] == 0.0  # exactly, every batch
-        for key in ("train/loss", "train/policy_loss", "train/kl_loss", "train/grad_norm",
+        for key in ("train/loss", "train/policy_loss", "train/grad_norm",
                     "train/rollout_log_prob_gap", "rollout/advantage_mean"):
             assert np.isfinite(step[key]), key
-    assert max(s["train/kl_loss"] for s in m.values()) > 0  # the policy left the reference
     assert "val/reward_mean" in m[10] and "val/reward_mean" in m[20]
 
 
 @pytest.mark.slow
 def test_fast_variant_lora_two_inner_epochs(tiny_dir, tmp_path):
-    """Window of 2 CPS steps, two optimizer steps per batch, LoRA with a KL term."""
+    """Window of 2 CPS steps (one may end at sigma 0), two optimizer steps per batch, LoRA
+    with a KL term."""
     out = tmp_path / "fast"
     assert wmain.main(_argv(
         tiny_dir, out, "--config.train.max_steps=2", "--config.validation.enable=False",
@@ -260,11 +260,14 @@ def test_fast_variant_lora_two_inner_epochs(tiny_dir, tmp_path):
         "--config.policy.diffusers.sample.sde_window_size=2",
         "--config.policy.diffusers.sample.sde_window_range=(0, 6)",
         "--config.policy.diffusers.sample.guidance_scale=1.0",
+        "--config.train.train_policy.kl_beta=0.01",
         "--config.train.train_policy.mu_iterations=2", "--config.train.optm_lr=3e-2")) == 0
     m = toy.metrics(out)
     for step in (1, 2):
         assert m[step]["train/first_epoch_ratio_abs_dev"] == 0.0
         assert m[step]["train/ratio_abs_dev"] > 0.0  # the second epoch saw moved parameters
+        assert np.isfinite(m[step]["train/kl_loss"])
+    assert m[2]["train/kl_loss"] > 0  # the adapters moved the policy off the base model
     assert (out / "safetensors" / "step_2" / "lora" / "model.safetensors").is_file()
 
 

@@ -149,6 +149,10 @@ class GRPO:
             v_ref = flow_velocity(velocity, ref_params, x, s, batch["cond"], uncond, self.guidance)
             ref_mean = step_transition(self.method, x, v_ref, s, sn, x_next, self.noise_level,
                                        self.sigmas[1])[0]
+            # a deterministic step (CPS into sigma' = 0) has no Gaussian: its KL term is 0
+            random = kl_std > 0
+            ref_mean = jnp.where(random, ref_mean, jax.lax.stop_gradient(mean))
+            kl_std = jnp.where(random, kl_std, 1.0)
         loss, metrics = grpo_loss(lp, old, batch["advantage"], clip_range=self.clip_range,
                                   adv_clip_max=self.adv_clip, kl_beta=self.kl_beta, mean=mean,
                                   ref_mean=ref_mean, std_dev_t=kl_std)
