@@ -66,7 +66,8 @@ def mean_np(x_hat, s, sn, x0, x0_prev, s_prev, first):
         c2 = (lm - ls) / dt
         phi1 = math.expm1(-dt) / -dt
         phi2 = (phi1 - 1) / -dt
-        out[b] = math.exp(-dt) * x_hat[b] + dt * ((phi1 - phi2 / c2) * x0[b] + phi2 / c2 * x0_prev[b])
+        b1, b2 = phi1 - phi2 / c2, phi2 / c2
+        out[b] = math.exp(-dt) * x_hat[b] + dt * (b1 * x0[b] + b2 * x0_prev[b])
     return out
 
 
@@ -150,7 +151,8 @@ def test_step_loss_matches_numpy(rollout, rl_sigma):
     pooled = cond["pooled_projections"]
     mu = mean_np(x_hat, sh, sn, x0_np(params, x_hat, sh, pooled), x0p, sph, first)
     rng = np.random.default_rng(0)
-    std = sn[:, None, None, None] * math.sqrt(edm_churn_eta(1.0, N) ** 2 + 2 * edm_churn_eta(1.0, N))
+    eta = edm_churn_eta(1.0, N)
+    std = sn[:, None, None, None] * math.sqrt(eta**2 + 2 * eta)
     size = np.array([1e-6, 1e-5, 2e-3, 5e-3])[:, None, None, None]  # inside / outside the clip
     mu_old = mu + size * std * rng.normal(size=mu.shape)
     loss, (m, _) = jax.jit(lambda p, b, o: algo.step_loss(toy.velocity, p, ref, b, j, o, key))(

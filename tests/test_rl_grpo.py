@@ -61,7 +61,8 @@ def sde_np(x, v, s, sn, a, sigma1):
 
 
 def gauss_lp_np(x, mean, std):
-    return (-((x - mean) ** 2) / (2 * std**2) - math.log(std) - 0.5 * math.log(2 * math.pi)).mean(axis=AXES)
+    lp = -((x - mean) ** 2) / (2 * std**2) - math.log(std) - 0.5 * math.log(2 * math.pi)
+    return lp.mean(axis=AXES)
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +82,8 @@ def test_rollout_stores_the_trained_steps_and_their_log_probs(cfg_rollout):
     sigmas = flow_sigmas(6, 3.0)[0].astype(np.float64)
     assert algo.num_train == 5 and f["traj"].shape == (toy.B, 6, toy.C, toy.H, toy.W)
     np.testing.assert_array_equal(np.asarray(f["traj"][:, 0]), np.asarray(latents))
-    np.testing.assert_array_equal(np.asarray(f["sigmas"]), np.broadcast_to(sigmas[:6], (toy.B, 6)).astype(np.float32))
+    np.testing.assert_array_equal(np.asarray(f["sigmas"]),
+                                  np.broadcast_to(sigmas[:6], (toy.B, 6)).astype(np.float32))
     traj = np.asarray(f["traj"], np.float64)
     for j in range(5):
         x, x_next = traj[:, j], traj[:, j + 1]
@@ -101,12 +103,14 @@ def test_training_step_loss_kl_and_detached_uncond_gradient_match_numpy(cfg_roll
     ref = {"w": params["w"] * 0.8, "p": params["p"] + 0.1}
     adv = np.array([1.3, -0.6, 7.0, -2.0], np.float32)  # 7 is clipped to 5
     x, x_next = (np.asarray(f["traj"][:, k], np.float64) for k in (j, j + 1))
-    v_u0 = toy.velocity_np(params, x, np.full(toy.B, sigmas[j] * 1000), uncond["pooled_projections"])
+    timesteps = np.full(toy.B, sigmas[j] * 1000)
+    v_u0 = toy.velocity_np(params, x, timesteps, uncond["pooled_projections"])
 
     def loss_np(p, old):
         """Numpy loss with the unconditional velocity frozen at the starting parameters."""
-        v_c = toy.velocity_np(p, x, np.full(toy.B, sigmas[j] * 1000), cond["pooled_projections"])
-        mean, std, std_dev_t = sde_np(x, v_u0 + g * (v_c - v_u0), sigmas[j], sigmas[j + 1], 0.7, sigmas[1])
+        v_c = toy.velocity_np(p, x, timesteps, cond["pooled_projections"])
+        mean, std, std_dev_t = sde_np(x, v_u0 + g * (v_c - v_u0), sigmas[j], sigmas[j + 1], 0.7,
+                                      sigmas[1])
         lp = gauss_lp_np(x_next, mean, std)
         ratio = np.exp(lp - old)
         a = np.clip(adv.astype(np.float64), -5, 5)

@@ -5,8 +5,8 @@ rollout runs in chunks, and each chunk's decoded images go to the reward service
 rewards) as soon as they exist, so sampling continues while rewards are computed; then
 advantages over the whole global batch, the algorithm's update (one optimizer step, gradients
 accumulated over micro-batches), the algorithm's post-update (e.g. NFT's old-policy soft
-update), EMA, metrics, checkpoint, validation. The algorithms differ only in the object in
-`rl_algorithms.py`: sampler, stored rollout fields and loss.
+update), EMA, metrics, checkpoint, validation. The algorithms differ only in their objects in
+rl_nft.py, rl_grpo.py, rl_ddrl.py: sampler, stored rollout fields and loss.
 """
 from __future__ import annotations
 
