@@ -173,10 +173,11 @@ def test_step_loss_matches_numpy(rollout, rl_sigma):
         assert not np.allclose(sigma, sh)
     pred = x0_np(params, x0 + sigma[:, None, None, None] * eps, sigma, pooled)
     data = (((sigma**2 + 1) / sigma**2)[:, None, None, None] * (x0 - pred) ** 2).mean()
-    np.testing.assert_allclose(float(m["policy_loss"]), pol, rtol=1e-4)
-    np.testing.assert_allclose(float(m["kl_loss"]), kl, rtol=1e-4)
-    np.testing.assert_allclose(float(m["data_loss"]), data, rtol=1e-5)
-    np.testing.assert_allclose(float(loss), 10.0 * (pol + 0.01 * kl + 0.01 * data), rtol=1e-4)
+    np.testing.assert_allclose(float(m["policy_loss"]), pol, rtol=1e-6)
+    # mu and mu_ref are ~100 here (sigma up to 200): their fp32 difference carries ~1e-6
+    np.testing.assert_allclose(float(m["kl_loss"]), kl, rtol=2e-6)
+    np.testing.assert_allclose(float(m["data_loss"]), data, rtol=1e-6)
+    np.testing.assert_allclose(float(loss), 10.0 * (pol + 0.01 * kl + 0.01 * data), rtol=1e-6)
     assert 0 < float(m["clipfrac"]) < 1
 
 
