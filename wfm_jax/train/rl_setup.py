@@ -156,7 +156,8 @@ class RLRun:
         self.setup.state = state
         out = {f"train/{k}": float(v) for k, v in jax.device_get(metrics).items()}
         out["train/old_policy_decay"] = eta
-        out["train/learning_rate"] = float(self.setup.lr_schedule(step - 1))
+        # the rate of the last optimizer update (several per step when mu_iterations > 1)
+        out["train/learning_rate"] = float(self.setup.lr_schedule(int(state.step) - 1))
         return state, out
 
     def validation_batches(self):
