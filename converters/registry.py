@@ -28,6 +28,8 @@ class ModelSpec:
     # an abstract model.
     make_model: Callable[..., object]
     weights_stem: str = "diffusion_pytorch_model"  # "model" for transformers checkpoints
+    # keys a checkpoint may also hold as copies of a mapped tensor (tied weights): not loaded
+    tied_copies: tuple[str, ...] = ()
 
 
 _REGISTRY: dict[str, ModelSpec] = {}

@@ -45,4 +45,4 @@ def drop_tied_copy(loaders: Mapping[str, Callable]) -> dict[str, Callable]:
 
 
 SPEC = register(ModelSpec(class_name="T5EncoderModel", build_table=build_table,
-                          make_model=make_model, weights_stem="model"))
+                          make_model=make_model, weights_stem="model", tied_copies=(TIED_COPY,)))

@@ -302,3 +302,20 @@ def test_missing_extra_and_misshaped_keys_are_named(which):
         convert_to_jax(table, _loaders(bad), shapes)
     # every model parameter is mapped, and the table names nothing the model lacks
     assert {r.jax for r in table} == set(shapes)
+
+
+def test_load_model_ignores_a_stored_tied_copy(tmp_path):
+    """Some T5 checkpoints store encoder.embed_tokens.weight beside shared.weight: the loader
+    (and `python -m converters to-jax`) take shared.weight and skip the copy."""
+    from wfm_jax.models.loading import load_model
+    torch_model = _torch_model(transformers.T5EncoderModel, transformers.T5Config(**T5_CONFIG))
+    state = _numpy_state(torch_model)
+    assert t5_conv.TIED_COPY in state and "shared.weight" in state
+    save_checkpoint(state, str(tmp_path), stem="model")
+    config = dict(torch_model.config.to_dict(), architectures=["T5EncoderModel"])
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    model, _ = load_model(str(tmp_path), component="text_encoder_3")
+    ids = np.array([[5, 9, 3, 1, 0, 0]], np.int64)
+    with torch.no_grad():
+        want = torch_model(torch.from_numpy(ids)).last_hidden_state.numpy()
+    np.testing.assert_allclose(np.asarray(model(jnp.asarray(ids))), want, atol=2e-5)

@@ -144,11 +144,19 @@ def _materialise_rest(model, make, shardings) -> None:
         variables[key].set_value(value)
 
 
+def checkpoint_view(checkpoint_dir: str, skip=()) -> tuple[dict, dict]:
+    """(key -> (shape, dtype), key -> loader) of a checkpoint without the `skip` keys (tied
+    copies of mapped tensors, which carry no information of their own)."""
+    meta = {k: v for k, v in checkpoint_meta(checkpoint_dir).items() if k not in skip}
+    loaders = {k: v for k, v in open_checkpoint(checkpoint_dir).items() if k not in skip}
+    return meta, loaders
+
+
 def fill_from_checkpoint(model, table: list[Rule], checkpoint_dir: str,
-                         shardings: Mapping[str, jax.sharding.Sharding]) -> None:
+                         shardings: Mapping[str, jax.sharding.Sharding], skip=()) -> None:
     """Fill an abstract model in place, one tensor at a time, each straight into its shards."""
-    check_against_model(table, checkpoint_meta(checkpoint_dir), model)
-    loaders = open_checkpoint(checkpoint_dir)
+    meta, loaders = checkpoint_view(checkpoint_dir, skip)
+    check_against_model(table, meta, model)
     variables = all_variables(model)
     for rule in table:
         var = variables[rule.jax]
@@ -197,7 +205,8 @@ def load_model(path: str, *, component: str = "transformer", dtype=None,
     if jax_state.is_state_dir(directory):
         fill_from_state(model, directory, shardings)
     else:
-        fill_from_checkpoint(model, spec.build_table(config), directory, shardings)
+        fill_from_checkpoint(model, spec.build_table(config), directory, shardings,
+                             skip=spec.tied_copies)
     _materialise_rest(model, lambda: spec.make_model(config, dtype=dtype, param_dtype=param_dtype,
                                                      rngs=nnx.Rngs(0), **options), shardings)
     return model, config
