@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 
 import jax
 import jax.numpy as jnp
@@ -200,3 +201,90 @@ def test_tiny_suite_stacks_trained_the_same_model(tiny_result):
     np.testing.assert_allclose(r["wfm_jax"]["output_mean"], r["torch"]["output_mean"], atol=2e-2)
     w = result["workloads"]["reward"]["stacks"]
     assert w["wfm_jax"]["first_score"] == w["torch"]["first_score"]
+
+
+# ----------------------------------------------------------------------------- rl suite
+
+def _write_metrics(path, rewards):
+    """A metrics.jsonl like the RL trainer's (one object per step, extra keys, a blank line)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = [json.dumps({"step": step, "train/reward_mean": r, "train/loss": 1.0,
+                         "train/samples_per_s": 2.0 * step}) for step, r in enumerate(rewards, 1)]
+    path.write_text("\n".join(lines) + "\n\n")
+
+
+def test_rl_curve_table_from_metrics_files(tmp_path):
+    from wfm_jax.bench import rl_curves
+    rng = np.random.default_rng(0)
+    steps, batch = 12, 6
+    rewards = {n: rng.normal(size=steps).tolist() for n in ("NFT", "GRPO", "DDRL")}
+    rewards["DDRL"] = rewards["DDRL"][:7]  # a run that stopped early
+    stale = tmp_path / "NFT" / "metrics.jsonl"
+    _write_metrics(stale, [99.0] * 3)
+    with open(stale, "a") as f:  # then the real curve re-logged over steps 1..3
+        for step, r in enumerate(rewards["NFT"], 1):
+            f.write(json.dumps({"step": step, "train/reward_mean": r,
+                                "train/samples_per_s": 2.0 * step}) + "\n")
+    for n in ("GRPO", "DDRL"):
+        _write_metrics(tmp_path / n / "metrics.jsonl", rewards[n])
+    runs = {}
+    for n in rewards:
+        metrics = rl_curves.read_metrics(str(tmp_path / n / "metrics.jsonl"))
+        assert [m["step"] for m in metrics] == list(range(1, len(rewards[n]) + 1))
+        runs[n] = {"status": "ok", "wall_s": 1.0, "metrics": [
+            {"step": m["step"], "reward_mean": m["train/reward_mean"],
+             "samples_per_s": m["train/samples_per_s"]} for m in metrics]}
+    runs["DDRL"].update(status="error", error="exit 1: boom")
+    env = {"date": "d", "machine": "m", "jax": "j"}
+    result = rl_curves.assemble(runs, seed=3, steps=steps, batch=batch, batch_note="note",
+                                env=env, command="cmd")
+    ends = rl_curves.checkpoints(steps)
+    assert ends[0] == 1 and ends[-1] == steps and ends == sorted(set(ends))
+    lo = 1
+    for row, end in zip(result["rows"], ends, strict=True):
+        assert row["samples_seen"] == batch * end
+        for n, r in rewards.items():
+            window = r[lo - 1:end]
+            if window:
+                np.testing.assert_allclose(row[n], np.mean(window), rtol=1e-12)
+            else:
+                assert row[n] is None
+        lo = end + 1
+    for n, r in rewards.items():
+        s = result["runs"][n]["summary"]
+        np.testing.assert_allclose(s["first_k_mean"], np.mean(r[:5]), rtol=1e-12)
+        np.testing.assert_allclose(s["last_k_mean"], np.mean(r[-5:]), rtol=1e-12)
+        np.testing.assert_allclose(s["samples_per_s"], np.mean(2.0 * np.arange(2, len(r) + 1)))
+    md = rl_curves.markdown(result)
+    header = next(line for line in md.splitlines() if line.startswith("| steps"))
+    assert header.split("|")[3:6] == [" NFT ", " GRPO ", " DDRL "]
+    assert "n/a" in md and "DDRL: exit 1: boom" in md
+    json.dumps(result)  # the JSON document must serialise
+
+
+def test_rl_common_batch_and_overrides_reach_every_recipe():
+    from wfm_jax.bench import rl_curves
+    from wfm_jax.config import load_config, parse_overrides
+    assert rl_curves.common_batch({"A": 8, "B": 8}, None)[0] == 8
+    batch, note = rl_curves.common_batch({"A": 16, "B": 8}, None)
+    assert batch == 8 and "differ" in note
+    assert rl_curves.common_batch({"A": 16, "B": 8}, 4)[0] == 4
+    batches = rl_curves.recipe_batches(rl_curves.RECIPES)
+    assert set(batches) == set(rl_curves.RECIPES)
+    for name, recipe in rl_curves.RECIPES.items():
+        cmd = rl_curves.command_for(recipe, seed=7, steps=3, batch=4, output_dir="/tmp/x")
+        path, overrides = parse_overrides(cmd[cmd.index("--config"):])
+        c = load_config(os.path.join(rl_curves.REPO_ROOT, path), overrides)
+        assert (c.train.seed, c.train.max_steps, c.train.train_batch_per_replica) == (7, 3, 4)
+        assert not c.validation.enable and c.train.output_dir == "/tmp/x", name
+
+
+def test_rl_suite_bad_input(tmp_path, capsys):
+    from wfm_jax.bench import rl_curves
+    with pytest.raises(SystemExit) as e:
+        main(["--suite", "rl", "--steps", "0", "--out", str(tmp_path / "rl.json")])
+    assert e.value.code == 2
+    with pytest.raises(rl_curves.RLBenchError, match="nope.py"):
+        rl_curves.run(str(tmp_path / "rl.json"), steps=2, seed=0,
+                      recipes={"X": "configs/nope.py"})
+    assert not (tmp_path / "rl.json").exists()

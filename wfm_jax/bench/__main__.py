@@ -1,8 +1,10 @@
 """python -m wfm_jax.bench --suite cpu|gpu [--out results.json] [--only NAME ...]
+python -m wfm_jax.bench --suite rl [--out rl.json] [--steps 20] [--seed 0] [--batch N]
 
 Runs each workload on wfm_jax and on the PyTorch diffusers (+ peft) stack, writes the JSON and a
-markdown table beside it (results.md for results.json) and prints the table. See
-docs/bench_notes.md for what every figure means.
+markdown table beside it (results.md for results.json) and prints the table. The rl suite instead
+runs the tiny NFT / GRPO / DDRL recipes under one seed and budget and tabulates reward against
+samples seen (bench/rl_curves.py). See docs/bench_notes.md for what every figure means.
 """
 from __future__ import annotations
 
@@ -16,9 +18,10 @@ WORKLOAD_NAMES = ("train_full", "train_lora", "rollout", "reward")
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m wfm_jax.bench",
                                 description=__doc__.splitlines()[0])
-    p.add_argument("--suite", choices=("cpu", "gpu", "tiny"), default="cpu",
+    p.add_argument("--suite", choices=("cpu", "gpu", "tiny", "rl"), default="cpu",
                    help="gpu: real SD3.5-Medium shapes; cpu: scaled down for 2 cores; "
-                        "tiny: smallest shapes, 1 repeat (the test's mode)")
+                        "tiny: smallest shapes, 1 repeat (the test's mode); rl: reward curves "
+                        "of the tiny NFT / GRPO / DDRL recipes")
     p.add_argument("--tiny", action="store_true", help="same as --suite tiny")
     p.add_argument("--out", default=None,
                    help="JSON path (default outputs/bench/<suite>.json); the .md goes beside it")
@@ -41,11 +44,15 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "checkpointing")
     p.add_argument("--torch-compile", action="store_true",
                    help="torch.compile the diffusers transformer (default eager)")
+    p.add_argument("--steps", type=int, default=20, help="rl suite: train.max_steps of each run")
+    p.add_argument("--seed", type=int, default=0, help="rl suite: train.seed of each run")
+    p.add_argument("--batch", type=int, default=None,
+                   help="rl suite: global batch of each run (default: the recipes' common one)")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.tiny:
         args.suite = "tiny"
-    for name in ("repeats", "train_batch", "rollout_batch"):
+    for name in ("repeats", "train_batch", "rollout_batch", "steps", "batch"):
         value = getattr(args, name)
         if value is not None and value < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {value}")
@@ -66,7 +73,6 @@ def main(argv=None) -> int:
     from wfm_jax.bench import report, runner
     if args.worker is not None:
         return runner.worker_main(args.worker)
-    from wfm_jax.bench.suites import Options, get_suite
     out = args.out or os.path.join("outputs", "bench", f"{args.suite}.json")
     out_dir = os.path.dirname(os.path.abspath(out))
     try:
@@ -77,13 +83,16 @@ def main(argv=None) -> int:
     if not os.access(out_dir, os.W_OK):
         print(f"bench: output directory {out_dir} is not writable", file=sys.stderr)
         return 2
+    given = sys.argv[1:] if argv is None else list(argv)
+    command = " ".join(["python -m wfm_jax.bench"] + given)
+    if args.suite == "rl":
+        return _run_rl(args, out, command)
+    from wfm_jax.bench.suites import Options, get_suite
     suite = get_suite(args.suite, repeats=args.repeats, warmup=args.warmup,
                       train_batch=args.train_batch, rollout_batch=args.rollout_batch)
     attention = args.attention or ("auto" if args.suite == "gpu" else "xla")
     options = Options(attention=attention, remat=args.remat, torch_compile=args.torch_compile)
     try:
-        given = sys.argv[1:] if argv is None else list(argv)
-        command = " ".join(["python -m wfm_jax.bench"] + given)
         result = runner.run_suite(suite, only=args.only, options=options, isolate=isolate,
                                   stacks=tuple(args.stacks or runner.STACKS), command=command)
     except runner.BenchError as e:
@@ -94,6 +103,23 @@ def main(argv=None) -> int:
     print(f"wrote {out} and {os.path.splitext(out)[0]}.md")
     failed = [f"{w}/{s}" for w, rec in result["workloads"].items()
               for s, r in rec["stacks"].items() if r["status"] != "ok"]
+    if failed:
+        print(f"bench: failed runs: {', '.join(failed)} (errors in the JSON)", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _run_rl(args, out: str, command: str) -> int:
+    from wfm_jax.bench import rl_curves
+    try:
+        result = rl_curves.run(out, steps=args.steps, seed=args.seed, batch=args.batch,
+                               command=command)
+    except rl_curves.RLBenchError as e:
+        print(f"bench: {e}", file=sys.stderr)
+        return 2
+    print(rl_curves.markdown(result), end="")
+    print(f"wrote {out} and {os.path.splitext(out)[0]}.md")
+    failed = [n for n, r in result["runs"].items() if r["status"] != "ok"]
     if failed:
         print(f"bench: failed runs: {', '.join(failed)} (errors in the JSON)", file=sys.stderr)
         return 1

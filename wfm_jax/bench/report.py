@@ -120,6 +120,10 @@ def write_json_atomic(obj, path: str) -> None:
     _write_atomic(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
 
 
+def write_text_atomic(path: str, text: str) -> None:
+    _write_atomic(path, text)
+
+
 def _write_atomic(path: str, text: str) -> None:
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".bench-", suffix=".tmp")
