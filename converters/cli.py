@@ -17,6 +17,7 @@ import sys
 import numpy as np
 
 from converters import jax_state, registry
+from converters.safetensors_io import open_checkpoint
 from converters.table import ConversionError, to_jax_tensor
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -34,12 +35,12 @@ def _np_dtype(name: str | None):
 
 def to_jax(src: str, dst: str, dtype: str | None = None, group_bytes: int = 1 << 30) -> None:
     from wfm_jax.models.loading import (abstract_model, all_variables, check_against_model,
-                                        checkpoint_view, read_json, resolve_model_dir)
+                                        mapped_meta, read_json, resolve_model_dir)
     directory = resolve_model_dir(src, "transformer")
     config = read_json(os.path.join(directory, "config.json"))
     spec = registry.spec_for(config)
     table = spec.build_table(config)
-    meta, loaders = checkpoint_view(directory, spec.tied_copies)
+    meta = mapped_meta(directory, spec.tied_copies)
     model = abstract_model(spec, config)
     check_against_model(table, meta, model)
     shapes = {k: tuple(v.shape) for k, v in all_variables(model).items()}
@@ -47,6 +48,7 @@ def to_jax(src: str, dst: str, dtype: str | None = None, group_bytes: int = 1 <<
     nbytes = {r.jax: math.prod(meta[r.hf][0]) * (cast.itemsize if cast is not None
                                                  else _ITEMSIZE.get(meta[r.hf][1], 4))
               for r in table}
+    loaders = open_checkpoint(directory)
     by_jax = {r.jax: r for r in table}
 
     def load_many(keys):

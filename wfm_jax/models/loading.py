@@ -144,19 +144,17 @@ def _materialise_rest(model, make, shardings) -> None:
         variables[key].set_value(value)
 
 
-def checkpoint_view(checkpoint_dir: str, skip=()) -> tuple[dict, dict]:
-    """(key -> (shape, dtype), key -> loader) of a checkpoint without the `skip` keys (tied
-    copies of mapped tensors, which carry no information of their own)."""
-    meta = {k: v for k, v in checkpoint_meta(checkpoint_dir).items() if k not in skip}
-    loaders = {k: v for k, v in open_checkpoint(checkpoint_dir).items() if k not in skip}
-    return meta, loaders
+def mapped_meta(checkpoint_dir: str, skip=()) -> dict:
+    """key -> (shape, dtype) from the headers, without the `skip` keys (tied copies of mapped
+    tensors, which carry nothing of their own and are never read)."""
+    return {k: v for k, v in checkpoint_meta(checkpoint_dir).items() if k not in skip}
 
 
 def fill_from_checkpoint(model, table: list[Rule], checkpoint_dir: str,
                          shardings: Mapping[str, jax.sharding.Sharding], skip=()) -> None:
     """Fill an abstract model in place, one tensor at a time, each straight into its shards."""
-    meta, loaders = checkpoint_view(checkpoint_dir, skip)
-    check_against_model(table, meta, model)
+    check_against_model(table, mapped_meta(checkpoint_dir, skip), model)
+    loaders = open_checkpoint(checkpoint_dir)
     variables = all_variables(model)
     for rule in table:
         var = variables[rule.jax]
