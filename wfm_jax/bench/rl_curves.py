@@ -151,7 +151,7 @@ def summary(metrics: list, k: int = SUMMARY_WINDOW) -> dict:
             "samples_per_s": _mean(m["samples_per_s"] for m in metrics[1:])}
 
 
-def _fmt(x, spec: str = ".5f") -> str:
+def _fmt(x, spec: str = ".4e") -> str:
     return format(x, spec) if isinstance(x, (int, float)) and math.isfinite(x) else "n/a"
 
 
