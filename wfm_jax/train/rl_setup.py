@@ -19,6 +19,7 @@ from reward_client.computer import RewardComputer
 from wfm_jax.data.groups import eval_batches, group_batcher_from_config
 from wfm_jax.data.loader import process_shard
 from wfm_jax.data.prompts import prompt_splits_from_config
+from wfm_jax.mesh import mesh_size_for
 from wfm_jax.models.sd3.pipeline import decode_latents
 from wfm_jax.sampling.samplers import sample
 from wfm_jax.sampling.schedule import flow_sigmas
@@ -161,7 +162,7 @@ class RLRun:
         return state, out
 
     def validation_batches(self):
-        dp = self.setup.mesh.shape["data"] * self.setup.mesh.shape["fsdp"]
+        dp = batch_shards(self.setup)
         size = -(-int(self.config.validation.batch_size) // dp) * dp  # padded rows are not scored
         return eval_batches(self.val_records, size, process_shard())
 
@@ -179,6 +180,11 @@ class RLRun:
         self.setup.close()
         self.logger.close()
         self.rewards.close()
+
+
+def batch_shards(setup) -> int:
+    """How many ways the batch axis is split on this run's mesh (its rules: data x fsdp)."""
+    return mesh_size_for(setup.mesh, "act_batch", setup.rules)
 
 
 @functools.partial(jax.jit, static_argnums=(1, 2))
@@ -276,7 +282,7 @@ def _compile(run: RLRun) -> dict:
 def _check_layout(config, setup) -> tuple[int, int]:
     """(micro-batches per step, rollout chunk) with clear errors when the numbers don't divide."""
     t = config.train
-    dp = setup.mesh.shape["data"] * setup.mesh.shape["fsdp"]
+    dp = batch_shards(setup)
     global_batch = int(t.train_batch_per_replica)
     micro = int(t.train_policy.mini_batch) * dp
     if global_batch % micro:
@@ -315,8 +321,7 @@ def build(config) -> RLRun:
     algo = algo_cls(config, setup.pipe.shift)
     micro_batches, chunk = _check_layout(config, setup)
     batcher = group_batcher_from_config(config, train_records,
-                                        data_parallel=setup.mesh.shape["data"]
-                                        * setup.mesh.shape["fsdp"])
+                                        data_parallel=batch_shards(setup))
     if setup.data_state:
         batcher.restore(setup.data_state)
     logger = MetricsLogger(config.train.output_dir, total_steps=config.train.max_steps,
