@@ -160,7 +160,7 @@ def _check_figures(rec: dict):
 @pytest.fixture(scope="module")
 def tiny_result(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench") / "results.json"
-    result = runner.run_suite(get_suite("tiny"), options=Options(attention="xla"))
+    result = runner.run_suite(get_suite("tiny"), options=Options())  # attention "auto"
     report.write(result, str(out))
     return json.loads(out.read_text()), out.with_suffix(".md").read_text()
 
@@ -195,6 +195,7 @@ def test_tiny_suite_stacks_trained_the_same_model(tiny_result):
     for name in ("train_full", "train_lora"):
         s = result["workloads"][name]["stacks"]
         assert s["wfm_jax"]["trained_params"] == s["torch"]["trained_params"], name
+        assert s["wfm_jax"]["attention_impl"] == "xla", name  # "auto" on a CPU
         # bf16 compute in both, different op order: a few bf16 roundings apart
         np.testing.assert_allclose(s["wfm_jax"]["first_loss"], s["torch"]["first_loss"], rtol=5e-2)
     r = result["workloads"]["rollout"]["stacks"]

@@ -124,7 +124,7 @@ DEFAULTS = {
             },
         },
         "parallelism": {"data": -1, "fsdp": 1, "context": 1},  # -1: all devices left over
-        "attention_impl": "xla",
+        "attention_impl": "auto",  # cuDNN flash attention on NVIDIA GPUs (bf16), else XLA
         "remat": "none",
     },
     "rollout": {"n_generation": 24},
@@ -168,6 +168,7 @@ CHOICES = {
     "policy.diffusers.sample.solver": ("flow", "euler", "sde", "cps", "dance", "ddim", "dpm1", "dpm2",
                                        "edm"),
     "policy.remat": ("none", "full", "dots"),
+    "policy.attention_impl": ("auto", "xla", "cudnn"),
 }
 
 REWARD_FN_KEYS = ("name", "weight", "score_key")

@@ -37,8 +37,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=None, help="untimed steps after the first call")
     p.add_argument("--train-batch", type=int, default=None)
     p.add_argument("--rollout-batch", type=int, default=None)
-    p.add_argument("--attention", choices=("auto", "xla", "cudnn"), default=None,
-                   help="wfm_jax attention kernel (default: auto on gpu, xla on cpu)")
+    p.add_argument("--attention", choices=("auto", "xla", "cudnn"), default="auto",
+                   help="wfm_jax attention kernel (auto: cuDNN flash attention on an NVIDIA GPU "
+                        "with bf16 compute, XLA elsewhere)")
     p.add_argument("--remat", choices=("none", "full", "dots"), default="none",
                    help="wfm_jax block remat; not 'none' also turns on torch gradient "
                         "checkpointing")
@@ -90,8 +91,7 @@ def main(argv=None) -> int:
     from wfm_jax.bench.suites import Options, get_suite
     suite = get_suite(args.suite, repeats=args.repeats, warmup=args.warmup,
                       train_batch=args.train_batch, rollout_batch=args.rollout_batch)
-    attention = args.attention or ("auto" if args.suite == "gpu" else "xla")
-    options = Options(attention=attention, remat=args.remat, torch_compile=args.torch_compile)
+    options = Options(attention=args.attention, remat=args.remat, torch_compile=args.torch_compile)
     try:
         result = runner.run_suite(suite, only=args.only, options=options, isolate=isolate,
                                   stacks=tuple(args.stacks or runner.STACKS), command=command)

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from wfm_jax.bench import devices, flops, inputs, timing, weights
-from wfm_jax.bench.train_step import xla_plan_bytes
+from wfm_jax.bench.train_step import resolved_attention, xla_plan_bytes
 from wfm_jax.models.sd3.pipeline import decode_latents
 from wfm_jax.sampling.samplers import sample
 from wfm_jax.sampling.schedule import flow_sigmas
@@ -37,6 +37,7 @@ def run(suite, options, peak_flops: float | None) -> dict:
     bf16 = jnp.bfloat16
     transformer = weights.jax_module("transformer", suite.transformer, dtype=bf16,
                                      param_dtype=bf16, attention_impl=options.attention_impl)
+    attention_impl = resolved_attention(transformer)
     vae = weights.jax_module("vae", suite.vae, dtype=bf16, param_dtype=bf16)
     t_graph, t_state = nnx.split(transformer)
     v_graph, v_state = nnx.split(vae)
@@ -63,10 +64,10 @@ def run(suite, options, peak_flops: float | None) -> dict:
                       lat, lat, suite.text_len)
     return timing.record(
         "wfm_jax", f"wfm_jax sample(method='dpm2') lax.scan + AutoencoderKL.decode, one jit, bf16, "
-        f"attention={options.attention}",
+        f"attention={attention_impl}",
         t, samples=suite.rollout_batch, flops=f["model"], peak_flops=peak_flops,
         memory=devices.jax_peak_memory(),
         compile_time_s=t["first_call_s"] - t["step_time_s"],
         compile_note="first call (trace + lower + XLA compile + run) minus the steady step",
-        extra={"output_mean": float(jnp.mean(outputs[0])),
+        extra={"output_mean": float(jnp.mean(outputs[0])), "attention_impl": attention_impl,
                "xla_memory_plan_bytes": xla_plan_bytes(compiled)})

@@ -113,8 +113,9 @@ def get_suite(name: str, **overrides) -> Suite:
 
 @dataclasses.dataclass(frozen=True)
 class Options:
-    """How the stacks run (recorded in the JSON). attention: "auto" = JAX picks (cuDNN flash
-    attention on GPU where it applies, XLA elsewhere), or "xla" / "cudnn". remat: wfm_jax block
+    """How the stacks run (recorded in the JSON). attention: "auto" = cuDNN flash attention on an
+    NVIDIA GPU where it applies, XLA elsewhere (wfm_jax.models.layers.attention.
+    resolve_attention_impl; the record's `attention_impl` says which ran), or "xla" / "cudnn". remat: wfm_jax block
     rematerialisation; anything but "none" also turns on diffusers' gradient checkpointing.
     torch_compile: torch.compile the transformer (default eager, as diffusers scripts run)."""
     attention: str = "auto"
@@ -122,5 +123,5 @@ class Options:
     torch_compile: bool = False
 
     @property
-    def attention_impl(self):
-        return None if self.attention == "auto" else self.attention
+    def attention_impl(self) -> str:
+        return self.attention

@@ -73,6 +73,7 @@ def step_flops(suite, mode: str, remat: str) -> dict:
 def run(suite, mode: str, options, peak_flops: float | None) -> dict:
     """Time one train step of `mode` ("full" | "lora"); returns the stack record."""
     model = build_model(suite, mode, options)
+    attention_impl = resolved_attention(model)
     wrt = nnx.LoRAParam if mode == "lora" else TRAINABLE_FULL
     graphdef, params, rest = nnx.split(model, wrt, ...)
     del model
@@ -98,14 +99,20 @@ def run(suite, mode: str, options, peak_flops: float | None) -> dict:
     n_trained = sum(x.size for x in jax.tree.leaves(params))
     return timing.record(
         "wfm_jax", f"wfm_jax SD3Transformer ({'LoRA' if mode == 'lora' else 'full'}), "
-        f"jit + donation, attention={options.attention}, remat={options.remat}",
+        f"jit + donation, attention={attention_impl}, remat={options.remat}",
         t, samples=suite.train_batch, flops=f["model"], peak_flops=peak_flops,
         memory=devices.jax_peak_memory(),
         compile_time_s=t["first_call_s"] - t["step_time_s"],
         compile_note="first call (trace + lower + XLA compile + run) minus the steady step",
         extra={"first_loss": float(state["losses"][0]), "trained_params": int(n_trained),
+               "attention_impl": attention_impl,
                "recompute_flops": f["recompute"],
                "xla_memory_plan_bytes": xla_plan_bytes(compiled)})
+
+
+def resolved_attention(transformer) -> str | None:
+    """The attention kernel the model's layers run ("auto" resolved at construction)."""
+    return transformer.transformer_blocks[0].attn.attention_impl
 
 
 def xla_plan_bytes(compiled) -> int | None:

@@ -12,7 +12,7 @@ def load_transformer(path: str, dtype=None, param_dtype=jnp.float32, mesh=None, 
     The returned NNX module is called like the diffusers forward:
     `model(hidden_states, encoder_hidden_states, pooled_projections, timestep)` -> velocity in
     the layout of `hidden_states`. `dtype` is the compute dtype, `param_dtype` the stored one;
-    options go to the model constructor (SD3: attention_impl="xla"|"cudnn"|None,
+    options go to the model constructor (SD3: attention_impl="auto"|"xla"|"cudnn"|None,
     remat="none"|"full"|"dots"). `rules` (default: the active ones, wfm_jax.mesh.DEFAULT_RULES)
     place the parameters; run the forward under `jax.set_mesh(mesh)` and, for custom rules,
     `wfm_jax.mesh.use_rules(rules)` so the activation constraints agree.

@@ -61,7 +61,8 @@ class SD3Transformer(nnx.Module):
     """MMDiT velocity model; call layout and meaning identical to the diffusers forward.
 
     dtype: compute dtype (None: same as param_dtype); param_dtype: master weight dtype.
-    attention_impl: "xla", "cudnn" (GPU, bf16/fp16 compute) or None (JAX picks).
+    attention_impl: "xla", "cudnn" (GPU, bf16/fp16 compute), "auto" (cuDNN where it applies, else
+    XLA: layers.attention.resolve_attention_impl) or None (JAX's default: XLA).
     remat: "none" | "full" | "dots" per transformer block (see REMAT_POLICIES).
     The output is in the compute dtype (as diffusers returns the model dtype). Parameter paths
     are diffusers module names ("transformer_blocks.3.attn.to_q.kernel"); `pos_embed.pos_embed`
