@@ -2,16 +2,21 @@
 it, and every entry point (model constructor, config) accepts and checks the same names."""
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 from tests import _tiny_sd3
 from wfm_jax import config as cfg
+from wfm_jax import mesh as wmesh
 from wfm_jax.config_schema import ConfigError
 from wfm_jax.models.layers.attention import (Attention, is_cuda_platform,
-                                             resolve_attention_impl)
+                                             resolve_attention_impl, split_heads_not_sequence)
 from wfm_jax.models.sd3.transformer import SD3Transformer
+from wfm_jax.models.state import assign, flat_shapes
 
 
 @pytest.mark.parametrize("cuda, dtype, head_dim, expected", [
@@ -50,3 +55,56 @@ def test_config_default_is_auto_and_choices_are_checked(tmp_path):
     assert cfg.load_config(str(recipe)).policy.attention_impl == "auto"
     with pytest.raises(ConfigError, match=r"'policy.attention_impl' = 'cudn'.*did you mean 'cudnn'"):
         cfg.load_config(str(recipe), [("policy.attention_impl", "cudn")])
+
+
+# ------------------------------------------------------------ cuDNN under context parallelism
+# cuDNN's partitioner refuses q/k/v split along the sequence; the cudnn path moves the split onto
+# the heads. No GPU here: the layout is checked directly, and the model's cudnn path runs with
+# the XLA kernel standing in for cuDNN (same maths, so only the plumbing is under test).
+
+def _cp_mesh():
+    return wmesh.make_mesh(data=2, fsdp=2, context=2)
+
+
+def test_cudnn_layout_moves_the_sequence_split_onto_heads():
+    m = _cp_mesh()
+    x = np.random.default_rng(0).standard_normal((4, 16, 4, 8)).astype(np.float32)
+    with jax.set_mesh(m):
+        x = jax.device_put(x, NamedSharding(m, P(("data", "fsdp"), "context", None, None)))
+        f = jax.jit(split_heads_not_sequence)
+        y = f(x)
+        hlo = f.lower(x).compile().as_text()
+    assert y.sharding.is_equivalent_to(NamedSharding(m, P(("data", "fsdp"), None, "context", None)), 4)
+    assert "all-to-all" in hlo  # a re-split, not a gather of the whole sequence
+    np.testing.assert_array_equal(np.asarray(y), np.asarray(x))
+
+
+def test_cudnn_layout_needs_heads_divisible_by_the_context_split():
+    with jax.set_mesh(_cp_mesh()):
+        with pytest.raises(ValueError, match="the 3 attention heads must divide by 2"):
+            jax.jit(split_heads_not_sequence)(jnp.zeros((4, 16, 3, 8)))
+
+
+def test_model_cudnn_path_under_context_parallelism_matches_xla(monkeypatch):
+    kernels = []
+    xla_attention = jax.nn.dot_product_attention
+
+    def stand_in(q, k, v, *, implementation=None):
+        kernels.append(implementation)
+        return xla_attention(q, k, v, implementation="xla")
+
+    monkeypatch.setattr(jax.nn, "dot_product_attention", stand_in)
+    x, ctx, pooled, t = _tiny_sd3.inputs(batch=4)
+    outs = {}
+    for impl in ("xla", "cudnn"):
+        model = SD3Transformer(_tiny_sd3.CONFIG, dtype=jnp.bfloat16, rngs=nnx.Rngs(0),
+                               attention_impl=impl)
+        rng = np.random.default_rng(1)  # redraw everything: the zero-init adaLN hides mistakes
+        assign(model, {k: 0.05 * rng.standard_normal(v).astype(np.float32)
+                       for k, v in sorted(flat_shapes(model).items())})
+        with jax.set_mesh(_cp_mesh()):
+            outs[impl] = np.asarray(jax.jit(lambda *a: model(*a))(x, ctx, pooled, t), np.float32)
+    assert set(kernels) == {"xla", "cudnn"}
+    # same bf16 maths on differently split arrays (bit-equal on this CPU); allow one bf16 ulp at
+    # the output's scale (~1) should another XLA order the sums differently
+    np.testing.assert_allclose(outs["cudnn"], outs["xla"], atol=8e-3, rtol=0)

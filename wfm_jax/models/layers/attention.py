@@ -9,9 +9,12 @@ own default, which is XLA in jax 0.10).
 """
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.sharding import PartitionSpec as P
 
 from wfm_jax import mesh
 from wfm_jax.models.layers.linear import Linear
@@ -56,10 +59,41 @@ def resolve_attention_impl(impl, compute_dtype, head_dim: int, *, cuda: bool | N
     return "cudnn" if cuda and fits and jnp.dtype(compute_dtype) in CUDNN_DTYPES else "xla"
 
 
+def _axes(entry) -> tuple[str, ...]:
+    return () if entry is None else tuple(entry) if isinstance(entry, (tuple, list)) else (entry,)
+
+
+def split_heads_not_sequence(x: jax.Array) -> jax.Array:
+    """(B, T, N, H) laid out for cuDNN under context parallelism: cuDNN's partitioner refuses q/k/v
+    split along the sequence, so the sequence split moves onto the heads (one all-to-all, as
+    Ulysses context parallelism does, instead of gathering every key and value). Without a mesh,
+    or with the sequence unsplit, it is the usual QKV_AXES constraint."""
+    m = jax.sharding.get_abstract_mesh()
+    if m is None or m.empty:
+        return x
+    rules = dict(mesh.active_rules())
+    seq = tuple(a for a in _axes(rules.get("act_seq")) if m.shape[a] > 1)
+    if not seq:
+        return mesh.constrain(x, QKV_AXES)
+    heads = _axes(rules.get("act_heads")) + seq
+    n = math.prod(m.shape[a] for a in heads)
+    if x.shape[2] % n:
+        layout = " x ".join(f"{a}={m.shape[a]}" for a in heads)
+        raise ValueError(f"attention_impl='cudnn' with the sequence split over {layout}: the "
+                         f"{x.shape[2]} attention heads must divide by {n}; use "
+                         "attention_impl='xla' or another context size")
+    spec = P(rules.get("act_batch"), None, heads, None)
+    return jax.lax.with_sharding_constraint(x, spec)
+
+
 def dot_product_attention(q, k, v, *, implementation="xla"):
     """Softmax attention over (B, T, N, H) arrays, scale 1/sqrt(H), no mask (as SD3 uses it)."""
-    q, k, v = (mesh.constrain(t, QKV_AXES) for t in (q, k, v))
-    return jax.nn.dot_product_attention(q, k, v, implementation=implementation)
+    if implementation == "cudnn":
+        q, k, v = (split_heads_not_sequence(t) for t in (q, k, v))
+    else:
+        q, k, v = (mesh.constrain(t, QKV_AXES) for t in (q, k, v))
+    out = jax.nn.dot_product_attention(q, k, v, implementation=implementation)
+    return mesh.constrain(out, QKV_AXES)  # back to the sequence split the rest of the block uses
 
 
 def joint_attention(sample_qkv, context_qkv, *, implementation="xla"):
