@@ -19,6 +19,7 @@ import numpy as np
 from converters import jax_state, registry
 from converters.safetensors_io import open_checkpoint
 from converters.table import ConversionError, to_jax_tensor
+from converters.tied import tied_reader
 
 DTYPES = ("float32", "bfloat16", "float16")
 # safetensors header dtype -> bytes per element (plans the write groups)
@@ -35,12 +36,13 @@ def _np_dtype(name: str | None):
 
 def to_jax(src: str, dst: str, dtype: str | None = None, group_bytes: int = 1 << 30) -> None:
     from wfm_jax.models.loading import (abstract_model, all_variables, check_against_model,
-                                        mapped_meta, read_json, resolve_model_dir)
+                                        read_json, resolve_model_dir, stored_keys)
     directory = resolve_model_dir(src, "transformer")
     config = read_json(os.path.join(directory, "config.json"))
     spec = registry.spec_for(config)
     table = spec.build_table(config)
-    meta = mapped_meta(directory, spec.tied_copies)
+    stored = stored_keys(directory, spec.tied_copies)
+    meta = stored.meta
     model = abstract_model(spec, config)
     check_against_model(table, meta, model)
     shapes = {k: tuple(v.shape) for k, v in all_variables(model).items()}
@@ -55,7 +57,7 @@ def to_jax(src: str, dst: str, dtype: str | None = None, group_bytes: int = 1 <<
         out = {}
         for key in keys:
             rule = by_jax[key]
-            x = to_jax_tensor(rule, loaders[rule.hf](), shapes[key])
+            x = to_jax_tensor(rule, tied_reader(stored, loaders, rule.hf)(), shapes[key])
             out[key] = x.astype(cast, copy=False) if cast is not None else x
         return out
 

@@ -28,8 +28,9 @@ class ModelSpec:
     # an abstract model.
     make_model: Callable[..., object]
     weights_stem: str = "diffusion_pytorch_model"  # "model" for transformers checkpoints
-    # keys a checkpoint may also hold as copies of a mapped tensor (tied weights): not loaded
-    tied_copies: tuple[str, ...] = ()
+    # (copy key, table key) pairs of tied weights a checkpoint may store under either key or
+    # both (converters.tied folds them)
+    tied_copies: tuple[tuple[str, str], ...] = ()
 
 
 _REGISTRY: dict[str, ModelSpec] = {}

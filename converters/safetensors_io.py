@@ -5,9 +5,11 @@ loader reads one tensor in its stored dtype (a bf16 checkpoint stays bf16 in hos
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import os
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 from safetensors import safe_open
@@ -47,6 +49,27 @@ def open_checkpoint(path: str) -> dict[str, Callable[[], np.ndarray]]:
 def _read(file: str, key: str) -> np.ndarray:
     with safe_open(file, framework="numpy") as f:
         return f.get_tensor(key)
+
+
+@contextlib.contextmanager
+def open_checkpoint_slices(path: str) -> Iterator[dict[str, Callable[[tuple], np.ndarray]]]:
+    """key -> read(index): the elements `index` (a tuple of slices, () for all) selects of one
+    tensor, in its stored dtype; only those bytes are copied out of the file. Files stay open
+    for the `with` block."""
+    files = [path] if os.path.isfile(path) else _find_weights(path)[0]
+    readers: dict[str, Callable[[tuple], np.ndarray]] = {}
+    with contextlib.ExitStack() as stack:
+        for file in files:
+            handle = stack.enter_context(safe_open(file, framework="numpy"))
+            for key in handle.keys():
+                if key in readers:
+                    raise ValueError(f"tensor {key} appears in more than one shard of {path}")
+                readers[key] = functools.partial(_read_slice, handle, key)
+        yield readers
+
+
+def _read_slice(handle, key: str, index: tuple) -> np.ndarray:
+    return handle.get_slice(key)[index]
 
 
 def save_checkpoint(tensors: dict[str, np.ndarray], directory: str,

@@ -1,8 +1,9 @@
 """transformers T5EncoderModel <-> wfm_jax T5Encoder: one table, both ways.
 
-transformers ties `encoder.embed_tokens.weight` to `shared.weight` and saves only the latter; the
-table maps `shared.weight`. A checkpoint that also stores the tied copy goes through
-`drop_tied_copy` first.
+transformers ties `encoder.embed_tokens.weight` to `shared.weight` and save_pretrained writes only
+the latter; the table maps `shared.weight`. Checkpoints that store the copy too (or only the copy)
+load through `SPEC.tied_copies` (converters.tied); `drop_tied_copy` does the same for in-memory
+loaders.
 """
 from __future__ import annotations
 
@@ -10,15 +11,17 @@ from typing import Any, Callable, Mapping
 
 from converters.registry import ModelSpec, register
 from converters.table import Rule, linear
+from converters.tied import check_equal
 from wfm_jax.models.text.t5 import T5Config, make_model
 
 TIED_COPY = "encoder.embed_tokens.weight"
+SHARED = "shared.weight"
 
 
 def build_table(config: Mapping[str, Any]) -> list[Rule]:
     cfg = T5Config.from_dict(config)
     table = [
-        Rule("shared", "shared.weight"),
+        Rule("shared", SHARED),
         Rule("relative_attention_bias",
              "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"),
     ]
@@ -36,13 +39,26 @@ def build_table(config: Mapping[str, Any]) -> list[Rule]:
 
 
 def drop_tied_copy(loaders: Mapping[str, Callable]) -> dict[str, Callable]:
-    """Checkpoint keys -> loaders with the tied embedding copy folded into `shared.weight`."""
+    """Checkpoint keys -> loaders with the tied embedding copy folded into `shared.weight`
+    (when both are stored, loading it checks they hold the same values)."""
     out = dict(loaders)
-    if TIED_COPY in out:
-        copy = out.pop(TIED_COPY)
-        out.setdefault("shared.weight", copy)
+    if TIED_COPY not in out:
+        return out
+    copy = out.pop(TIED_COPY)
+    if SHARED not in out:
+        out[SHARED] = copy
+        return out
+    shared = out[SHARED]
+
+    def checked():
+        value = shared()
+        check_equal(SHARED, TIED_COPY, value, copy())
+        return value
+
+    out[SHARED] = checked
     return out
 
 
 SPEC = register(ModelSpec(class_name="T5EncoderModel", build_table=build_table,
-                          make_model=make_model, weights_stem="model", tied_copies=(TIED_COPY,)))
+                          make_model=make_model, weights_stem="model",
+                          tied_copies=((TIED_COPY, SHARED),)))

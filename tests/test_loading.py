@@ -6,19 +6,27 @@ of any real architecture; SD3-specific checks live in test_converters_cli.py.
 from __future__ import annotations
 
 import json
+import math
 import os
+import socket
+import subprocess
+import sys
+from collections import Counter
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from safetensors.numpy import load_file
 
 from converters import jax_state
+from converters.safetensors_io import open_checkpoint_slices
 from converters.table import ConversionError, TRANSFORMS
 from tests import _toy_model as toy
+from tests._two_process_load import bounds, recording_opener
 from wfm_jax import mesh as wmesh
 from wfm_jax.models import loading
 from wfm_jax.models.state import flat_arrays, flat_params
@@ -83,7 +91,130 @@ def test_sharded_load_places_each_tensor_by_the_rules(ckpt, mesh):
                                atol=1e-6)
 
 
-def test_bf16_checkpoint_is_cast_to_param_dtype(tmp_path):
+# ----------------------------------------------------------------------------- slice reads
+
+# stored-layout bounds of a shard, written out per transform (independent of the loader's
+# permutation probe): linear kernels (in, out) are stored (out, in); conv HWIO is stored OIHW
+STORED_ORDER = {"identity": lambda b: b, "linear": lambda b: b[::-1],
+                "conv": lambda b: (b[3], b[2], b[0], b[1])}
+
+
+def _expected_reads(rule, sharding, shape, devices=None) -> set:
+    """Stored-layout (start, stop) bounds of each distinct shard that `devices` hold."""
+    out = set()
+    for device, index in sharding.devices_indices_map(shape).items():
+        if devices is None or device in devices:
+            out.add(STORED_ORDER[rule.transform](
+                tuple(s.indices(n)[:2] for s, n in zip(index, shape))))
+    return out
+
+
+def test_sharded_load_reads_each_distinct_shard_once(ckpt, mesh, monkeypatch):
+    """On a (data=2, fsdp=4) mesh an fsdp-sharded tensor is read as 4 quarter slices (the data
+    replicas share them) and a replicated one once, never once per device; values are exact."""
+    tensors, path = ckpt
+    reads = []
+    monkeypatch.setattr(loading, "open_checkpoint_slices",
+                        recording_opener(loading.open_checkpoint_slices, reads))
+    model, _ = loading.load_model(path, mesh=mesh)
+    want = _expected(tensors)
+    got = flat_arrays(model)
+    for k in want:
+        np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+    shardings = wmesh.param_shardings(model, mesh)
+    by_key = {}
+    for key, read_bounds, size in reads:
+        by_key.setdefault(key, []).append((read_bounds, size))
+    for rule in toy.build_table(toy.CONFIG):
+        shape = want[rule.jax].shape
+        got_reads = by_key.pop(rule.hf)
+        expected = _expected_reads(rule, shardings[rule.jax], shape)
+        assert Counter(b for b, _ in got_reads) == Counter(expected), rule.hf  # each slice once
+        assert sum(n for _, n in got_reads) == math.prod(shape), rule.hf  # one process: all, once
+    assert not by_key  # nothing read outside the table
+    fsdp = [b for k, b, _ in reads if k == "blocks.0.ff.net.0.weight"]
+    assert sorted(fsdp) == [((0, 32), (4 * i, 4 * i + 4)) for i in range(4)]  # stored (out, in)
+    assert [n for k, _, n in reads if k == "conv_in.weight"] == [tensors["conv_in.weight"].size]
+
+
+@pytest.mark.parametrize("jax_path, spec", [
+    ("blocks.0.up.kernel", P("fsdp", None)),  # stored (out, in): a column block per device
+    ("blocks.1.down.kernel", P(None, "fsdp")),  # stored (out, in): a row block per device
+    ("conv.kernel", P(None, None, None, "fsdp")),  # HWIO split on O: stored OIHW rows
+    ("conv.kernel", P(None, None, "data", "fsdp")),  # split on I and O
+])
+def test_half_the_devices_read_only_their_slices(ckpt, jax_path, spec):
+    """Process 0 of two (devices 0..3 of an 8-device mesh) plans and reads exactly its shards'
+    slices in the stored layout: half of the tensor, each slice once."""
+    tensors, path = ckpt
+    rule = next(r for r in toy.build_table(toy.CONFIG) if r.jax == jax_path)
+    want = _expected(tensors)[jax_path]
+    mesh = wmesh.make_mesh(data=2, fsdp=4) if "data" in spec else wmesh.make_mesh(fsdp=8)
+    first_half = set(jax.devices()[:4])
+    sharding = NamedSharding(mesh, spec)
+    mine = {d: i for d, i in sharding.devices_indices_map(want.shape).items() if d in first_half}
+    plan = loading.plan_reads(loading.axis_permutation(rule.transform, want.ndim), mine,
+                              want.shape)
+    assert Counter(bounds(stored) for stored, _, _ in plan) == Counter(
+        _expected_reads(rule, sharding, want.shape, first_half))
+    assert sorted(d.id for _, _, devices in plan for d in devices) == [0, 1, 2, 3]
+    elements = 0
+    with open_checkpoint_slices(path) as readers:
+        for stored, index, _ in plan:
+            piece = TRANSFORMS[rule.transform][0](readers[rule.hf](stored))
+            np.testing.assert_array_equal(piece, want[index])
+            elements += piece.size
+    assert elements * 2 == want.size
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("localhost", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_processes_each_read_their_half(ckpt, tmp_path):
+    """Two real CPU processes (jax.distributed, 4 devices each) on an fsdp=8 mesh: every shard
+    holds the checkpoint's values, each process reads half of every fsdp-split tensor, and the
+    two halves are disjoint and cover it."""
+    tensors, path = ckpt
+    port = _free_port()
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
+               JAX_PLATFORMS="cpu")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    procs = [subprocess.Popen([sys.executable, "-m", "tests._two_process_load", str(i),
+                               str(port), path, str(tmp_path / f"{i}.json")], cwd=root, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for i in range(2)]
+    outputs = [p.communicate(timeout=240)[0] for p in procs]
+    for p, out in zip(procs, outputs):
+        assert p.returncode == 0, out[-3000:]
+    results = [json.load(open(tmp_path / f"{i}.json")) for i in range(2)]
+    assert [len(r["devices"]) for r in results] == [4, 4]
+    assert not set(results[0]["devices"]) & set(results[1]["devices"])
+    reads = []
+    for r in results:
+        assert r["wrong"] == []
+        per_key = {}
+        for key, read_bounds, size in r["reads"]:
+            per_key.setdefault(key, []).append((tuple(map(tuple, read_bounds)), size))
+        reads.append(per_key)
+    shardings = wmesh.param_shardings(loading.abstract_model(toy.SPEC, toy.CONFIG),
+                                      wmesh.make_mesh(fsdp=8))
+    split = {r.hf for r in toy.build_table(toy.CONFIG)
+             if "fsdp" in jax.tree.leaves(tuple(shardings[r.jax].spec))}
+    assert len(split) >= 5
+    for key, tensor in tensors.items():
+        first, second = ([b for b, _ in r[key]] for r in reads)
+        sizes = [sum(n for _, n in r[key]) for r in reads]
+        if key in split:  # half each, disjoint
+            assert sizes == [tensor.size // 2] * 2 and not set(first) & set(second), key
+        else:  # replicated: whole, once per process
+            assert sizes == [tensor.size] * 2 and len(first) == len(second) == 1, key
+
+
+def test_bf16_checkpoint_is_cast_to_param_dtype(tmp_path, mesh):
     tensors = toy.torch_layout_tensors(seed=1, dtype=toy.BF16)
     path = toy.write_checkpoint(tmp_path / "bf16", tensors)
     model, _ = loading.load_model(path, param_dtype=jnp.float32)
@@ -91,8 +222,11 @@ def test_bf16_checkpoint_is_cast_to_param_dtype(tmp_path):
     for k, v in _expected(tensors).items():
         assert got[k].dtype == np.float32
         np.testing.assert_array_equal(got[k], v, err_msg=k)
-    model16, _ = loading.load_model(path, param_dtype=jnp.bfloat16)
-    assert all(v.dtype == toy.BF16 for v in flat_arrays(model16).values())
+    # bf16 slices (safetensors get_slice + ml_dtypes) land in shards bit for bit
+    model16, _ = loading.load_model(path, param_dtype=jnp.bfloat16, mesh=mesh)
+    got16 = flat_arrays(model16)
+    for k, v in _expected(tensors, toy.BF16).items():
+        assert got16[k].dtype == toy.BF16 and got16[k].tobytes() == v.tobytes(), k
 
 
 def _bad(tmp_path, edit):
@@ -115,7 +249,7 @@ def test_bad_checkpoint_names_the_key_before_reading_any_tensor(tmp_path, monkey
     def no_reads(_):
         raise AssertionError("a tensor was read before the checks")
 
-    monkeypatch.setattr(loading, "open_checkpoint", no_reads)
+    monkeypatch.setattr(loading, "open_checkpoint_slices", no_reads)
     with pytest.raises(ConversionError, match=needle.replace(".", r"\.")):
         loading.load_model(path)
 

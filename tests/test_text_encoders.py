@@ -304,18 +304,79 @@ def test_missing_extra_and_misshaped_keys_are_named(which):
     assert {r.jax for r in table} == set(shapes)
 
 
-def test_load_model_ignores_a_stored_tied_copy(tmp_path):
-    """Some T5 checkpoints store encoder.embed_tokens.weight beside shared.weight: the loader
-    (and `python -m converters to-jax`) take shared.weight and skip the copy."""
+@pytest.fixture(scope="module")
+def t5_reference():
+    """A tiny T5 and its parameters converted from the keys plain save_pretrained writes."""
+    torch_model = _torch_model(transformers.T5EncoderModel, transformers.T5Config(**T5_CONFIG))
+    table = t5_conv.build_table(T5_CONFIG)
+    return torch_model, convert_to_jax(table, _loaders(_t5_saved_state(torch_model)))
+
+
+def _save_t5(torch_model, directory, layout: str) -> str:
+    """save_pretrained in one tied-weights layout: "shared" (what it writes by default),
+    "both" (ties saved both ways: distinct tensors, equal values), "copy" (only the tied copy),
+    "differ" (both keys, the copy perturbed)."""
+    state = {k: v.clone() for k, v in torch_model.state_dict().items()}  # clones: no aliasing
+    if layout == "copy":
+        del state[t5_conv.SHARED]
+    if layout == "differ":
+        state[t5_conv.TIED_COPY][3, 5] += 1.0
+    torch_model.save_pretrained(directory, state_dict=None if layout == "shared" else state)
+    return str(directory)
+
+
+@pytest.mark.parametrize("layout, stored", [
+    ("shared", {t5_conv.SHARED}), ("both", {t5_conv.SHARED, t5_conv.TIED_COPY}),
+    ("copy", {t5_conv.TIED_COPY})])
+def test_t5_loads_every_tied_layout_transformers_writes(t5_reference, tmp_path, layout, stored):
+    """Each layout loads (sharded, so the copy check runs per slice) to the same parameters,
+    through load_model and through `python -m converters to-jax`."""
+    from converters import jax_state
+    from converters.cli import main
+    from wfm_jax.mesh import make_mesh
+    from converters.safetensors_io import checkpoint_meta
     from wfm_jax.models.loading import load_model
+    torch_model, want = t5_reference
+    src = _save_t5(torch_model, tmp_path / layout, layout)
+    keys = set(checkpoint_meta(src))
+    assert keys & {t5_conv.SHARED, t5_conv.TIED_COPY} == stored
+    model, _ = load_model(src, component="text_encoder_3", mesh=make_mesh(fsdp=8))
+    got = flat_arrays(model)
+    assert set(got) == set(want)
+    for key, value in want.items():
+        np.testing.assert_array_equal(got[key], value, err_msg=key)
+    assert main(["to-jax", src, str(tmp_path / "state")]) == 0
+    state = jax_state.restore_state(str(tmp_path / "state"), keys=["shared"])
+    np.testing.assert_array_equal(state["shared"], want["shared"])
+
+
+def test_t5_tied_keys_with_different_values_are_refused(t5_reference, tmp_path, capsys):
+    from converters.cli import main
+    from wfm_jax.models.loading import load_model
+    torch_model, _ = t5_reference
+    src = _save_t5(torch_model, tmp_path / "differ", "differ")
+    needle = (rf"tied keys {t5_conv.SHARED} and {t5_conv.TIED_COPY} hold different "
+              rf"values").replace(".", r"\.")
+    with pytest.raises(ConversionError, match=needle):
+        load_model(src)
+    assert main(["to-jax", src, str(tmp_path / "state")]) == 1
+    assert t5_conv.TIED_COPY in capsys.readouterr().err
+    assert not os.path.exists(tmp_path / "state")
+    # drop_tied_copy (in-memory loaders) refuses them too
+    state = _numpy_state(torch_model)
+    state[t5_conv.TIED_COPY] = state[t5_conv.TIED_COPY] + 1
+    with pytest.raises(ConversionError, match=needle):
+        convert_to_jax(t5_conv.build_table(T5_CONFIG), t5_conv.drop_tied_copy(_loaders(state)))
+
+
+def test_t5_tied_copy_with_another_shape_is_named_before_reading(tmp_path, monkeypatch):
+    from wfm_jax.models import loading
     torch_model = _torch_model(transformers.T5EncoderModel, transformers.T5Config(**T5_CONFIG))
     state = _numpy_state(torch_model)
-    assert t5_conv.TIED_COPY in state and "shared.weight" in state
+    state[t5_conv.TIED_COPY] = state[t5_conv.TIED_COPY][:-1]
     save_checkpoint(state, str(tmp_path), stem="model")
-    config = dict(torch_model.config.to_dict(), architectures=["T5EncoderModel"])
-    (tmp_path / "config.json").write_text(json.dumps(config))
-    model, _ = load_model(str(tmp_path), component="text_encoder_3")
-    ids = np.array([[5, 9, 3, 1, 0, 0]], np.int64)
-    with torch.no_grad():
-        want = torch_model(torch.from_numpy(ids)).last_hidden_state.numpy()
-    np.testing.assert_allclose(np.asarray(model(jnp.asarray(ids))), want, atol=2e-5)
+    (tmp_path / "config.json").write_text(json.dumps(
+        dict(torch_model.config.to_dict(), architectures=["T5EncoderModel"])))
+    monkeypatch.setattr(loading, "open_checkpoint_slices", None)  # any read would fail
+    with pytest.raises(ConversionError, match="tied keys shared.weight .*encoder.embed_tokens"):
+        loading.load_model(str(tmp_path))

@@ -3,19 +3,26 @@
 Loading never builds the model on one device and never holds the checkpoint in host memory:
 
     config.json -> ModelSpec (converters.registry) -> nnx.eval_shape(make_model) -> shardings
-    -> for each table rule: read ONE tensor, transform, cast, place into its shards
+    -> for each table rule and each distinct shard this process addresses: read only that
+       shard's slice of the stored tensor, transform, cast, put it on its device(s)
     -> fill the abstract model's variables.
+
+So on a pod each process reads its own part of every sharded tensor, once (replicas on several
+local devices share one read). Every transform in converters.table is an axis permutation, so a
+shard's slice maps back to one slice of the stored layout; a transform that is not would be read
+whole (per process) and cut.
 
 Every key/shape problem that the file headers reveal is raised (ConversionError naming the keys)
 before any tensor is read or any device is touched.
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
 import tempfile
-from typing import Mapping
+from typing import Callable, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -24,9 +31,11 @@ from flax import nnx
 
 from converters import registry
 from converters.atomic import atomic_directory
-from converters.safetensors_io import checkpoint_meta, open_checkpoint, save_checkpoint_streaming
+from converters.safetensors_io import (checkpoint_meta, open_checkpoint_slices,
+                                       save_checkpoint_streaming)
 from converters.table import (TRANSFORMS, ConversionError, Rule, check_keys, to_diffusers_tensor,
                               to_jax_tensor)
+from converters.tied import StoredKeys, resolve_tied, tied_reader
 from wfm_jax.models.state import flat_params, path_str
 
 _PROBE = (2, 3, 5, 7, 11, 13)  # distinct sizes reveal how a transform permutes axes
@@ -70,15 +79,28 @@ def abstract_model(spec: registry.ModelSpec, config: dict, dtype=None, param_dty
 
 # ----------------------------------------------------------------------------- checks
 
+@functools.lru_cache(maxsize=None)
+def axis_permutation(transform: str, ndim: int) -> tuple[int, ...] | None:
+    """perm with transformed axis i = stored axis perm[i]; None when the transform is not a pure
+    axis permutation (then a slice of its output has no single slice of its input)."""
+    if transform == "identity":
+        return tuple(range(ndim))
+    if ndim > len(_PROBE):
+        return None
+    x = np.arange(math.prod(_PROBE[:ndim]), dtype=np.int32).reshape(_PROBE[:ndim])
+    y = TRANSFORMS[transform][0](x)
+    if sorted(y.shape) != sorted(x.shape):
+        return None
+    perm = tuple(x.shape.index(d) for d in y.shape)
+    return perm if np.array_equal(y, np.transpose(x, perm)) else None
+
+
 def _jax_shape(rule: Rule, hf_shape: tuple) -> tuple | None:
     """Shape a tensor takes after the rule's transform, from its shape alone (None if unknown)."""
-    if rule.transform == "identity" or len(hf_shape) > len(_PROBE):
-        return tuple(hf_shape) if rule.transform == "identity" else None
-    probe = _PROBE[:len(hf_shape)]
-    out = TRANSFORMS[rule.transform][0](np.empty(probe, np.int8)).shape
-    if sorted(out) != sorted(probe):  # not a pure permutation: shape checked after reading
+    perm = axis_permutation(rule.transform, len(hf_shape))
+    if perm is None:  # not a pure permutation: shape checked after reading
         return None
-    return tuple(hf_shape[probe.index(d)] for d in out)
+    return tuple(hf_shape[p] for p in perm)
 
 
 def all_variables(model) -> dict[str, nnx.Variable]:
@@ -107,11 +129,55 @@ def check_against_model(table: list[Rule], meta: Mapping[str, tuple], model) -> 
 
 # ----------------------------------------------------------------------------- placement
 
-def _place(x: np.ndarray, sharding: jax.sharding.Sharding) -> jax.Array:
-    if sharding.is_fully_addressable:
-        return jax.device_put(x, sharding)
-    # multi-process: every process holds the tensor and hands over only its own shards
-    return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
+def _full_index(index: tuple, shape: tuple) -> tuple[slice, ...]:
+    """A shard index (tuple of slices, possibly open or short) with explicit bounds per axis."""
+    index = tuple(index) + (slice(None),) * (len(shape) - len(index))
+    return tuple(slice(*s.indices(n)) for s, n in zip(index, shape))
+
+
+def checkpoint_index(perm: tuple[int, ...], index: tuple, jax_shape: tuple) -> tuple[slice, ...]:
+    """The slices of the stored tensor that hold what `index` picks of the transformed one."""
+    full = _full_index(index, jax_shape)
+    out = [slice(None)] * len(perm)
+    for axis, src in enumerate(perm):
+        out[src] = full[axis]
+    return tuple(out)
+
+
+def plan_reads(perm: tuple[int, ...] | None, device_indices: Mapping, jax_shape: tuple
+               ) -> list[tuple[tuple, tuple, list]]:
+    """(stored-layout index, jax index, devices) per distinct shard in `device_indices` (a
+    sharding's device -> index map, e.g. the part this process addresses): replicas share one
+    read. perm None (not a permutation): the stored index is () — the whole tensor."""
+    plan: dict[tuple, tuple[tuple, tuple, list]] = {}
+    for device, index in device_indices.items():
+        full = _full_index(index, jax_shape)
+        key = tuple((s.start, s.stop, s.step) for s in full)  # slices are unhashable in 3.11
+        if key not in plan:
+            plan[key] = (() if perm is None else checkpoint_index(perm, full, jax_shape), full, [])
+        plan[key][2].append(device)
+    return list(plan.values())
+
+
+def load_tensor(read: Callable[[tuple], np.ndarray], rule: Rule, shape: tuple, dtype,
+                sharding: jax.sharding.Sharding) -> jax.Array:
+    """One table tensor into the shards this process addresses; read(index) gives a slice of
+    the stored tensor. Each distinct shard's slice is read once, transformed and cast."""
+    shape = tuple(shape)
+    perm = axis_permutation(rule.transform, len(shape))
+    plan = plan_reads(perm, sharding.addressable_devices_indices_map(shape), shape)
+    if perm is None:  # read whole, transform, then cut the shards
+        whole = to_jax_tensor(rule, read(()), shape)
+    forward = TRANSFORMS[rule.transform][0]
+    arrays = []
+    for stored_index, index, devices in plan:
+        piece = whole[index] if perm is None else forward(read(stored_index))
+        want = tuple(s.stop - s.start for s in index)
+        if piece.shape != want:  # headers were checked; a file that lies about shapes lands here
+            raise ConversionError(f"{rule.hf}: read {piece.shape} for shard {want} of {rule.jax}")
+        piece = piece.astype(dtype, copy=False)
+        arrays += [jax.device_put(piece, d) for d in devices]
+    return jax.make_array_from_single_device_arrays(shape, sharding, arrays)
 
 
 def _default_shardings(model) -> dict[str, jax.sharding.Sharding]:
@@ -144,25 +210,25 @@ def _materialise_rest(model, make, shardings) -> None:
         variables[key].set_value(value)
 
 
-def mapped_meta(checkpoint_dir: str, skip=()) -> dict:
-    """key -> (shape, dtype) from the headers, without the `skip` keys (tied copies of mapped
-    tensors, which carry nothing of their own and are never read)."""
-    return {k: v for k, v in checkpoint_meta(checkpoint_dir).items() if k not in skip}
+def stored_keys(checkpoint_dir: str, tied=()) -> StoredKeys:
+    """Header metadata (key -> (shape, dtype)) with tied copies folded into their table keys."""
+    return resolve_tied(checkpoint_meta(checkpoint_dir), tuple(tied))
 
 
 def fill_from_checkpoint(model, table: list[Rule], checkpoint_dir: str,
-                         shardings: Mapping[str, jax.sharding.Sharding], skip=()) -> None:
-    """Fill an abstract model in place, one tensor at a time, each straight into its shards."""
-    check_against_model(table, mapped_meta(checkpoint_dir, skip), model)
-    loaders = open_checkpoint(checkpoint_dir)
+                         shardings: Mapping[str, jax.sharding.Sharding], tied=()) -> None:
+    """Fill an abstract model in place, one tensor at a time, each process reading only the
+    slices its shards hold. tied: (copy key, table key) pairs (ModelSpec.tied_copies)."""
+    keys = stored_keys(checkpoint_dir, tied)
+    check_against_model(table, keys.meta, model)
     variables = all_variables(model)
-    for rule in table:
-        var = variables[rule.jax]
-        x = to_jax_tensor(rule, loaders[rule.hf](), var.shape)
-        if x.dtype != var.dtype:
-            x = x.astype(var.dtype)
-        var.set_value(_place(x, shardings[rule.jax]))
-        del x
+    # tied pairs first: a copy that differs fails before the bulk is read
+    order = sorted(table, key=lambda r: r.hf not in keys.twins)
+    with open_checkpoint_slices(checkpoint_dir) as readers:
+        for rule in order:
+            var = variables[rule.jax]
+            var.set_value(load_tensor(tied_reader(keys, readers, rule.hf), rule, var.shape,
+                                      var.dtype, shardings[rule.jax]))
 
 
 def fill_from_state(model, state_dir: str, shardings: Mapping[str, jax.sharding.Sharding]) -> None:
@@ -204,7 +270,7 @@ def load_model(path: str, *, component: str = "transformer", dtype=None,
         fill_from_state(model, directory, shardings)
     else:
         fill_from_checkpoint(model, spec.build_table(config), directory, shardings,
-                             skip=spec.tied_copies)
+                             tied=spec.tied_copies)
     _materialise_rest(model, lambda: spec.make_model(config, dtype=dtype, param_dtype=param_dtype,
                                                      rngs=nnx.Rngs(0), **options), shardings)
     return model, config
