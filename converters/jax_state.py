@@ -76,15 +76,29 @@ def write_config(config: Mapping, directory: str) -> None:
         f.write("\n")
 
 
+# Storage chunk bound. Without it a host (numpy) array is stored as ONE chunk, and restoring any
+# shard of it decompresses the whole array on every process; with it a process restoring its
+# shards reads only the chunks they overlap.
+CHUNK_BYTES = 4 << 20
+
+
+def _chunked(ocp, chunk_bytes: int):
+    saving = ocp.options.ArrayOptions.Saving
+    return ocp.Context(array_options=ocp.options.ArrayOptions(saving=saving(
+        storage_options=saving.StorageOptions(chunk_byte_size=chunk_bytes))))
+
+
 def save_state_streaming(nbytes: Mapping[str, int],
                          load_many: Callable[[list[str]], Mapping[str, object]],
-                         config: Mapping, dst: str, group_bytes: int = 1 << 30) -> None:
+                         config: Mapping, dst: str, group_bytes: int = 1 << 30,
+                         chunk_bytes: int = CHUNK_BYTES) -> None:
     """Write a state directory; load_many(paths) yields only about `group_bytes` at a time.
 
     nbytes: dotted path -> tensor size (plans the groups); values may be numpy or jax arrays.
+    Arrays are stored in chunks of at most `chunk_bytes`.
     """
     ocp = _ocp()
-    with atomic_directory(dst) as tmp:
+    with atomic_directory(dst) as tmp, _chunked(ocp, chunk_bytes):
         target = os.path.join(tmp, PARAMS_DIR)
         for keys in _groups(nbytes, group_bytes):
             arrays = load_many(keys)
@@ -94,10 +108,17 @@ def save_state_streaming(nbytes: Mapping[str, int],
         write_config(config, tmp)
 
 
-def save_state(flat: Mapping[str, object], config: Mapping, dst: str) -> None:
+def save_state(flat: Mapping[str, object], config: Mapping, dst: str,
+               chunk_bytes: int = CHUNK_BYTES) -> None:
     """Write an in-memory state (numpy or jax arrays, sharded arrays included) in one go."""
     save_state_streaming({k: 0 for k in flat}, lambda keys: {k: flat[k] for k in keys}, config,
-                         dst, group_bytes=1)  # size 0 everywhere -> one group
+                         dst, group_bytes=1, chunk_bytes=chunk_bytes)  # size 0 -> one group
+
+
+def chunk_shapes(src: str) -> dict[str, tuple[int, ...]]:
+    """dotted path -> the shape of the chunks it is stored in (the unit a restore reads)."""
+    tree = _ocp().metadata(os.path.join(src, PARAMS_DIR)).metadata
+    return {k: tuple(m.storage_metadata.chunk_shape) for k, m in flatten(tree).items()}
 
 
 def read_config(src: str) -> dict:

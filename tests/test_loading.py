@@ -300,9 +300,13 @@ def test_export_round_trip_is_bit_identical_and_atomic(tmp_path, ckpt, mesh):
 
 def test_state_save_restore_keeps_dtypes_and_loads_into_shards(tmp_path, mesh):
     flat = {"a.0.w": np.arange(12, dtype=np.float32).reshape(3, 4),
-            "a.1.w": np.ones((8,), toy.BF16), "b": np.array([1, 2], np.int32)}
+            "a.1.w": np.ones((8,), toy.BF16), "b": np.array([1, 2], np.int32),
+            "big": np.zeros((1024, 2048), np.float32)}  # twice the default chunk bound
     jax_state.save_state(flat, {"_class_name": "X"}, str(tmp_path / "s"))
     assert jax_state.is_state_dir(str(tmp_path / "s"))
+    chunks = jax_state.chunk_shapes(str(tmp_path / "s"))
+    assert chunks["a.0.w"] == (3, 4)  # small arrays stay one chunk
+    assert math.prod(chunks["big"]) * 4 <= jax_state.CHUNK_BYTES < flat["big"].nbytes
     assert jax_state.read_config(str(tmp_path / "s")) == {"_class_name": "X"}
     back = jax_state.restore_state(str(tmp_path / "s"))
     for k, v in flat.items():
@@ -312,7 +316,11 @@ def test_state_save_restore_keeps_dtypes_and_loads_into_shards(tmp_path, mesh):
     # a state dir loads like a diffusers dir, straight into shards
     tensors = toy.torch_layout_tensors(seed=3)
     model, config = loading.load_model(toy.write_checkpoint(tmp_path / "d", tensors))
-    jax_state.save_state(flat_arrays(model), config, str(tmp_path / "toy_state"))
+    # small chunks: a process restoring its shards reads only the chunks they overlap
+    jax_state.save_state(flat_arrays(model), config, str(tmp_path / "toy_state"),
+                         chunk_bytes=512)
+    assert math.prod(jax_state.chunk_shapes(str(tmp_path / "toy_state"))["blocks.0.up.kernel"]
+                     ) * 4 <= 512
     again, _ = loading.load_model(str(tmp_path / "toy_state"), mesh=mesh)
     assert flat_params(again)["blocks.0.up.kernel"][...].sharding.spec == P("fsdp", None)
     host = flat_arrays(again)
