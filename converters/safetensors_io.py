@@ -11,6 +11,7 @@ import json
 import os
 from typing import Callable, Iterator
 
+import ml_dtypes  # noqa: F401  registers "bfloat16" with numpy: safetensors' numpy reader needs it
 import numpy as np
 from safetensors import safe_open
 from safetensors.numpy import save_file

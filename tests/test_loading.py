@@ -167,6 +167,20 @@ def test_half_the_devices_read_only_their_slices(ckpt, jax_path, spec):
     assert elements * 2 == want.size
 
 
+def test_bf16_slices_read_without_jax_imported(tmp_path):
+    """safetensors' numpy reader needs ml_dtypes' "bfloat16"; jax usually registers it, but the
+    converters must not rely on jax having been imported first."""
+    tensors = {"w": np.arange(12, dtype=np.float32).reshape(3, 4).astype(toy.BF16)}
+    path = toy.write_checkpoint(tmp_path, tensors)
+    code = ("import sys; from converters.safetensors_io import open_checkpoint_slices as o\n"
+            f"with o({path!r}) as r: x = r['w']((slice(1, 3), slice(0, 2)))\n"
+            "assert 'jax' not in sys.modules; print(x.dtype, x.tobytes().hex())")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["bfloat16", tensors["w"][1:3, 0:2].tobytes().hex()]
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("localhost", 0))
