@@ -24,7 +24,7 @@ from safetensors.numpy import load_file
 
 from converters import jax_state
 from converters.safetensors_io import open_checkpoint_slices
-from converters.table import ConversionError, TRANSFORMS
+from converters.table import TRANSFORMS, ConversionError, Rule
 from tests import _toy_model as toy
 from tests._two_process_load import bounds, recording_opener
 from wfm_jax import mesh as wmesh
@@ -165,6 +165,24 @@ def test_half_the_devices_read_only_their_slices(ckpt, jax_path, spec):
             np.testing.assert_array_equal(piece, want[index])
             elements += piece.size
     assert elements * 2 == want.size
+
+
+def test_a_transform_that_is_not_a_permutation_is_read_whole_once(monkeypatch, mesh):
+    """Slices of a flipped tensor are not slices of the stored one: the loader reads it whole
+    (once per process) and cuts the shards from the transformed tensor."""
+    assert loading.axis_permutation("linear", 2) == (1, 0)
+    assert loading.axis_permutation("conv", 4) == (2, 3, 1, 0)  # HWIO from OIHW
+    monkeypatch.setitem(TRANSFORMS, "flip", (lambda w: np.flip(w, 0), lambda w: np.flip(w, 0)))
+    loading.axis_permutation.cache_clear()
+    assert loading.axis_permutation("flip", 2) is None
+    stored = np.arange(32, dtype=np.float32).reshape(8, 4)
+    reads = []
+    sharding = NamedSharding(mesh, P("fsdp", None))
+    out = loading.load_tensor(lambda index: reads.append(index) or stored,
+                              Rule("x", "x.weight", "flip"), (8, 4), np.float32, sharding)
+    assert reads == [()]
+    assert out.sharding == sharding
+    np.testing.assert_array_equal(np.asarray(out), np.flip(stored, 0))
 
 
 def test_bf16_slices_read_without_jax_imported(tmp_path):

@@ -10,7 +10,9 @@ Loading never builds the model on one device and never holds the checkpoint in h
 So on a pod each process reads its own part of every sharded tensor, once (replicas on several
 local devices share one read). Every transform in converters.table is an axis permutation, so a
 shard's slice maps back to one slice of the stored layout; a transform that is not would be read
-whole (per process) and cut.
+whole (per process) and cut. Host memory is always the shards'; disk reads follow the file's pages,
+so a slice that is strided in the stored layout (a torch Linear split on its input axis, e.g.
+q/k/v under fsdp) still pulls most of the tensor's pages, a row block only its own.
 
 Every key/shape problem that the file headers reveal is raised (ConversionError naming the keys)
 before any tensor is read or any device is touched.
