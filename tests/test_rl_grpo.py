@@ -4,7 +4,8 @@ Trainer-level wiring against float64 numpy on a toy velocity network: the stored
 log-probs of an SDE rollout with CFG, the training-time recomputed mean / log-prob / PPO loss /
 closed-form KL of a stored step, the gradient with the unconditional branch detached, the Fast
 window with the CPS step. The importance ratio is exactly 1 at the first inner epoch. End to end:
-the tiny recipe raises the JPEG reward; the Fast variant with two inner epochs and LoRA runs.
+the tiny recipe raises the JPEG reward; the Fast variant with two inner epochs and LoRA runs; a
+run killed and resumed ends with the uninterrupted run's metrics and train state, bit for bit.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import numpy as np
 import pytest
 
 from tests import _rl_toy as toy
+from tests._resume import assert_resumed_run_matches, kill_and_resume, persistent_compile_cache
 from wfm_jax import main as wmain
 from wfm_jax.config_schema import default_config
 from wfm_jax.sampling.samplers import draw_window_start, sample
@@ -229,6 +231,12 @@ def tiny_dir(tmp_path_factory):
     return build_tiny_pipeline(str(tmp_path_factory.mktemp("tiny") / "pipe"), seed=0)
 
 
+@pytest.fixture(scope="module")
+def compile_cache(tmp_path_factory):
+    with persistent_compile_cache(tmp_path_factory.mktemp("jax_cache")):
+        yield
+
+
 def _argv(tiny_dir, out_dir, *extra):
     # mini_batch 2 per device x the 8 test devices = the whole batch of 16 in one micro-batch
     return ["--config", RECIPE, f"--config.policy.model_name_or_path={tiny_dir}",
@@ -236,10 +244,18 @@ def _argv(tiny_dir, out_dir, *extra):
             *extra]
 
 
+@pytest.fixture(scope="module")
+def grpo_run(tiny_dir, compile_cache, tmp_path_factory):
+    """The whole tiny recipe, uninterrupted; every 4th step checkpointed and kept."""
+    out = tmp_path_factory.mktemp("grpo")
+    assert wmain.main(_argv(tiny_dir, out, "--config.train.ckpt.save_freq=4",
+                            "--config.train.ckpt.max_keep=5")) == 0
+    return out
+
+
 @pytest.mark.slow
-def test_tiny_grpo_reward_rises(tiny_dir, tmp_path):
-    assert wmain.main(_argv(tiny_dir, tmp_path / "grpo")) == 0
-    m = toy.metrics(tmp_path / "grpo")
+def test_tiny_grpo_reward_rises(grpo_run):
+    m = toy.metrics(grpo_run)
     assert sorted(m) == list(range(1, 21))
     toy.assert_reward_rises(m)
     for step in m.values():
@@ -273,6 +289,21 @@ def test_fast_variant_lora_two_inner_epochs(tiny_dir, tmp_path):
         assert np.isfinite(m[step]["train/kl_loss"])
     assert m[2]["train/kl_loss"] > 0  # the adapters moved the policy off the base model
     assert (out / "safetensors" / "step_2" / "lora" / "model.safetensors").is_file()
+
+
+@pytest.mark.slow
+def test_resume_after_a_kill_is_bit_identical(grpo_run, tiny_dir, compile_cache, tmp_path,
+                                              monkeypatch):
+    """Killed after step 3 (checkpoint at 2), resumed to 4: the same metrics and step-4 state
+    as the uninterrupted run (a constant learning rate: its 20 planned steps change nothing),
+    and batches 0, 1, 2 then 2, 3 read."""
+    out = tmp_path / "resumed"
+    argv = _argv(tiny_dir, out, "--config.train.ckpt.save_freq=2",
+                 "--config.train.ckpt.export_safetensors=False",
+                 "--config.validation.enable=False")
+    read = kill_and_resume(monkeypatch, argv, kill_after=3, resume_to=4)
+    assert read == {"killed": [0, 1, 2], "resumed": [2, 3]}
+    assert_resumed_run_matches(out, grpo_run, 4)
 
 
 def test_bad_grpo_settings_stop_with_one_line(tiny_dir, tmp_path, capsys):
