@@ -19,6 +19,16 @@ import optax
 SCHEDULES = ("constant", "cosine")
 
 
+def optimizer_updates(loop_steps: int, calls_per_step: int = 1, grad_accum_steps: int = 1) -> int:
+    """How many updates a run applies when each loop step calls the optimizer `calls_per_step`
+    times and every `grad_accum_steps`-th call closes an accumulation window (the schedule's
+    total_steps counts these, not loop steps)."""
+    if min(loop_steps, calls_per_step, grad_accum_steps) < 1:
+        raise ValueError(f"loop_steps={loop_steps}, calls_per_step={calls_per_step} and "
+                         f"grad_accum_steps={grad_accum_steps} must be >= 1")
+    return int(loop_steps) * int(calls_per_step) // int(grad_accum_steps)
+
+
 def make_lr_schedule(lr: float, warmup_steps: int = 0, schedule: str = "constant",
                      total_steps: int | None = None,
                      min_lr_ratio: float = 0.0) -> Callable[[Any], jax.Array]:

@@ -35,7 +35,7 @@ from wfm_jax.models.layers.embeddings import Buffer
 from wfm_jax.models.sd3.pipeline import PipelineError, SD3Pipeline
 from wfm_jax.train import lora as lora_lib
 from wfm_jax.train.checkpoint import Checkpointer, Restored
-from wfm_jax.train.optim import make_lr_schedule, make_optimizer
+from wfm_jax.train.optim import make_lr_schedule, make_optimizer, optimizer_updates
 from wfm_jax.train.state import TrainState
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
@@ -163,10 +163,27 @@ def merge(graphdef, trainable, frozen) -> nnx.Module:
     return nnx.merge(graphdef, trainable, frozen)
 
 
+def schedule_total_steps(config) -> int | None:
+    """The cosine schedule's length: the optimizer updates the whole run applies (None for a
+    constant rate). An SFT loop step is one update (grad_accum_steps micro-steps); an RL loop
+    step calls the optimizer once per inner epoch (mu_iterations), and with grad_accum_steps > 1
+    every call is a micro-step of an accumulation window."""
+    t = config.train
+    if t.lr_schedule != "cosine":
+        return None
+    accum = int(t.grad_accum_steps)
+    calls = accum if t.train_policy.type == "sft" else int(t.train_policy.mu_iterations)
+    return optimizer_updates(int(t.max_steps), calls, accum)
+
+
 def make_tx(config) -> tuple[optax.GradientTransformation, Callable]:
     """(optimizer, lr schedule over the update count) from train.optm_*."""
     t = config.train
-    total = t.max_steps if t.lr_schedule == "cosine" else None  # only cosine needs it
+    total = schedule_total_steps(config)
+    if total is not None and total <= t.optm_warmup_steps:
+        raise SetupError(f"train.lr_schedule='cosine': train.optm_warmup_steps="
+                         f"{t.optm_warmup_steps} leaves nothing of the run's {total} optimizer "
+                         f"updates (train.max_steps x inner epochs / train.grad_accum_steps)")
     kw = dict(warmup_steps=t.optm_warmup_steps, schedule=t.lr_schedule, total_steps=total)
     tx = make_optimizer(t.optm_lr, weight_decay=t.optm_weight_decay, betas=tuple(t.optm_betas),
                         eps=t.optm_eps, grad_norm_clip=t.optm_grad_norm_clip,

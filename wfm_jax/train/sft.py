@@ -50,7 +50,7 @@ def _step_key(setup, loss_args: tuple) -> tuple:
     t = setup.config.train
     optim = (t.optm_lr, t.optm_weight_decay, tuple(t.optm_betas), t.optm_eps,
              t.optm_grad_norm_clip, t.optm_warmup_steps, t.lr_schedule,
-             t.max_steps if t.lr_schedule == "cosine" else None, t.grad_accum_steps,
+             setup_lib.schedule_total_steps(setup.config), t.grad_accum_steps,
              t.ema_enable, t.ema_decay, t.ema_update_step_interval)
     state_leaves, state_def = jax.tree.flatten(setup.shardings)
     frozen_leaves, frozen_def = jax.tree.flatten(_shardings_of(setup.frozen))
