@@ -141,6 +141,25 @@ def test_validation_checks(tmp_path):
     assert cfg.load_config(path, [("train.ema_update_step_interval", "0")]).train.ema_update_step_interval == 0
 
 
+def test_parallelism_takes_minus_one_on_any_one_axis(tmp_path):
+    from wfm_jax.config_schema import MESH_AXES
+    from wfm_jax.mesh import MESH_AXES as mesh_axes
+    assert MESH_AXES == mesh_axes
+    path = write_recipe(tmp_path, "")
+    for axis in ("fsdp", "context"):
+        p = cfg.load_config(path, [("policy.parallelism.data", "2"),
+                                   (f"policy.parallelism.{axis}", "-1")]).policy.parallelism
+        assert p[axis] == -1 and p.data == 2
+    with pytest.raises(ConfigError) as err:  # the default data=-1 plus fsdp=-1
+        cfg.load_config(path, [("policy.parallelism.fsdp", "-1")])
+    msg = str(err.value)
+    assert "\n" not in msg and "'policy.parallelism.data' and 'policy.parallelism.fsdp'" in msg
+    assert "only one mesh axis" in msg and "--config.policy.parallelism.data=1" in msg
+    for axis, value in (("context", "0"), ("fsdp", "-2"), ("data", "0")):
+        with pytest.raises(ConfigError, match=f"'policy.parallelism.{axis}' must be > 0 or -1"):
+            cfg.load_config(path, [(f"policy.parallelism.{axis}", value)])
+
+
 def test_register_check_hook(tmp_path):
     calls = []
 

@@ -55,6 +55,23 @@ def test_make_mesh_errors_name_the_numbers(sizes, words):
         assert w in str(err.value)
 
 
+def test_config_parallelism_builds_the_mesh_with_any_axis_filled():
+    from wfm_jax.config_schema import default_config
+    from wfm_jax.train.setup import SetupError, build_mesh
+    config = default_config()
+    p = config.policy.parallelism
+    p.data, p.fsdp, p.context = 1, -1, 1
+    assert dict(build_mesh(config).shape) == {"data": 1, "fsdp": 8, "context": 1}
+    p.data, p.fsdp, p.context = 2, 2, -1
+    assert dict(build_mesh(config).shape) == {"data": 2, "fsdp": 2, "context": 2}
+    p.data, p.fsdp, p.context = 3, -1, 1
+    with pytest.raises(SetupError) as err:
+        build_mesh(config)
+    msg = str(err.value)
+    assert msg.startswith("policy.parallelism: cannot fill fsdp=-1") and "\n" not in msg
+    assert "3 devices" in msg and "8 devices" in msg
+
+
 def test_divisibility_checks():
     mesh = wmesh.make_mesh(data=2, fsdp=2, context=2)
     wmesh.check_batch(mesh, 8)

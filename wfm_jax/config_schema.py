@@ -216,8 +216,7 @@ def check_ranges(config) -> None:
                        "train.train_policy.mu_iterations", "rollout.n_generation",
                        "validation.batch_size", "validation.freq", "policy.lora.r",
                        "policy.diffusers.train_frames", "policy.diffusers.sample.num_steps",
-                       "policy.diffusers.sample.eval_num_steps", "policy.parallelism.fsdp",
-                       "policy.parallelism.context"])
+                       "policy.diffusers.sample.eval_num_steps"])
     _positive(config, ["train.train_policy.clip_range", "train.train_policy.data_beta",
                        "train.train_policy.loss_scale", "train.train_policy.update_ref_every_iter",
                        "policy.diffusers.sample.sde_window_size",
@@ -238,15 +237,31 @@ def check_ranges(config) -> None:
     if len(size) != 2 or not all(isinstance(s, int) and s > 0 for s in size):
         raise ConfigError(f"config key 'policy.diffusers.inference_size' must be (H, W) positive "
                           f"ints, got {size}")
-    data = _required(config, "policy.parallelism.data")
-    if data == 0 or data < -1:
-        raise ConfigError(f"config key 'policy.parallelism.data' must be > 0 or -1 (all devices "
-                          f"left over), got {data}")
     low = _required(config, "train.train_policy.advantage_low")
     high = _required(config, "train.train_policy.advantage_high")
     if low > high:
         raise ConfigError(f"config keys 'train.train_policy.advantage_low' ({low}) > "
                           f"'advantage_high' ({high})")
+
+
+MESH_AXES = ("data", "fsdp", "context")  # wfm_jax.mesh.MESH_AXES (no jax import here)
+
+
+@register_check
+def check_parallelism(config) -> None:
+    """Mesh axis sizes: positive, or -1 on one axis (it takes the devices the others leave;
+    whether they divide is checked when the mesh is built)."""
+    sizes = {a: _required(config, f"policy.parallelism.{a}") for a in MESH_AXES}
+    for axis, size in sizes.items():
+        if size == 0 or size < -1:
+            raise ConfigError(f"config key 'policy.parallelism.{axis}' must be > 0 or -1 (all "
+                              f"devices left over), got {size}")
+    fill = [a for a, size in sizes.items() if size == -1]
+    if len(fill) > 1:
+        keys = " and ".join(f"'policy.parallelism.{a}'" for a in fill)
+        raise ConfigError(f"config keys {keys} are all -1: only one mesh axis may take the "
+                          f"devices left over; give the others a size, e.g. "
+                          f"--config.policy.parallelism.{fill[0]}=1")
 
 
 @register_check
