@@ -2,18 +2,23 @@
 
     python -m wfm_jax.tiny DIR [--seed S] [--overwrite]
 
-Tests and the embedded recipe defaults use it in place of a downloaded model. Everything is built
-in memory (tokenizers from a byte-level vocab, models from configs under a fixed torch seed) and
-saved with diffusers' `save_pretrained`, into a temporary sibling directory renamed into place, so
-DIR is either complete or untouched.
+Tests and the embedded recipe defaults use it in place of a downloaded model. It needs no torch:
+tokenizers are built from a byte-level vocab and saved by transformers, configs are written as
+JSON (the same files diffusers/transformers `save_pretrained` write), and every weight is drawn
+with numpy in the shape the wfm_jax model and its converter table give, then saved as
+safetensors in the diffusers/transformers key layout. All of it goes into a temporary sibling
+directory renamed into place, so DIR is either complete or untouched.
 """
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import os
-import shutil
 import sys
-import tempfile
+from importlib import metadata
+
+import numpy as np
 
 # Shapes (design.md): CLIP 16 + 16 wide = T5 width = joint_attention_dim; pooled = 32 + 32.
 CLIP_WIDTH, CLIP_PROJECTION, T5_WIDTH = 16, 32, 32
@@ -23,6 +28,23 @@ CLIP_MERGES = [("t", "h"), ("th", "e</w>"), ("a", "n"), ("o", "n</w>")]
 T5_WORDS = ["▁a", "▁the", "▁of", "▁photo", "▁cat", "▁dog", "▁red", "▁blue", "▁on",
             "▁in"]
 T5_EXTRA_IDS = 8
+EMBEDDING_STD = 0.02  # token / position tables and T5's relative-position bias
+PINNED_DIFFUSERS = "0.42.1"  # written as `_diffusers_version` when diffusers is not installed
+
+# component -> (library, class) as model_index.json names them; the offset seeds its weights
+MODELS = {
+    "text_encoder": ("transformers", "CLIPTextModelWithProjection", 1),
+    "text_encoder_2": ("transformers", "CLIPTextModelWithProjection", 2),
+    "text_encoder_3": ("transformers", "T5EncoderModel", 3),
+    "transformer": ("diffusers", "SD3Transformer2DModel", 4),
+    "vae": ("diffusers", "AutoencoderKL", 5),
+}
+OTHERS = {
+    "scheduler": ("diffusers", "FlowMatchEulerDiscreteScheduler"),
+    "tokenizer": ("transformers", "CLIPTokenizer"),
+    "tokenizer_2": ("transformers", "CLIPTokenizer"),
+    "tokenizer_3": ("transformers", "T5Tokenizer"),
+}
 
 
 def byte_symbols() -> list[str]:
@@ -63,92 +85,192 @@ def t5_tokenizer():
     return T5Tokenizer(vocab=pieces, extra_ids=T5_EXTRA_IDS)
 
 
-def _randomise_constants(model, seed: int) -> None:
-    """Give every constant tensor (norm scales at 1, biases and any zero-init layer at 0) small
-    random values, so no output is trivially constant and swapped mappings show up in parity."""
-    import torch
-
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.numel() > 1 and float(p.std()) == 0.0:
-                p.add_(0.1 * torch.randn(p.shape, generator=gen, dtype=p.dtype))
+def tokenizers() -> dict:
+    # "!" pads CLIP-G as in SD3, so its padding differs from EOS
+    return dict(tokenizer=clip_tokenizer(), tokenizer_2=clip_tokenizer(pad_token="!"),
+                tokenizer_3=t5_tokenizer())
 
 
-def build_components(seed: int = 0) -> dict:
-    """The pipeline's components (torch modules, tokenizers, scheduler), deterministic in seed."""
-    import torch
+# ----------------------------------------------------------------------------- configs
+
+def _diffusers_version() -> str:
+    try:
+        return metadata.version("diffusers")
+    except metadata.PackageNotFoundError:
+        return PINNED_DIFFUSERS
+
+
+def _diffusers_config(class_name: str, **values) -> dict:
+    return {"_class_name": class_name, "_diffusers_version": _diffusers_version(), **values}
+
+
+def transformer_config() -> dict:
+    """Every `SD3Transformer2DModel.__init__` argument, as diffusers' save_pretrained lists them."""
+    return _diffusers_config(
+        "SD3Transformer2DModel", sample_size=32, patch_size=2, in_channels=4, num_layers=2,
+        attention_head_dim=8, num_attention_heads=4, joint_attention_dim=T5_WIDTH,
+        caption_projection_dim=32, pooled_projection_dim=2 * CLIP_PROJECTION, out_channels=4,
+        pos_embed_max_size=96, dual_attention_layers=[], qk_norm=None)
+
+
+def vae_config() -> dict:
+    return _diffusers_config(
+        "AutoencoderKL", in_channels=3, out_channels=3, down_block_types=["DownEncoderBlock2D"],
+        up_block_types=["UpDecoderBlock2D"], block_out_channels=[8], layers_per_block=1,
+        act_fn="silu", latent_channels=4, norm_num_groups=1, sample_size=32,
+        scaling_factor=VAE_SCALING_FACTOR, shift_factor=VAE_SHIFT_FACTOR, latents_mean=None,
+        latents_std=None, force_upcast=True, use_quant_conv=False, use_post_quant_conv=False,
+        mid_block_add_attention=True)
+
+
+def scheduler_config() -> dict:
+    return _diffusers_config(
+        "FlowMatchEulerDiscreteScheduler", num_train_timesteps=1000, shift=3.0,
+        use_dynamic_shifting=False, base_shift=0.5, max_shift=1.15, base_image_seq_len=256,
+        max_image_seq_len=4096, invert_sigmas=False, shift_terminal=None, use_karras_sigmas=False,
+        use_exponential_sigmas=False, use_beta_sigmas=False, time_shift_type="exponential",
+        stochastic_sampling=False)
+
+
+def text_encoder_configs(toks: dict) -> dict:
+    """transformers config objects (torch-free) for the two CLIPs and T5, matched to `toks`."""
     import transformers
-    from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel
 
-    tokenizer, tokenizer_2 = clip_tokenizer(), clip_tokenizer(pad_token="!")  # "!" as SD3's CLIP-G
-    tokenizer_3 = t5_tokenizer()
-
-    def seeded(offset, make):
-        torch.manual_seed(seed * 1000 + offset)
-        model = make()
-        _randomise_constants(model, seed * 1000 + offset + 500)
-        return model.eval()
-
-    def clip_config(tok, hidden_act):
+    def clip(tok, hidden_act):
         return transformers.CLIPTextConfig(
             vocab_size=len(tok), hidden_size=CLIP_WIDTH, intermediate_size=37,
             projection_dim=CLIP_PROJECTION, num_hidden_layers=2, num_attention_heads=2,
             max_position_embeddings=CLIP_MAX_LENGTH, hidden_act=hidden_act,
             bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-            pad_token_id=tok.pad_token_id)
+            pad_token_id=tok.pad_token_id, architectures=["CLIPTextModelWithProjection"],
+            dtype="float32")
 
-    t5_config = transformers.T5Config(
-        vocab_size=len(tokenizer_3), d_model=T5_WIDTH, d_kv=8, d_ff=37, num_layers=2, num_heads=2,
-        relative_attention_num_buckets=8, relative_attention_max_distance=16,
-        feed_forward_proj="gated-gelu", is_encoder_decoder=False, use_cache=False,
-        pad_token_id=tokenizer_3.pad_token_id, eos_token_id=tokenizer_3.eos_token_id,
-        decoder_start_token_id=tokenizer_3.pad_token_id)
-
+    t5 = toks["tokenizer_3"]
     return dict(
         # CLIP-L uses quick_gelu, CLIP-G the erf gelu
-        text_encoder=seeded(1, lambda: transformers.CLIPTextModelWithProjection(
-            clip_config(tokenizer, "quick_gelu"))),
-        text_encoder_2=seeded(2, lambda: transformers.CLIPTextModelWithProjection(
-            clip_config(tokenizer_2, "gelu"))),
-        text_encoder_3=seeded(3, lambda: transformers.T5EncoderModel(t5_config)),
-        transformer=seeded(4, lambda: SD3Transformer2DModel(
-            sample_size=32, patch_size=2, in_channels=4, num_layers=2, attention_head_dim=8,
-            num_attention_heads=4, joint_attention_dim=T5_WIDTH, caption_projection_dim=32,
-            pooled_projection_dim=2 * CLIP_PROJECTION, out_channels=4, pos_embed_max_size=96)),
-        vae=seeded(5, lambda: AutoencoderKL(
-            block_out_channels=(8,), layers_per_block=1, latent_channels=4, norm_num_groups=1,
-            use_quant_conv=False, use_post_quant_conv=False,
-            scaling_factor=VAE_SCALING_FACTOR, shift_factor=VAE_SHIFT_FACTOR)),
-        scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
-        tokenizer=tokenizer, tokenizer_2=tokenizer_2, tokenizer_3=tokenizer_3,
-    )
+        text_encoder=clip(toks["tokenizer"], "quick_gelu"),
+        text_encoder_2=clip(toks["tokenizer_2"], "gelu"),
+        text_encoder_3=transformers.T5Config(
+            vocab_size=len(t5), d_model=T5_WIDTH, d_kv=8, d_ff=37, num_layers=2, num_heads=2,
+            relative_attention_num_buckets=8, relative_attention_max_distance=16,
+            feed_forward_proj="gated-gelu", is_encoder_decoder=False, use_cache=False,
+            pad_token_id=t5.pad_token_id, eos_token_id=t5.eos_token_id,
+            decoder_start_token_id=t5.pad_token_id, architectures=["T5EncoderModel"],
+            dtype="float32"))
+
+
+def write_json(data: dict, path: str) -> None:
+    """diffusers' layout: sorted keys, 2-space indent, trailing newline."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def model_index() -> dict:
+    entries = {name: [lib, cls] for name, (lib, cls, _) in MODELS.items()}
+    entries.update({name: list(v) for name, v in OTHERS.items()})
+    entries.update(feature_extractor=[None, None], image_encoder=[None, None])
+    return _diffusers_config("StableDiffusion3Pipeline", **entries)
+
+
+# ----------------------------------------------------------------------------- weights
+
+def _buffers(spec, config: dict, model) -> dict[str, np.ndarray]:
+    """Values of the model's checkpoint buffers (SD3's sincos position table): these are not
+    random, so take what the wfm_jax constructor computes (under jit, so XLA drops every other
+    initialiser)."""
+    import jax
+    from flax import nnx
+
+    from wfm_jax.models.layers.embeddings import Buffer
+    from wfm_jax.models.state import flat_params
+
+    if not flat_params(model, Buffer):
+        return {}
+
+    def build():
+        made = spec.make_model(config, rngs=nnx.Rngs(0))
+        return {k: v[...] for k, v in flat_params(made, Buffer).items()}
+
+    return {k: np.asarray(v, np.float32) for k, v in jax.jit(build)().items()}
+
+
+def _draw(path: str, transform: str, shapes: dict, rng: np.random.Generator) -> np.ndarray:
+    """One parameter in wfm_jax layout. Kernels and their biases as torch's default init
+    (uniform, bound 1/sqrt(fan_in)); norm scales 1 + 0.1 N and other biases 0.1 N, so nothing is
+    constant; embedding tables small."""
+    shape = shapes[path]
+    prefix, leaf = path.rpartition(".")[0], path.rpartition(".")[2]
+    kernel = f"{prefix}.kernel" if prefix else "kernel"
+    if transform in ("linear", "conv") or (leaf == "bias" and kernel in shapes):
+        fan_in = math.prod(shapes[kernel][:-1])  # (in, out) or HWIO
+        return rng.uniform(-1.0, 1.0, shape).astype(np.float32) / np.float32(math.sqrt(fan_in))
+    noise = rng.standard_normal(shape, dtype=np.float32)
+    if leaf == "scale":
+        return 1.0 + 0.1 * noise
+    if leaf == "bias":
+        return 0.1 * noise
+    return EMBEDDING_STD * noise
+
+
+def random_weights(config: dict, rng: np.random.Generator) -> tuple[dict[str, np.ndarray], str]:
+    """(checkpoint key -> fp32 tensor, weights file stem) for one component's config.json: the
+    shapes come from the abstract wfm_jax model, the keys and layouts from its converter table."""
+    from converters import registry
+    from converters.table import ConversionError, convert_to_diffusers
+    from wfm_jax.models.loading import abstract_model
+    from wfm_jax.models.state import flat_shapes
+
+    spec = registry.spec_for(config)
+    table = spec.build_table(config)
+    model = abstract_model(spec, config)
+    shapes = flat_shapes(model)
+    transforms = {r.jax: r.transform for r in table}
+    if set(shapes) != set(transforms):
+        raise ConversionError(f"{registry.class_name_of(config)}: table and model disagree on "
+                              f"{sorted(set(shapes) ^ set(transforms))[:8]}")
+    flat = _buffers(spec, config, model)
+    for path in sorted(transforms):  # fixed order: the draw depends on the seed alone
+        if path not in flat:
+            flat[path] = _draw(path, transforms[path], shapes, rng)
+    return convert_to_diffusers(table, flat), spec.weights_stem
+
+
+# ----------------------------------------------------------------------------- the directory
+
+def write_pipeline(directory: str, seed: int = 0) -> None:
+    """Write every file of the pipeline into `directory` (non-atomic; see build_tiny_pipeline)."""
+    from converters.safetensors_io import save_checkpoint
+
+    toks = tokenizers()
+    for name, tok in toks.items():
+        tok.save_pretrained(os.path.join(directory, name))
+    for name, cfg in text_encoder_configs(toks).items():
+        cfg.save_pretrained(os.path.join(directory, name))
+    write_json(transformer_config(), os.path.join(directory, "transformer", "config.json"))
+    write_json(vae_config(), os.path.join(directory, "vae", "config.json"))
+    write_json(scheduler_config(), os.path.join(directory, "scheduler", "scheduler_config.json"))
+    for name, (_, _, offset) in MODELS.items():
+        with open(os.path.join(directory, name, "config.json")) as f:
+            config = json.load(f)  # as written: exactly what every loader will see
+        tensors, stem = random_weights(config, np.random.default_rng([seed, offset]))
+        save_checkpoint(tensors, os.path.join(directory, name), stem=stem)
+    write_json(model_index(), os.path.join(directory, "model_index.json"))
 
 
 def build_tiny_pipeline(directory: str, seed: int = 0, overwrite: bool = False) -> str:
     """Write the tiny pipeline to `directory` (must be absent or empty unless overwrite)."""
-    from diffusers import StableDiffusion3Pipeline
+    from converters.atomic import atomic_directory
 
+    if seed < 0:  # numpy seeds are non-negative
+        raise ValueError(f"seed must be >= 0, got {seed}")
     directory = os.path.abspath(directory)
     if os.path.isfile(directory):
         raise FileExistsError(f"{directory} is a file, not a pipeline directory")
     if os.path.isdir(directory) and os.listdir(directory) and not overwrite:
         raise FileExistsError(f"{directory} exists and is not empty (pass overwrite to replace it)")
-    parent = os.path.dirname(directory)
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(directory)}.tmp-", dir=parent)
-    try:
-        StableDiffusion3Pipeline(**build_components(seed)).save_pretrained(tmp)
-        if os.path.isdir(directory):
-            old = tempfile.mkdtemp(prefix=f".{os.path.basename(directory)}.old-", dir=parent)
-            os.replace(directory, os.path.join(old, "pipe"))
-            os.replace(tmp, directory)
-            shutil.rmtree(old)
-        else:
-            os.replace(tmp, directory)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    with atomic_directory(directory) as tmp:
+        write_pipeline(tmp, seed)
     return directory
 
 
@@ -161,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         path = build_tiny_pipeline(args.directory, seed=args.seed, overwrite=args.overwrite)
-    except (FileExistsError, PermissionError, OSError) as e:
+    except (ValueError, OSError) as e:  # FileExistsError and PermissionError are OSErrors
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(path)
