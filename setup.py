@@ -28,8 +28,6 @@ EXTRAS = {
     "tpu": ["jax[tpu]==0.10.2"],
     "server": ["fastapi", "uvicorn"],
     "ocr": ["rapidocr-onnxruntime"],
-    # the embedded tiny defaults write their random pipeline with diffusers' torch modules
-    "tiny": ["torch==2.13.0"],
     # torch is only a parity/benchmark dependency; never torchvision (it breaks `import diffusers`).
     "test": ["pytest", "torch==2.13.0", "peft==0.21.2", "fastapi", "uvicorn", "httpx",
              "rapidocr-onnxruntime"],
