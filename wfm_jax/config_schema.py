@@ -55,6 +55,9 @@ DEFAULTS = {
             },
             "mini_batch": 1,
             "mu_iterations": 1,
+            # rows per optimizer update within an inner epoch (None: the whole batch); a multiple
+            # of mini_batch x data-parallel devices that divides train_batch_per_replica
+            "batch_size_per_optimize": placeholder(int),
             "kl_beta": 1e-4,
             "advantage_low": -5.0,
             "advantage_high": 5.0,
@@ -237,6 +240,10 @@ def check_ranges(config) -> None:
     if len(size) != 2 or not all(isinstance(s, int) and s > 0 for s in size):
         raise ConfigError(f"config key 'policy.diffusers.inference_size' must be (H, W) positive "
                           f"ints, got {size}")
+    per_optimize = get(config, "train.train_policy.batch_size_per_optimize")
+    if per_optimize is not None and per_optimize <= 0:
+        raise ConfigError(f"config key 'train.train_policy.batch_size_per_optimize' must be > 0 "
+                          f"(or None: the whole batch), got {per_optimize}")
     low = _required(config, "train.train_policy.advantage_low")
     high = _required(config, "train.train_policy.advantage_high")
     if low > high:
@@ -273,6 +280,10 @@ def check_groups(config) -> None:
     if batch % group:
         raise ConfigError(f"train.train_batch_per_replica={batch} is not a multiple of "
                           f"rollout.n_generation={group}")
+    per_optimize = get(config, "train.train_policy.batch_size_per_optimize")
+    if per_optimize is not None and batch % per_optimize:
+        raise ConfigError(f"train.train_batch_per_replica={batch} is not a multiple of "
+                          f"train.train_policy.batch_size_per_optimize={per_optimize}")
 
 
 @register_check

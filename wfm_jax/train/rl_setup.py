@@ -85,7 +85,9 @@ class RLRun:
     output_dir: str
     base_key: Any = None
     text_encoder: Any = None
-    mu_iterations: int = 1   # inner epochs: optimizer steps on each rollout batch
+    mu_iterations: int = 1   # inner epochs over each rollout batch
+    optimize_chunks: int = 1  # optimizer steps per inner epoch (batch_size_per_optimize)
+    row_shards: int = 1      # devices the batch rows are split over
     shared: dict = dataclasses.field(default_factory=dict)  # algo.prepare's arrays
     _fns: dict = dataclasses.field(default_factory=dict)
 
@@ -157,7 +159,7 @@ class RLRun:
         self.setup.state = state
         out = {f"train/{k}": float(v) for k, v in jax.device_get(metrics).items()}
         out["train/old_policy_decay"] = eta
-        # the rate of the last optimizer update (several per step when mu_iterations > 1)
+        # the rate of the last optimizer update (several per step: mu_iterations x chunks)
         out["train/learning_rate"] = float(self.setup.lr_schedule(int(state.step) - 1))
         return state, out
 
@@ -219,6 +221,8 @@ def _compile(run: RLRun) -> dict:
         return decode(vae_state, out.latents)
 
     n_micro, n_epochs = run.micro_batches, run.mu_iterations
+    n_chunks = getattr(run, "optimize_chunks", 1)  # optimizer updates per inner epoch
+    shards = getattr(run, "row_shards", 1)  # devices the batch rows are split over
     keeps_old = getattr(algo, "keeps_old", False)
 
     @functools.partial(jax.jit, donate_argnums=(0,))
@@ -238,9 +242,10 @@ def _compile(run: RLRun) -> dict:
             grads, metrics = algo.grads(velocity, state, ref_params, batch, k)
             return grads, metrics, old
 
-        def inner_epoch(state, key, olds, first: bool):
-            """One optimizer step, gradients accumulated over the micro-batches."""
-            keys = jax.random.split(key, n_micro)
+        def optimize(state, micro, keys, olds, first: bool):
+            """One optimizer step, gradients accumulated over the micro-batches (leading axis
+            of `micro`, `keys`, `olds`): their mean."""
+            count = keys.shape[0]
 
             def body(acc, xs):
                 batch, k, old = xs
@@ -251,8 +256,8 @@ def _compile(run: RLRun) -> dict:
                 state, *jax.tree.map(lambda x: x[0], (micro, keys, olds)), first)[:2])
             zeros = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), shapes)
             (grads, metrics), olds = jax.lax.scan(body, zeros, (micro, keys, olds))
-            grads = jax.tree.map(lambda g: g / n_micro, grads)
-            metrics = jax.tree.map(lambda m: m / n_micro, metrics)
+            grads = jax.tree.map(lambda g: g / count, grads)
+            metrics = jax.tree.map(lambda m: m / count, metrics)
             params, opt_state, info = apply_gradients(s.tx, state.params, state.opt_state, grads)
             step = state.step + info["updated"].astype(jnp.int32)
             ema = ema_update(state.ema, params, step, train.ema_decay,
@@ -261,26 +266,102 @@ def _compile(run: RLRun) -> dict:
             metrics["grad_norm"] = info["grad_norm"]
             return state, metrics, olds
 
-        state, metrics, olds = inner_epoch(state, key, None, True)
-        first_dev = metrics.get("ratio_abs_dev")  # 0 exactly: the old policy is this forward
-        if n_epochs > 1:
-            def later(carry, e):
-                state, m, olds = inner_epoch(carry[0], jax.random.fold_in(key, e), carry[1],
-                                             False)
-                return (state, olds), m
+        def inner_epoch(state, key, olds, first: bool):
+            """The whole batch in one optimizer step."""
+            return optimize(state, micro, jax.random.split(key, n_micro), olds, first)
 
-            (state, _), rest = jax.lax.scan(later, (state, olds), jnp.arange(1, n_epochs))
-            metrics = jax.tree.map(lambda a, r: (a + r.sum(0)) / n_epochs, metrics, rest)
-        if first_dev is not None:
-            metrics["first_epoch_ratio_abs_dev"] = first_dev
+        if n_chunks > 1:
+            state, metrics = chunked_epochs(state, key, data, micro, grads_of, optimize)
+        else:
+            state, metrics, olds = inner_epoch(state, key, None, True)
+            first_dev = metrics.get("ratio_abs_dev")  # 0 exactly: the old policy is this forward
+            if n_epochs > 1:
+                def later(carry, e):
+                    state, m, olds = inner_epoch(carry[0], jax.random.fold_in(key, e), carry[1],
+                                                 False)
+                    return (state, olds), m
+
+                (state, _), rest = jax.lax.scan(later, (state, olds), jnp.arange(1, n_epochs))
+                metrics = jax.tree.map(lambda a, r: (a + r.sum(0)) / n_epochs, metrics, rest)
+            if first_dev is not None:
+                metrics["first_epoch_ratio_abs_dev"] = first_dev
         state = algo.post_update(state, eta)
+        return state, metrics
+
+    def chunked_epochs(state, key, data, micro, grads_of, optimize):
+        """mu_iterations epochs, each over the batch in a fresh random row order, cut into
+        n_chunks optimizer steps (cosmos-rl's batch_size_per_optimize). Metrics (grad_norm
+        included) are means over all the steps."""
+        if keeps_old:
+            # the old values come from the policy that rolled out, for every row, before any
+            # step moves it (later chunks of the first epoch must not see an updated policy)
+            k_old = jax.random.fold_in(key, n_epochs)
+
+            def old_of(_, xs):
+                return None, grads_of(state, xs[0], xs[1], None, True)[2]
+
+            _, olds = jax.lax.scan(old_of, None, (micro, jax.random.split(k_old, n_micro)))
+            olds = jax.tree.map(lambda o: jnp.swapaxes(o, 0, 1).reshape(
+                (-1,) + o.shape[2:]), olds)  # micro layout -> row order
+        else:
+            olds = None
+        rows = jax.tree.leaves(data)[0].shape[0]
+        per_chunk = n_micro // n_chunks
+
+        def epoch(state, e):
+            k_perm, k_micro = jax.random.split(jax.random.fold_in(key, e))
+            order = shard_local_permutation(k_perm, rows, shards)
+            chunks = jax.tree.map(lambda x: chunk_layout(x, order, n_chunks, n_micro, shards),
+                                  (data, olds))
+            keys = jax.vmap(lambda k: jax.random.split(k, per_chunk))(
+                jax.random.split(k_micro, n_chunks))
+
+            def step(state, xs):
+                (batch, old), ks = xs
+                state, metrics, _ = optimize(state, batch, ks, old, False)
+                return state, metrics
+
+            state, metrics = jax.lax.scan(step, state, (chunks, keys))
+            return state, jax.tree.map(lambda m: m.mean(0), metrics)
+
+        state, per_epoch = jax.lax.scan(epoch, state, jnp.arange(n_epochs))
+        metrics = jax.tree.map(lambda m: m.mean(0), per_epoch)
+        if "ratio_abs_dev" in per_epoch:
+            metrics["first_epoch_ratio_abs_dev"] = per_epoch["ratio_abs_dev"][0]
         return state, metrics
 
     return {"rollout": rollout, "evaluate": evaluate, "update": update}
 
 
-def _check_layout(config, setup) -> tuple[int, int]:
-    """(micro-batches per step, rollout chunk) with clear errors when the numbers don't divide."""
+def shard_local_permutation(key, rows: int, shards: int):
+    """(shards, rows // shards): a random order of each device's own rows (row r of the batch
+    lives on device r // (rows // shards)), drawn per device: reordering moves no data between
+    devices, and every optimizer step takes the same number of rows from every device."""
+    local = rows // shards
+    return jax.vmap(lambda k: jax.random.permutation(k, local))(jax.random.split(key, shards))
+
+
+def chunk_layout(x, order, n_chunks: int, n_micro: int, shards: int):
+    """Rows (B, ...) -> (n_chunks, micro-batches per chunk, B // n_micro, ...).
+
+    Each device's rows are put in `order` (shard_local_permutation) and cut into n_chunks
+    consecutive runs, one per optimizer step; inside a run micro-batch j takes the device's
+    rows j, j + per_chunk, ... (as the unchunked update does), so every micro-batch holds the
+    same number of rows from every device and stays split over all of them. With n_chunks 1
+    and the identity order this is exactly the unchunked micro-batch layout."""
+    rows = x.shape[0]
+    local = rows // shards
+    per_chunk, per_device = n_micro // n_chunks, local // n_micro
+    x = x.reshape((shards, local) + x.shape[1:])
+    x = jax.vmap(lambda a, p: a[p])(x, order)
+    x = x.reshape((shards, n_chunks, per_device, per_chunk) + x.shape[2:])
+    x = jnp.transpose(x, (1, 3, 0, 2) + tuple(range(4, x.ndim)))
+    return x.reshape((n_chunks, per_chunk, shards * per_device) + x.shape[4:])
+
+
+def _check_layout(config, setup) -> tuple[int, int, int]:
+    """(micro-batches per step, rollout chunk, optimizer steps per inner epoch) with clear
+    errors when the numbers don't divide."""
     t = config.train
     dp = batch_shards(setup)
     global_batch = int(t.train_batch_per_replica)
@@ -289,8 +370,14 @@ def _check_layout(config, setup) -> tuple[int, int]:
         raise train_setup.SetupError(
             f"train_batch_per_replica={global_batch} is not a multiple of train_policy.mini_batch="
             f"{t.train_policy.mini_batch} x {dp} data-parallel devices")
+    per_optimize = t.train_policy.batch_size_per_optimize
+    if per_optimize is not None and (per_optimize % micro or global_batch % per_optimize):
+        raise train_setup.SetupError(
+            f"train_policy.batch_size_per_optimize={per_optimize} must divide "
+            f"train_batch_per_replica={global_batch} and be a multiple of train_policy.mini_batch="
+            f"{t.train_policy.mini_batch} x {dp} data-parallel devices")
     chunk = micro // jax.process_count()
-    return global_batch // micro, chunk
+    return global_batch // micro, chunk, train_setup.rl_optimize_chunks(config)
 
 
 def build(config) -> RLRun:
@@ -319,7 +406,7 @@ def build(config) -> RLRun:
 
     setup = train_setup.build(config, aux_fn=aux_fn)
     algo = algo_cls(config, setup.pipe.shift)
-    micro_batches, chunk = _check_layout(config, setup)
+    micro_batches, chunk, optimize_chunks = _check_layout(config, setup)
     batcher = group_batcher_from_config(config, train_records,
                                         data_parallel=batch_shards(setup))
     if setup.data_state:
@@ -333,6 +420,8 @@ def build(config) -> RLRun:
     run.text_encoder = TextEncoder(setup.pipe, config.policy.diffusers.max_prompt_length,
                                    out_sharding=setup.batch_sharding())
     run.mu_iterations = int(config.train.train_policy.mu_iterations)
+    run.optimize_chunks = optimize_chunks
+    run.row_shards = batch_shards(setup)
     prepare = getattr(algo, "prepare", None)
     run.shared = prepare(run) if prepare is not None else {}
     run._fns = _compile(run)

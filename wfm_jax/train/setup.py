@@ -166,14 +166,24 @@ def merge(graphdef, trainable, frozen) -> nnx.Module:
 def schedule_total_steps(config) -> int | None:
     """The cosine schedule's length: the optimizer updates the whole run applies (None for a
     constant rate). An SFT loop step is one update (grad_accum_steps micro-steps); an RL loop
-    step calls the optimizer once per inner epoch (mu_iterations), and with grad_accum_steps > 1
-    every call is a micro-step of an accumulation window."""
+    step calls the optimizer once per chunk of batch_size_per_optimize rows (one chunk when
+    unset) in each inner epoch (mu_iterations), and with grad_accum_steps > 1 every call is a
+    micro-step of an accumulation window."""
     t = config.train
     if t.lr_schedule != "cosine":
         return None
     accum = int(t.grad_accum_steps)
-    calls = accum if t.train_policy.type == "sft" else int(t.train_policy.mu_iterations)
+    calls = accum if t.train_policy.type == "sft" else (
+        int(t.train_policy.mu_iterations) * rl_optimize_chunks(config))
     return optimizer_updates(int(t.max_steps), calls, accum)
+
+
+def rl_optimize_chunks(config) -> int:
+    """Optimizer updates per RL inner epoch: the global batch over batch_size_per_optimize."""
+    per_optimize = config.train.train_policy.batch_size_per_optimize
+    if per_optimize is None:
+        return 1
+    return max(1, int(config.train.train_batch_per_replica) // int(per_optimize))
 
 
 def make_tx(config) -> tuple[optax.GradientTransformation, Callable]:
@@ -183,7 +193,8 @@ def make_tx(config) -> tuple[optax.GradientTransformation, Callable]:
     if total is not None and total <= t.optm_warmup_steps:
         raise SetupError(f"train.lr_schedule='cosine': train.optm_warmup_steps="
                          f"{t.optm_warmup_steps} leaves nothing of the run's {total} optimizer "
-                         f"updates (train.max_steps x inner epochs / train.grad_accum_steps)")
+                         f"updates (train.max_steps x inner epochs x updates per epoch / "
+                         f"train.grad_accum_steps)")
     kw = dict(warmup_steps=t.optm_warmup_steps, schedule=t.lr_schedule, total_steps=total)
     tx = make_optimizer(t.optm_lr, weight_decay=t.optm_weight_decay, betas=tuple(t.optm_betas),
                         eps=t.optm_eps, grad_norm_clip=t.optm_grad_norm_clip,
