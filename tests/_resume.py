@@ -1,4 +1,4 @@
-"""Kill-and-resume checks for the RL end-to-end tests (Flow-GRPO, DDRL).
+"""Kill-and-resume checks for the RL end-to-end tests (DiffusionNFT, Flow-GRPO, DDRL).
 
 A run is killed the way a user kills it (KeyboardInterrupt out of the metrics logger after a
 step that has no checkpoint), resumed with train.resume=True, and compared with an

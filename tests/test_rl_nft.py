@@ -2,8 +2,8 @@
 
 One 20-step run of configs/tiny_nft.py through the reference reward server on loopback (the
 remote path) must raise the JPEG-compressibility reward; a local-reward run of the same recipe,
-killed after step 4 and resumed from its step-3 checkpoint, must log exactly the same rewards and
-losses for steps 1..6 (local == remote, resume bit-identical); a LoRA run's export must load in
+killed after step 4 and resumed from its step-3 checkpoint, must log exactly the same metrics for
+steps 1..6 and hold the same step-6 state bit for bit (local == remote, resume bit-identical); a LoRA run's export must load in
 diffusers and give the JAX model's velocity. Bad input stops with one line before compiling.
 """
 from __future__ import annotations
@@ -15,6 +15,7 @@ import socket
 import numpy as np
 import pytest
 
+from tests._resume import assert_resumed_run_matches, kill_and_resume
 from wfm_jax import main as wmain
 
 RECIPE = os.path.join(os.path.dirname(__file__), "..", "configs", "tiny_nft.py")
@@ -52,7 +53,9 @@ def remote_run(tiny_dir, tmp_path_factory):
                               f"{srv.url}{ENQUEUE_PATH}",
                               f"--config.train.train_policy.remote_reward.fetch_url="
                               f"{srv.url}{PULL_PATH}",
-                              f"--config.train.train_policy.remote_reward.token={TOKEN}"))
+                              f"--config.train.train_policy.remote_reward.token={TOKEN}",
+                              # every third step kept: the resume test compares step 6's state
+                              "--config.train.ckpt.save_freq=3", "--config.train.ckpt.max_keep=7"))
     assert rc == 0
     return out
 
@@ -81,27 +84,15 @@ def test_tiny_nft_reward_rises_through_the_reward_server(remote_run):
 @pytest.mark.slow
 def test_local_rewards_match_remote_and_resume_is_bit_identical(remote_run, tiny_dir, tmp_path,
                                                                 monkeypatch):
-    from wfm_jax.train.metrics import MetricsLogger
+    """A local-reward run killed after step 4 (last checkpoint: step 3) and resumed to step 6
+    equals the remote run: every logged metric but timings, every leaf of the step-6 train state
+    (params, optimizer moments, EMA, old policy, step, key), and the batches read."""
     out = tmp_path / "nft_local"
-    real_log = MetricsLogger.log
-
-    def log_then_die_after_4(self, step, metrics):
-        record = real_log(self, step, metrics)
-        if step == 4:
-            raise KeyboardInterrupt  # a kill after step 4; the last checkpoint is step 3
-        return record
-
-    monkeypatch.setattr(MetricsLogger, "log", log_then_die_after_4)
-    assert wmain.main(_argv(tiny_dir, out, "--config.train.ckpt.save_freq=3")) == wmain.EXIT_INTERRUPTED
-    monkeypatch.setattr(MetricsLogger, "log", real_log)
-    assert wmain.main(_argv(tiny_dir, out, "--config.train.ckpt.save_freq=3",
-                            "--config.train.max_steps=6", "--config.train.resume=True")) == 0
-
-    local, remote = _metrics(out), _metrics(remote_run)
-    assert sorted(local) == [1, 2, 3, 4, 5, 6]
-    for step in range(1, 7):
-        for key in ("train/reward_mean", "train/loss", "train/old_deviation", "train/grad_norm"):
-            assert local[step][key] == remote[step][key], (step, key)
+    argv = _argv(tiny_dir, out, "--config.train.ckpt.save_freq=3",
+                 "--config.train.ckpt.export_safetensors=False", "--config.validation.enable=False")
+    read = kill_and_resume(monkeypatch, argv, kill_after=4, resume_to=6)
+    assert read == {"killed": [0, 1, 2, 3], "resumed": [3, 4, 5]}
+    assert_resumed_run_matches(out, remote_run, 6)
 
 
 @pytest.mark.slow
