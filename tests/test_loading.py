@@ -185,6 +185,24 @@ def test_a_transform_that_is_not_a_permutation_is_read_whole_once(monkeypatch, m
     np.testing.assert_array_equal(np.asarray(out), np.flip(stored, 0))
 
 
+def test_an_error_in_one_process_s_tied_slices_stops_every_process(monkeypatch):
+    """Each process checks only the slices of a tied pair it reads: the others must stop too
+    instead of waiting at their next collective."""
+    from jax.experimental import multihost_utils
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    monkeypatch.setattr(multihost_utils, "process_allgather", lambda flag: np.array([0, 1]))
+    with pytest.raises(ConversionError, match=r"process\(es\) \[1\] stopped loading the tied"):
+        loading.agree_on_failure(None)
+    own = ConversionError("tied keys shared.weight and encoder.embed_tokens.weight differ")
+    with pytest.raises(ConversionError, match="tied keys shared.weight"):
+        loading.agree_on_failure(own)  # the process that found it raises its own error
+    gathered = []
+    monkeypatch.setattr(multihost_utils, "process_allgather",
+                        lambda flag: gathered.append(int(flag)) or np.array([0, 0]))
+    loading.agree_on_failure(None)  # nobody failed: loading goes on
+    assert gathered == [0]
+
+
 def test_bf16_slices_read_without_jax_imported(tmp_path):
     """safetensors' numpy reader needs ml_dtypes' "bfloat16"; jax usually registers it, but the
     converters must not rely on jax having been imported first."""

@@ -224,13 +224,38 @@ def fill_from_checkpoint(model, table: list[Rule], checkpoint_dir: str,
     keys = stored_keys(checkpoint_dir, tied)
     check_against_model(table, keys.meta, model)
     variables = all_variables(model)
-    # tied pairs first: a copy that differs fails before the bulk is read
-    order = sorted(table, key=lambda r: r.hf not in keys.twins)
+
+    def fill(rule, readers):
+        var = variables[rule.jax]
+        var.set_value(load_tensor(tied_reader(keys, readers, rule.hf), rule, var.shape,
+                                  var.dtype, shardings[rule.jax]))
+
     with open_checkpoint_slices(checkpoint_dir) as readers:
-        for rule in order:
-            var = variables[rule.jax]
-            var.set_value(load_tensor(tied_reader(keys, readers, rule.hf), rule, var.shape,
-                                      var.dtype, shardings[rule.jax]))
+        # tied pairs first: a copy that differs fails before the bulk is read
+        failure = None
+        for rule in (r for r in table if r.hf in keys.twins):
+            try:
+                fill(rule, readers)
+            except ConversionError as e:
+                failure = failure or e
+        agree_on_failure(failure)
+        for rule in (r for r in table if r.hf not in keys.twins):
+            fill(rule, readers)
+
+
+def agree_on_failure(failure: Exception | None) -> None:
+    """Raise on every process when any one found an error in its own slices: each process reads
+    (and checks) only its part of a tensor, and one that stopped alone would leave the others
+    waiting at their next collective."""
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+        flags = np.asarray(multihost_utils.process_allgather(np.int32(failure is not None)))
+        if failure is None and flags.any():
+            failing = [int(i) for i in np.flatnonzero(flags)]
+            raise ConversionError(f"process(es) {failing} stopped loading the tied checkpoint "
+                                  "keys with an error (see their log)")
+    if failure is not None:
+        raise failure
 
 
 def fill_from_state(model, state_dir: str, shardings: Mapping[str, jax.sharding.Sharding]) -> None:
