@@ -198,3 +198,11 @@ def test_batch_size_per_optimize_below_a_micro_batch_is_one_setup_line():
     assert "\n" not in str(e.value)
     cfg = config(per_optimize=16, batch=32, mini_batch=2)
     assert rl_setup._check_layout(cfg, setup)[::2] == (2, 2)  # 2 micro-batches, 2 updates
+
+
+def test_schedule_total_counts_chunks_and_accumulation():
+    cfg = config()
+    cfg.train.grad_accum_steps = 2
+    assert schedule_total_steps(cfg) == LOOP_STEPS * MU * CHUNKS // 2
+    cfg.train.train_policy.batch_size_per_optimize = None  # the whole batch: one per epoch
+    assert schedule_total_steps(cfg) == LOOP_STEPS * MU // 2
