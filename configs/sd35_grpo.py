@@ -7,6 +7,9 @@
 10 SDE steps (a = 0.7) with CFG 4.5 for rollouts, the first 9 trained; 40-step ODE with CFG 4.5
 and EMA weights for validation. The reference trains 2 optimizer steps on each epoch of
 48 prompts x 24 images; here one batch of 24 x 24 is one optimizer step (same samples per step).
+To follow it exactly: --config.train.train_batch_per_replica=1152
+--config.train.train_policy.batch_size_per_optimize=576 (each inner epoch shuffles the batch and
+takes one optimizer step per 576 samples).
 
 Flow-GRPO-Fast (spec §2): --config.policy.diffusers.sample.sde_window_size=2
 --config.policy.diffusers.sample.solver=cps --config.policy.diffusers.sample.noise_level=0.8

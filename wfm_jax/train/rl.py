@@ -3,8 +3,9 @@
 One step: the GroupBatcher gives this process's prompts (each repeated n_generation times); the
 rollout runs in chunks, and each chunk's decoded images go to the reward service (or local
 rewards) as soon as they exist, so sampling continues while rewards are computed; then
-advantages over the whole global batch, the algorithm's update (one optimizer step, gradients
-accumulated over micro-batches), the algorithm's post-update (e.g. NFT's old-policy soft
+advantages over the whole global batch, the algorithm's update (per inner epoch one optimizer
+step, or one per chunk of batch_size_per_optimize rows in a fresh order; gradients accumulated
+over micro-batches), the algorithm's post-update (e.g. NFT's old-policy soft
 update), EMA, metrics, checkpoint, validation. The algorithms differ only in their objects in
 rl_nft.py, rl_grpo.py, rl_ddrl.py: sampler, stored rollout fields and loss.
 """
