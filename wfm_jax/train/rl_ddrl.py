@@ -15,7 +15,8 @@ Update per trained step: mu_theta = deterministic step from x_hat_k with the tra
 log-ratio -mean[(x' - mu_theta)^2 - (x' - mu_old)^2]; PPO clip; optional reverse-KL surrogate to
 the reference; data loss on the real latent; x loss_scale; mean over the trained steps.
 mu_old is, as in Flow-GRPO here, the first inner epoch's own mu_theta under stop_gradient, so
-the ratio is exactly 1 there (the reference stores the sampler's mean; equal up to rounding).
+the ratio is exactly 1 there (the reference stores the sampler's mean; equal up to rounding);
+with batch_size_per_optimize chunks, a pre-update pass gives every row its mu_old instead.
 The reference's last trained step (k = N-1) would compare against its final clean sample; here
 x_{N} is the last step's output. Advantages: ddrl_advantages (per-group unbiased std,
 exp_reward, clipped).

@@ -9,11 +9,14 @@ start is drawn per rollout chunk in `sde_window_range`; outside the window the s
 
 Update: each trained step is recomputed with the training numerics (CFG with the unconditional
 branch detached); PPO-clipped ratio + closed-form KL to the reference; gradients averaged over
-the trained steps and the micro-batches (one optimizer step per inner epoch).
+the trained steps and the micro-batches (one optimizer step per inner epoch, or per chunk of
+train_policy.batch_size_per_optimize rows).
 
 Exact ratio 1 at the first inner epoch, by construction: there the "old" log-prob IS the
 log-prob just computed in the same forward (under stop_gradient), i.e. the policy that rolled
-out evaluated with the training computation; later epochs reuse those stored values. The
+out evaluated with the training computation; later epochs reuse those stored values. With
+several chunks per epoch the old values come from one pass with the pre-update weights before
+the first update, so only the first chunk sees ratio 1 (later ones see weights already moved). The
 sampler's own log-prob differs from it by XLA rounding only (~1e-7) and is reported as
 `rollout_log_prob_gap`.
 
