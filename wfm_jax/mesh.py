@@ -125,7 +125,8 @@ def make_mesh(cfg=None, *, devices: Sequence[jax.Device] | None = None,
 
 # ----------------------------------------------------------------------------- logical -> mesh
 
-def _mesh_axes_of(entry) -> tuple[str, ...]:
+def mesh_axes_of(entry) -> tuple[str, ...]:
+    """The mesh axes a rule entry names (None, one axis, or a tuple of them), as a tuple."""
     if entry is None:
         return ()
     return tuple(entry) if isinstance(entry, (tuple, list)) else (entry,)
@@ -144,12 +145,12 @@ def logical_to_spec(axes: Sequence[str | None], rules: Rules | None = None) -> P
 def mesh_size_for(mesh, logical_name: str, rules: Rules | None = None) -> int:
     """How many shards the rules split a dimension named `logical_name` into on this mesh."""
     entry = dict(rules if rules is not None else active_rules()).get(logical_name)
-    return math.prod(mesh.shape[a] for a in _mesh_axes_of(entry))
+    return math.prod(mesh.shape[a] for a in mesh_axes_of(entry))
 
 
 def _check_divides(mesh, size: int, logical_name: str, what: str, rules) -> None:
     entry = dict(rules if rules is not None else active_rules()).get(logical_name)
-    axes = _mesh_axes_of(entry)
+    axes = mesh_axes_of(entry)
     n = math.prod(mesh.shape[a] for a in axes)
     if size % n:
         layout = " x ".join(f"{a}={mesh.shape[a]}" for a in axes)
@@ -172,7 +173,7 @@ def check_sequence(mesh, seq_len: int, rules: Rules | None = None) -> None:
 def _validate_spec(name: str, shape, logical, spec: P, mesh) -> None:
     used: list[str] = []
     for dim, entry in zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec))):
-        axes = _mesh_axes_of(entry)
+        axes = mesh_axes_of(entry)
         unknown = [a for a in axes if a not in mesh.shape]
         if unknown:
             raise ValueError(f"{name}: logical axes {logical} map to {unknown}, which are not mesh "

@@ -59,10 +59,6 @@ def resolve_attention_impl(impl, compute_dtype, head_dim: int, *, cuda: bool | N
     return "cudnn" if cuda and fits and jnp.dtype(compute_dtype) in CUDNN_DTYPES else "xla"
 
 
-def _axes(entry) -> tuple[str, ...]:
-    return () if entry is None else tuple(entry) if isinstance(entry, (tuple, list)) else (entry,)
-
-
 def split_heads_not_sequence(x: jax.Array) -> jax.Array:
     """(B, T, N, H) laid out for cuDNN under context parallelism: cuDNN's partitioner refuses q/k/v
     split along the sequence, so the sequence split moves onto the heads (one all-to-all, as
@@ -72,10 +68,10 @@ def split_heads_not_sequence(x: jax.Array) -> jax.Array:
     if m is None or m.empty:
         return x
     rules = dict(mesh.active_rules())
-    seq = tuple(a for a in _axes(rules.get("act_seq")) if m.shape[a] > 1)
+    seq = tuple(a for a in mesh.mesh_axes_of(rules.get("act_seq")) if m.shape[a] > 1)
     if not seq:
         return mesh.constrain(x, QKV_AXES)
-    heads = _axes(rules.get("act_heads")) + seq
+    heads = mesh.mesh_axes_of(rules.get("act_heads")) + seq
     n = math.prod(m.shape[a] for a in heads)
     if x.shape[2] % n:
         layout = " x ".join(f"{a}={m.shape[a]}" for a in heads)
