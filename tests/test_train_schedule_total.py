@@ -76,7 +76,7 @@ def test_rl_updates_follow_a_cosine_over_all_optimizer_updates(mu, accum):
     setup = types.SimpleNamespace(graphdef=None, frozen=None, tx=tx,
                                   pipe=types.SimpleNamespace(vae=vae, vae_config=None, shift=3.0))
     run = types.SimpleNamespace(setup=setup, algo=algo, config=cfg, micro_batches=1,
-                                mu_iterations=mu)
+                                mu_iterations=mu, optimize_chunks=1, row_shards=1)
     update = rl_setup._compile(run)["update"]
     state = TrainState.create({"w": jnp.zeros((4,), jnp.float32)}, tx, jax.random.key(0))
     data = {"x": jnp.zeros((2, 1), jnp.float32)}

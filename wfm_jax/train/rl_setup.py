@@ -221,8 +221,8 @@ def _compile(run: RLRun) -> dict:
         return decode(vae_state, out.latents)
 
     n_micro, n_epochs = run.micro_batches, run.mu_iterations
-    n_chunks = getattr(run, "optimize_chunks", 1)  # optimizer updates per inner epoch
-    shards = getattr(run, "row_shards", 1)  # devices the batch rows are split over
+    n_chunks = run.optimize_chunks  # optimizer updates per inner epoch
+    shards = run.row_shards  # devices the batch rows are split over
     keeps_old = getattr(algo, "keeps_old", False)
 
     @functools.partial(jax.jit, donate_argnums=(0,))
