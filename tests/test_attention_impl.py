@@ -13,7 +13,7 @@ from tests import _tiny_sd3
 from wfm_jax import config as cfg
 from wfm_jax import mesh as wmesh
 from wfm_jax.config_schema import ConfigError
-from wfm_jax.models.layers.attention import (Attention, is_cuda_platform,
+from wfm_jax.models.layers.attention import (Attention, is_cuda_platform, padded_attention,
                                              resolve_attention_impl, split_heads_not_sequence)
 from wfm_jax.models.sd3.transformer import SD3Transformer
 from wfm_jax.models.state import assign, flat_shapes
@@ -89,9 +89,9 @@ def test_model_cudnn_path_under_context_parallelism_matches_xla(monkeypatch):
     kernels = []
     xla_attention = jax.nn.dot_product_attention
 
-    def stand_in(q, k, v, *, implementation=None):
+    def stand_in(q, k, v, *, implementation=None, **lengths):
         kernels.append(implementation)
-        return xla_attention(q, k, v, implementation="xla")
+        return xla_attention(q, k, v, implementation="xla", **lengths)
 
     monkeypatch.setattr(jax.nn, "dot_product_attention", stand_in)
     x, ctx, pooled, t = _tiny_sd3.inputs(batch=4)
@@ -108,3 +108,23 @@ def test_model_cudnn_path_under_context_parallelism_matches_xla(monkeypatch):
     # same bf16 maths on differently split arrays (bit-equal on this CPU); allow one bf16 ulp at
     # the output's scale (~1) should another XLA order the sums differently
     np.testing.assert_allclose(outs["cudnn"], outs["xla"], atol=8e-3, rtol=0)
+
+
+@pytest.mark.parametrize("t,s", [(21, 21), (13, 40), (64, 64)])
+def test_padded_attention_matches_the_unpadded_call_with_gradients(t, s):
+    # the cuDNN path pads the joint sequence to CUDNN_SEQ_MULTIPLE with a key padding mask; the
+    # XLA kernel takes the same lengths, so the padding itself is checked here in fp32
+    rng = np.random.default_rng(0)
+    q = jnp.asarray(rng.standard_normal((2, t, 3, 8)), jnp.float32)
+    k, v = (jnp.asarray(rng.standard_normal((2, s, 3, 8)), jnp.float32) for _ in range(2))
+    w = jnp.asarray(rng.standard_normal((2, t, 3, 8)), jnp.float32)
+
+    def loss(fn):
+        return jax.value_and_grad(lambda q, k, v: jnp.sum(fn(q, k, v) * w), argnums=(0, 1, 2))
+
+    plain = loss(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, implementation="xla"))
+    padded = loss(lambda q, k, v: padded_attention(q, k, v, implementation="xla", multiple=16))
+    (a, ga), (b, gb) = plain(q, k, v), padded(q, k, v)
+    np.testing.assert_allclose(b, a, rtol=1e-5)
+    for x, y in zip(gb, ga):
+        np.testing.assert_allclose(x, y, atol=2e-5)

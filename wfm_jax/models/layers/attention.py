@@ -26,6 +26,10 @@ CUDNN_DTYPES = (jnp.bfloat16, jnp.float16)
 # cuDNN flash attention takes head dims that are multiples of 8 up to 128 (256 from Hopper on;
 # the lower bound keeps "auto" safe on every NVIDIA generation).
 CUDNN_MAX_HEAD_DIM = 128
+# cuDNN's training kernels in jax 0.11.2 refused SD3's joint sequence at 512 px (1024 image + 333
+# text tokens: "Unsupported sequence length Q 1357, KV 1357") on an H100; padded to a multiple of
+# 64 with a key padding mask they run (measured 2026-11-22, docs/bench_notes.md).
+CUDNN_SEQ_MULTIPLE = 64
 
 
 def check_attention_impl(impl, compute_dtype) -> None:
@@ -82,13 +86,36 @@ def split_heads_not_sequence(x: jax.Array) -> jax.Array:
     return jax.lax.with_sharding_constraint(x, spec)
 
 
+def padded_attention(q, k, v, *, implementation, multiple: int):
+    """`jax.nn.dot_product_attention` with the sequences padded to a multiple of `multiple`.
+
+    The padded keys are masked by `key_value_seq_lengths`; padded query rows attend to the real
+    keys and are sliced off, so the result (and its gradient) is that of the unpadded call. Query
+    lengths are left unset on purpose: a fully masked query row is a 0/0 softmax on the XLA path.
+    """
+    t, s = q.shape[1], k.shape[1]
+    pad_t, pad_s = -t % multiple, -s % multiple
+    if not pad_t and not pad_s:
+        return jax.nn.dot_product_attention(q, k, v, implementation=implementation)
+
+    def pad(x, n):
+        return jnp.pad(x, ((0, 0), (0, n), (0, 0), (0, 0))) if n else x
+
+    lengths = jnp.full((q.shape[0],), s, jnp.int32)
+    out = jax.nn.dot_product_attention(pad(q, pad_t), pad(k, pad_s), pad(v, pad_s),
+                                       key_value_seq_lengths=lengths,
+                                       implementation=implementation)
+    return out[:, :t]
+
+
 def dot_product_attention(q, k, v, *, implementation="xla"):
     """Softmax attention over (B, T, N, H) arrays, scale 1/sqrt(H), no mask (as SD3 uses it)."""
     if implementation == "cudnn":
         q, k, v = (split_heads_not_sequence(t) for t in (q, k, v))
+        out = padded_attention(q, k, v, implementation="cudnn", multiple=CUDNN_SEQ_MULTIPLE)
     else:
         q, k, v = (mesh.constrain(t, QKV_AXES) for t in (q, k, v))
-    out = jax.nn.dot_product_attention(q, k, v, implementation=implementation)
+        out = jax.nn.dot_product_attention(q, k, v, implementation=implementation)
     return mesh.constrain(out, QKV_AXES)  # back to the sequence split the rest of the block uses
 
 
