@@ -35,12 +35,14 @@ def make_rollout(t_graph, v_graph, vae_config: dict, sigmas):
 
 def run(suite, options, peak_flops: float | None) -> dict:
     bf16 = jnp.bfloat16
+    start = time.perf_counter()
     transformer = weights.jax_module("transformer", suite.transformer, dtype=bf16,
                                      param_dtype=bf16, attention_impl=options.attention_impl)
     attention_impl = resolved_attention(transformer)
     vae = weights.jax_module("vae", suite.vae, dtype=bf16, param_dtype=bf16)
     t_graph, t_state = nnx.split(transformer)
     v_graph, v_state = nnx.split(vae)
+    timing.progress(f"rollout/wfm_jax: weights built in {time.perf_counter() - start:.1f} s")
     device = jax.local_devices()[0]
     b = {k: jax.device_put(v, device) for k, v in inputs.rollout_batch(suite).items()}
     args = (t_state, v_state, b["noise"], b["prompt_embeds"].astype(bf16),
@@ -50,6 +52,7 @@ def run(suite, options, peak_flops: float | None) -> dict:
     compiled = make_rollout(t_graph, v_graph, suite.vae, jnp.asarray(sigmas)).lower(*args).compile(
         compiler_options=suite.compiler_options)
     compile_s = time.perf_counter() - start
+    timing.progress(f"rollout/wfm_jax: compiled in {compile_s:.1f} s")
     outputs = []
 
     def call():

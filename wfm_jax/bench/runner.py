@@ -89,7 +89,21 @@ def run_suite(suite: Suite, *, only=None, options: Options = Options(), isolate:
                 records[name][stack] = _worker(suite, options, name, stack, ctx["peak"])
             else:
                 records[name][stack] = run_one(name, stack, suite, options, ctx["peak"])
+            _announce(name, stack, records[name][stack])
     return report.assemble(suite, options, isolate, ctx, records, WORKLOADS, command)
+
+
+def _announce(name: str, stack: str, rec: dict) -> None:
+    """Each record as soon as it exists: a suite stopped at a time limit keeps what it measured."""
+    from wfm_jax.bench import timing
+    if rec["status"] != "ok":
+        timing.progress(f"{name}/{stack}: {rec['error']}")
+        return
+    mem = rec.get("peak_memory_bytes")
+    timing.progress(f"{name}/{stack}: step {rec['step_time_s'] * 1e3:.1f} ms, "
+                    f"MFU {rec['mfu'] if rec['mfu'] is None else round(rec['mfu'], 4)}, "
+                    f"peak {None if mem is None else round(mem / 2**30, 2)} GiB, "
+                    f"compile {rec['compile_time_s']} s; record {json.dumps(rec)}")
 
 
 def _worker(suite: Suite, options: Options, workload: str, stack: str | None, peak: dict):
@@ -103,12 +117,20 @@ def _worker(suite: Suite, options: Options, workload: str, stack: str | None, pe
         spec = {"suite": dataclasses.asdict(suite), "options": dataclasses.asdict(options),
                 "workload": workload, "stack": stack, "peak": peak, "out": out}
         cmd = [sys.executable, "-m", "wfm_jax.bench", "--worker", json.dumps(spec)]
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        # the worker's stderr is passed on line by line as it comes (its progress lines must
+        # reach the log even if the suite is killed mid-run); the last other line is the error
+        last = "no output"
+        with subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                              text=True) as proc:
+            for line in proc.stderr:
+                sys.stderr.write(line)
+                sys.stderr.flush()
+                if line.strip() and not line.startswith("bench ["):
+                    last = line.strip()
         if proc.returncode == 0 and os.path.exists(out):
             with open(out) as f:
                 return json.load(f)
-        tail = (proc.stderr or proc.stdout or "").strip().splitlines()[-1:] or ["no output"]
-        error = RuntimeError(f"worker exited {proc.returncode}: {tail[0]}")
+        error = RuntimeError(f"worker exited {proc.returncode}: {last}")
     if workload == "context":
         raise BenchError(f"could not read the device context: {error}")
     return timing.failed(stack, workload, error)

@@ -3,12 +3,19 @@ from __future__ import annotations
 
 import math
 import statistics
+import sys
 import time
 from typing import Any, Callable
 
 # Figures every stack record carries (a number, or None with a note saying why).
 FIGURES = ("step_time_s", "samples_per_s", "flops_per_step", "tflops_per_s", "mfu",
            "peak_memory_bytes", "compile_time_s")
+
+
+def progress(message: str) -> None:
+    """One stderr line per phase of a run (weights built, compiled, timed): a run killed at its
+    time limit still says how far it got and how long each phase took."""
+    print(f"bench [{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
 def time_calls(call: Callable[[], Any], sync: Callable[[Any], None], *, warmup: int,

@@ -72,7 +72,9 @@ def step_flops(suite, mode: str, remat: str) -> dict:
 
 def run(suite, mode: str, options, peak_flops: float | None) -> dict:
     """Time one train step of `mode` ("full" | "lora"); returns the stack record."""
+    start = time.perf_counter()
     model = build_model(suite, mode, options)
+    timing.progress(f"train_{mode}/wfm_jax: weights built in {time.perf_counter() - start:.1f} s")
     attention_impl = resolved_attention(model)
     wrt = nnx.LoRAParam if mode == "lora" else TRAINABLE_FULL
     graphdef, params, rest = nnx.split(model, wrt, ...)
@@ -85,6 +87,7 @@ def run(suite, mode: str, options, peak_flops: float | None) -> dict:
     compiled = make_step(graphdef, tx).lower(params, opt_state, rest, batch).compile(
         compiler_options=suite.compiler_options)
     compile_s = time.perf_counter() - start
+    timing.progress(f"train_{mode}/wfm_jax: compiled in {compile_s:.1f} s")
     state = {"params": params, "opt_state": opt_state, "losses": []}
 
     def call():
