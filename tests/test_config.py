@@ -220,3 +220,30 @@ def test_parse_overrides_and_cli(tmp_path):
     assert proc.returncode != 0
     assert proc.stderr.strip().splitlines()[-1] == (
         "error: unknown key 'train.train_policy.timestep_fraction'; did you mean 'timesteps_fraction'?")
+
+
+def test_flag_without_value_does_not_swallow_the_next_flag():
+    # `--config.train.output_dir --config.train.output_dir=/tmp/x` once trained into a directory
+    # literally named after the second flag
+    with pytest.raises(ConfigError, match="'--config.train.output_dir' needs a value"):
+        cfg.parse_overrides(["--config.train.output_dir", "--config.train.output_dir=/tmp/x"])
+    with pytest.raises(ConfigError, match="'--config' needs a value"):
+        cfg.parse_overrides(["--config", "--config.train.max_steps=3"])
+    with pytest.raises(ConfigError, match="'--config.train.max_steps' needs a value"):
+        cfg.parse_overrides(["--config=c.py", "--config.train.max_steps"])
+    # a separate value that merely starts with one dash is still a value
+    assert cfg.parse_overrides(["--config.a", "-1"]) == (None, [("a", "-1")])
+
+
+def test_main_help_lists_recipes():
+    proc = subprocess.run([sys.executable, "-m", "wfm_jax.main", "--help"],
+                          capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("usage: python -m wfm_jax.main --config=")
+    recipes = sorted(n for n in os.listdir(os.path.join(REPO, "configs")) if n.endswith(".py"))
+    listed = [line.split()[0] for line in proc.stdout.split("recipes:\n")[1].splitlines()]
+    assert listed == [f"configs/{n}" for n in recipes]
+    assert "Traceback" not in proc.stderr
+    bare = subprocess.run([sys.executable, "-m", "wfm_jax.main"], capture_output=True, text=True,
+                          cwd=REPO)
+    assert bare.returncode == 2 and bare.stderr.startswith("usage:")

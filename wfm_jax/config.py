@@ -209,8 +209,9 @@ def parse_overrides(argv: Sequence[str], flag: str = "config") -> tuple[str | No
             raise ConfigError(f"unexpected argument '{arg}' (expected --{flag}=FILE or --{flag}.KEY=VALUE)")
         name, eq, text = arg[2:].partition("=")
         if not eq:
-            if i + 1 >= len(args):
-                raise ConfigError(f"'{arg}' needs a value")
+            # a value that looks like the next flag means this flag's value was left out
+            if i + 1 >= len(args) or args[i + 1].startswith("--"):
+                raise ConfigError(f"'{arg}' needs a value: write {arg}=VALUE")
             text = args[i + 1]
             i += 1
         if name == flag:

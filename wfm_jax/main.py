@@ -61,6 +61,10 @@ def prepare(argv: Sequence[str]):
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or any(a in ("-h", "--help") for a in argv):
+        from wfm_jax.usage import usage_text
+        print(usage_text(), file=sys.stdout if argv else sys.stderr)
+        return 0 if argv else EXIT_BAD_INPUT
     try:
         bad_input, failed = _known_errors()
     except ImportError as e:  # a broken install: still one line
