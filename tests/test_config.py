@@ -247,3 +247,19 @@ def test_main_help_lists_recipes():
     bare = subprocess.run([sys.executable, "-m", "wfm_jax.main"], capture_output=True, text=True,
                           cwd=REPO)
     assert bare.returncode == 2 and bare.stderr.startswith("usage:")
+
+
+def test_resolved_config_masks_the_reward_token(tmp_path):
+    config = cfg.load_config(write_recipe(tmp_path, ""), [
+        ("train.train_policy.remote_reward.token", "s3cr3t-token"),
+        ("train.train_policy.remote_reward.enqueue_url", "http://127.0.0.1:1/api/reward/enqueue")])
+    out = tmp_path / "config.json"
+    cfg.save_resolved(config, str(out))
+    text = out.read_text()
+    assert "s3cr3t-token" not in text
+    remote = json.loads(text)["train"]["train_policy"]["remote_reward"]
+    assert remote["token"] == cfg.REDACTED
+    assert remote["enqueue_url"] == "http://127.0.0.1:1/api/reward/enqueue"  # not a secret
+    assert config.train.train_policy.remote_reward.token == "s3cr3t-token"  # the run keeps it
+    cfg.save_resolved(default_config(), str(out))  # an empty token stays empty
+    assert json.loads(out.read_text())["train"]["train_policy"]["remote_reward"]["token"] == ""

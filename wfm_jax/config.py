@@ -362,11 +362,33 @@ def to_plain(config: ConfigDict | dict) -> dict:
     return plain(config)
 
 
+# leaf names whose values are credentials: config.json is shared with results, so they are masked
+SECRET_KEYS = ("token", "password", "secret", "api_key")
+REDACTED = "<redacted>"
+
+
+def is_secret(dotted: str) -> bool:
+    return dotted.split(".")[-1] in SECRET_KEYS
+
+
+def redacted(tree: dict, prefix: str = "") -> dict:
+    """A copy of a plain config tree with every non-empty secret value replaced by REDACTED."""
+    out = {}
+    for key, value in tree.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out[key] = redacted(value, path + ".")
+        else:
+            out[key] = REDACTED if is_secret(path) and value else value
+    return out
+
+
 def save_resolved(config: ConfigDict, path: str) -> str:
-    """Write the resolved config as JSON atomically (temp file in the same dir, then rename)."""
+    """Write the resolved config as JSON atomically (temp file in the same dir, then rename),
+    secrets (SECRET_KEYS) masked: a resumed run takes them from its flags or environment."""
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
-    text = json.dumps(to_plain(config), indent=2, sort_keys=False) + "\n"
+    text = json.dumps(redacted(to_plain(config)), indent=2, sort_keys=False) + "\n"
     fd, tmp = tempfile.mkstemp(prefix=".config.", suffix=".tmp", dir=directory)
     try:
         with os.fdopen(fd, "w") as f:
