@@ -7,6 +7,7 @@ asks for several processes, writes the resolved config to output_dir/config.json
 then runs the trainer for train.train_policy.type: "sft" -> wfm_jax.train.sft, "nft" / "grpo" /
 "ddrl" -> wfm_jax.train.rl. Every known failure (bad config, missing model or data, corrupt
 sample, NaN loss, unusable checkpoint) is one line on stderr and a non-zero exit, no traceback.
+SIGTERM stops after the step in progress with a checkpoint (exit 143; wfm_jax.train.preempt).
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from typing import Sequence
 EXIT_BAD_INPUT = 2      # the run could not start: config, model dir, data, checkpoint layout
 EXIT_TRAINING_FAILED = 1  # it started and stopped: NaN/inf loss, a bad sample mid-run, ...
 EXIT_INTERRUPTED = 130
+EXIT_PREEMPTED = 143  # 128 + SIGTERM, what a scheduler expects from a preempted job
 
 
 def _known_errors() -> tuple[tuple[type, ...], tuple[type, ...]]:
@@ -72,7 +74,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     try:
         config = prepare(argv)
-        step = train(config)
+        from wfm_jax.train.preempt import sigterm_stops_after_step
+        with sigterm_stops_after_step():
+            step = train(config)
     except bad_input as e:
         if isinstance(e, FileNotFoundError) and e.filename:
             print(f"error: no such file or directory: {e.filename}", file=sys.stderr)
@@ -82,7 +86,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except failed as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_TRAINING_FAILED
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
+        from wfm_jax.train.preempt import Stopped
+        if isinstance(e, Stopped):
+            print(f"error: stopped by SIGTERM after step {e.step}, its checkpoint is saved; "
+                  f"resume with --config.train.resume=True", file=sys.stderr)
+            return EXIT_PREEMPTED
         print("error: interrupted; the last finished checkpoint is kept", file=sys.stderr)
         return EXIT_INTERRUPTED
     print(f"done: trained to step {step}; outputs in {config.train.output_dir}")

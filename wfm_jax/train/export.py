@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from typing import Any, Mapping, Sequence
 
@@ -31,6 +32,25 @@ LORA_METADATA_KEY = "lora_adapter_metadata"  # diffusers reads the peft LoraConf
 
 def step_dir(output_dir: str, step: int) -> str:
     return os.path.join(output_dir, "safetensors", f"step_{int(step)}")
+
+
+_STALE = re.compile(r"^\.step_\d+\.(tmp|old)-[0-9a-f]+$")  # converters.atomic's temporaries
+
+
+def remove_stale_temporaries(output_dir: str) -> list[str]:
+    """Delete the half-written `safetensors/.step_N.tmp-*` (and `.old-*`) an export killed
+    mid-write left behind; call before this run exports anything. Returns what was removed."""
+    root = os.path.join(output_dir, "safetensors")
+    if not os.path.isdir(root):
+        return []
+    stale = sorted(n for n in os.listdir(root) if _STALE.match(n))
+    for name in stale:
+        path = os.path.join(root, name)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            os.remove(path)
+    return stale
 
 
 def export_params(state) -> Any:

@@ -168,13 +168,13 @@ class RLRun:
         size = -(-int(self.config.validation.batch_size) // dp) * dp  # padded rows are not scored
         return eval_batches(self.val_records, size, process_shard())
 
-    def save(self, state, step: int, final: bool = False) -> None:
+    def save(self, state, step: int, final: bool = False, export: bool = True) -> None:
         self.setup.state = state
         if final and self.setup.checkpointer.latest_step() == step:
             return  # the regular save at this step already happened
         data_state = self.batcher.state()
         saved = self.setup.save(step, data_state=data_state, force=final)
-        if saved and self.config.train.ckpt.export_safetensors:
+        if saved and export and self.config.train.ckpt.export_safetensors:
             from wfm_jax.train.export import export_step
             export_step(self.setup, step)
 

@@ -315,6 +315,12 @@ def build(config, *, aux_fn: Callable[[Any], dict] | None = None, pipe: SD3Pipel
     abstract = jax.eval_shape(init, trainable, rng)
     shardings = state_shardings(abstract, param_shardings, mesh, tx)
 
+    if jax.process_index() == 0:  # a kill during an export leaves its temporary behind
+        from wfm_jax.train.export import remove_stale_temporaries
+        stale = remove_stale_temporaries(config.train.output_dir)
+        if stale:
+            print(f"removed {len(stale)} half-written export(s) a killed run left in "
+                  f"{config.train.output_dir}/safetensors: {', '.join(stale)}", flush=True)
     directory = checkpoint_dir or checkpoints_path(config)
     ckpt = Checkpointer(directory, max_keep=config.train.ckpt.max_keep,
                         save_freq=config.train.ckpt.save_freq,
