@@ -138,3 +138,24 @@ def test_mismatched_state_names_the_checkpoint(tmp_path):
             ck.restore_latest({"x": jax.ShapeDtypeStruct((5,), jnp.float32)})
         with pytest.raises(CheckpointError, match="no finalized checkpoint step 4"):
             ck.restore(4, {"x": jax.ShapeDtypeStruct((3,), jnp.float32)})
+
+
+def test_mismatch_is_one_line_naming_the_leaves(tmp_path):
+    # a full fine-tune's checkpoint resumed with LoRA on: many leaves missing, many extra, one
+    # reshaped; orbax's own message dumped the whole tree and suggested partial_restore=True
+    blocks = {f"block{i}": {"kernel": jnp.zeros((4, 4)), "bias": jnp.zeros((4,))}
+              for i in range(40)}
+    with Checkpointer(tmp_path, save_freq=1, async_=False) as ck:
+        ck.save(1, {"params": blocks, "step": jnp.zeros((), jnp.int32)})
+    want = {f"block{i}": {"lora_a": jax.ShapeDtypeStruct((4, 2), jnp.float32),
+                          "bias": jax.ShapeDtypeStruct((4,), jnp.float32)} for i in range(40)}
+    want["block0"]["bias"] = jax.ShapeDtypeStruct((8,), jnp.float32)
+    with Checkpointer(tmp_path, save_freq=1) as ck:
+        with pytest.raises(CheckpointError) as info:
+            ck.restore_latest({"params": want, "step": jax.ShapeDtypeStruct((), jnp.int32)})
+    message = str(info.value)
+    assert "\n" not in message and len(message) < 600, message
+    assert "partial_restore" not in message
+    assert "40 leaves this run needs are not in it (params.block0.lora_a, " in message
+    assert "40 saved leaves this run does not have (params.block0.kernel, " in message
+    assert "params.block0.bias: saved (4,), this run (8,)" in message
