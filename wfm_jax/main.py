@@ -2,10 +2,11 @@
 
     python -m wfm_jax.main --config configs/X.py [--config.a.b=value ...]
 
-Loads and validates the locked config, starts jax.distributed when the config / environment
-asks for several processes, writes the resolved config to output_dir/config.json (process 0),
-then runs the trainer for train.train_policy.type: "sft" -> wfm_jax.train.sft, "nft" / "grpo" /
-"ddrl" -> wfm_jax.train.rl. Every known failure (bad config, missing model or data, corrupt
+Loads and validates the locked config (a resumed one is compared with the stored
+output_dir/config.json: wfm_jax.resume_config), starts jax.distributed when the config /
+environment asks for several processes, then runs the trainer for train.train_policy.type:
+"sft" -> wfm_jax.train.sft, "nft" / "grpo" / "ddrl" -> wfm_jax.train.rl. The resolved config is
+written to output_dir/config.json once the run has started (wfm_jax.train.setup.build). Every known failure (bad config, missing model or data, corrupt
 sample, NaN loss, unusable checkpoint) is one line on stderr and a non-zero exit, no traceback.
 SIGTERM stops after the step in progress with a checkpoint (exit 143; wfm_jax.train.preempt).
 """
@@ -49,15 +50,15 @@ def train(config) -> int:
 
 
 def prepare(argv: Sequence[str]):
-    """Parse + validate the config, start jax.distributed, write output_dir/config.json."""
-    from wfm_jax.config import config_from_argv, save_resolved
-    from wfm_jax.train.setup import check_fresh_output, init_distributed
+    """Parse + validate the config (a resume against the stored one), start jax.distributed."""
+    from wfm_jax.config import config_from_argv
+    from wfm_jax.resume_config import check_resumed_config
+    from wfm_jax.train.setup import check_fresh_output, checkpoints_path, init_distributed
     config = config_from_argv(argv)
-    check_fresh_output(config)  # a refused run must not overwrite the old run's config.json
+    check_fresh_output(config)
+    if config.train.resume and os.path.isdir(checkpoints_path(config)):
+        check_resumed_config(config, os.path.join(config.train.output_dir, "config.json"))
     init_distributed(config)  # before anything touches a JAX backend
-    import jax
-    if jax.process_index() == 0:
-        save_resolved(config, os.path.join(config.train.output_dir, "config.json"))
     return config
 
 

@@ -342,5 +342,8 @@ def build(config, *, aux_fn: Callable[[Any], dict] | None = None, pipe: SD3Pipel
         state = jax.jit(init, out_shardings=shardings, donate_argnums=0)(trainable, rng)
         start, data_state, extra = 0, None, {}
     del trainable
+    if jax.process_index() == 0:  # the run has started: now config.json may describe it
+        from wfm_jax.config import save_resolved
+        save_resolved(config, os.path.join(config.train.output_dir, "config.json"))
     return TrainSetup(config, mesh, rules, pipe, graphdef, frozen, param_shardings, tx, schedule,
                       state, shardings, ckpt, int(start), data_state, extra, use_lora, targets)
