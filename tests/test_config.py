@@ -263,3 +263,18 @@ def test_resolved_config_masks_the_reward_token(tmp_path):
     assert config.train.train_policy.remote_reward.token == "s3cr3t-token"  # the run keeps it
     cfg.save_resolved(default_config(), str(out))  # an empty token stays empty
     assert json.loads(out.read_text())["train"]["train_policy"]["remote_reward"]["token"] == ""
+
+
+def test_tiny_recipes_build_only_at_their_own_paths():
+    # a mistyped --config.policy.model_name_or_path once got a random model built and trained
+    recipe = os.path.join(REPO, "configs", "tiny_sft.py")
+    own = cfg.load_config(recipe)
+    assert own.policy.build_tiny and own.train.train_policy.dataset.build_tiny
+    typo = cfg.load_config(recipe, [("policy.model_name_or_path", "/tmp/tiny_sd33")])
+    assert not typo.policy.build_tiny
+    assert typo.train.train_policy.dataset.build_tiny  # its path was not overridden
+    data = cfg.load_config(recipe, [("train.train_policy.dataset.local_dir", "/tmp/shapez")])
+    assert data.policy.build_tiny and not data.train.train_policy.dataset.build_tiny
+    asked = cfg.load_config(recipe, [("policy.model_name_or_path", "/tmp/elsewhere"),
+                                     ("policy.build_tiny", "True")])
+    assert asked.policy.build_tiny  # building elsewhere on purpose

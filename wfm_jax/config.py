@@ -339,7 +339,18 @@ def load_config(spec: str, overrides: Sequence[tuple[str, str]] = (), check: boo
     config = from_tree(result)
     for key, text in overrides:
         apply_override(config, key, text)
+    _build_tiny_only_at_recipe_paths(config, [key for key, _ in overrides])
     return validate(config) if check else config
+
+
+def _build_tiny_only_at_recipe_paths(config: ConfigDict, overridden: Sequence[str]) -> None:
+    """A path given on the command line (a typo, say) must not get a random tiny model or
+    dataset built there: the recipe's build_tiny covers its own path only, unless the build
+    key is overridden too."""
+    for path_key, build_key in _import_schema().TINY_BUILDS:
+        if path_key in overridden and build_key not in overridden:
+            node, key = _resolve(config, build_key)
+            node[key] = False
 
 
 def config_from_argv(argv: Sequence[str]) -> ConfigDict:

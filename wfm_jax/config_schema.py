@@ -178,6 +178,11 @@ REWARD_FN_KEYS = ("name", "weight", "score_key")
 RL_TYPES = ("nft", "grpo", "ddrl")
 
 
+# (path key, build key): the tiny recipes build a random model / dataset at the path when absent
+TINY_BUILDS = (("policy.model_name_or_path", "policy.build_tiny"),
+               ("train.train_policy.dataset.local_dir", "train.train_policy.dataset.build_tiny"))
+
+
 def default_config() -> ml_collections.ConfigDict:
     """A fresh, locked config tree with every default."""
     config = ml_collections.ConfigDict(copy.deepcopy(DEFAULTS))

@@ -65,9 +65,11 @@ def build_mesh(config) -> jax.sharding.Mesh:
         raise SetupError(f"policy.parallelism: {e}") from e
 
 
-def _primary_builds(path: str, build) -> None:
-    """Process 0 builds `path` if it is missing; every process waits until it exists."""
+def _primary_builds(path: str, build, what: str) -> None:
+    """Process 0 builds `path` if it is missing (saying so: it is random, not a trained model
+    or real data); every process waits until it exists."""
     if jax.process_index() == 0 and not os.path.isdir(path):
+        print(f"building {what} at {os.path.abspath(path)} (it does not exist yet)", flush=True)
         build(path)
     if jax.process_count() > 1:
         from jax.experimental import multihost_utils
@@ -80,11 +82,13 @@ def ensure_tiny_assets(config) -> None:
     path = config.policy.model_name_or_path
     if config.policy.build_tiny and path:
         from wfm_jax.tiny import build_tiny_pipeline
-        _primary_builds(path, lambda p: build_tiny_pipeline(p, seed=0))
+        _primary_builds(path, lambda p: build_tiny_pipeline(p, seed=0),
+                        "the tiny random SD3 pipeline (policy.build_tiny)")
     dataset = config.train.train_policy.dataset
     if dataset.build_tiny and dataset.local_dir:
         from wfm_jax.data.tiny_dataset import ensure_shapes_dataset
-        _primary_builds(dataset.local_dir, ensure_shapes_dataset)
+        _primary_builds(dataset.local_dir, ensure_shapes_dataset,
+                        "the tiny shapes dataset (train.train_policy.dataset.build_tiny)")
 
 
 def check_model_dir(config) -> str:
