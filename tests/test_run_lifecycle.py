@@ -1,6 +1,7 @@
 """`python -m wfm_jax.main` end to end on the tiny SFT recipe, the way a user runs and stops it:
 SIGTERM (preemption) stops after the step with a checkpoint and the run resumes from it; stale
-export temporaries of a killed run are removed at start."""
+export temporaries of a killed run are removed at start; the console says so, and says when it
+saves, resumes and exports."""
 from __future__ import annotations
 
 import os
@@ -49,7 +50,10 @@ def test_sigterm_saves_a_checkpoint_and_resumes(assets, tmp_path, monkeypatch, c
 
     monkeypatch.setattr(MetricsLogger, "log", log_then_sigterm)
     rc = wmain.main(argv(assets, tmp_path))
-    err = capsys.readouterr().err
+    captured = capsys.readouterr()
+    err = captured.err
+    assert f"checkpoint step 2 saved in {tmp_path}/checkpoints/2" in captured.out.splitlines()
+    assert any(l.startswith("removed 1 half-written export(s)") for l in captured.out.splitlines())
     assert rc == wmain.EXIT_PREEMPTED, err
     assert [l for l in err.splitlines() if l.startswith("error:")] == [
         "error: stopped by SIGTERM after step 2, its checkpoint is saved; resume with "
@@ -62,3 +66,6 @@ def test_sigterm_saves_a_checkpoint_and_resumes(assets, tmp_path, monkeypatch, c
     assert wmain.main(argv(assets, tmp_path, "--config.train.resume=True")) == 0
     assert sorted(os.listdir(tmp_path / "checkpoints")) == ["2", "4"]
     assert sorted(os.listdir(tmp_path / "safetensors")) == ["step_4"]
+    out = capsys.readouterr().out.splitlines()
+    assert f"resuming from step 2 (checkpoint {tmp_path}/checkpoints/2)" in out
+    assert (f"exported step 4 to {tmp_path}/safetensors/step_4 (diffusers pipeline)") in out

@@ -159,3 +159,15 @@ def test_mismatch_is_one_line_naming_the_leaves(tmp_path):
     assert "40 leaves this run needs are not in it (params.block0.lora_a, " in message
     assert "40 saved leaves this run does not have (params.block0.kernel, " in message
     assert "params.block0.bias: saved (4,), this run (8,)" in message
+
+
+def test_saves_and_removals_are_said(tmp_path, capsys):
+    with Checkpointer(tmp_path, max_keep=2, save_freq=1, async_=False) as ck:
+        for step in (1, 2, 3, 4):
+            ck.save(step, {"x": jnp.full((2,), step)})
+        assert ck.all_steps() == [3, 4]
+    lines = capsys.readouterr().out.splitlines()
+    d = os.path.abspath(tmp_path)
+    assert lines == [f"checkpoint step 1 saved in {d}/1", f"checkpoint step 2 saved in {d}/2",
+                     f"checkpoint step 3 saved in {d}/3; removing step 1 (train.ckpt.max_keep=2)",
+                     f"checkpoint step 4 saved in {d}/4; removing step 2 (train.ckpt.max_keep=2)"]

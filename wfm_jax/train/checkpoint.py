@@ -24,6 +24,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
+from wfm_jax.console import say
+
 _FORMAT = 1
 
 
@@ -180,8 +182,10 @@ class Checkpointer:
                  async_: bool = True):
         self.directory = epath.Path(os.path.abspath(directory))  # orbax needs absolute paths
         self.save_freq = int(save_freq or 0)
+        self._async = bool(async_)
+        self._max_keep = max_keep if max_keep and max_keep > 0 else None
         options = ocp.CheckpointManagerOptions(
-            max_to_keep=max_keep if max_keep and max_keep > 0 else None,
+            max_to_keep=self._max_keep,
             enable_async_checkpointing=async_,
             cleanup_tmp_directories=True,
         )
@@ -219,7 +223,23 @@ class Checkpointer:
                      extra=ocp.args.JsonSave(extra))
         if data_state is not None:
             items["data"] = ProcessJsonSave(data_state)
-        return bool(self._mgr.save(step, args=ocp.args.Composite(**items), force=True))
+        before = self.all_steps()
+        started = bool(self._mgr.save(step, args=ocp.args.Composite(**items), force=True))
+        if started:
+            self._say_saved(step, before)
+        return started
+
+    def _say_saved(self, step: int, before: list[int]) -> None:
+        """One console line: the save and the old steps max_keep removes with it (orbax drops
+        them silently, in the background when async)."""
+        keep = self._max_keep
+        removed = sorted(before + [step])[:-keep] if keep else []
+        how = "saving (in the background)" if self._async else "saved"
+        line = f"checkpoint step {step} {how} in {self.directory}/{step}"
+        if removed:
+            line += (f"; removing step{'s' if len(removed) > 1 else ''} "
+                     f"{', '.join(map(str, removed))} (train.ckpt.max_keep={keep})")
+        say(line)
 
     # -- restore --
     def restore(self, step: int, abstract_state: Any, shardings: Any = None) -> Restored:

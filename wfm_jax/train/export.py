@@ -22,6 +22,7 @@ import jax
 import numpy as np
 
 from converters.atomic import atomic_directory
+from wfm_jax.console import say
 from wfm_jax.models.loading import export_diffusers, host_array
 from wfm_jax.models.state import path_str
 from wfm_jax.train import lora as lora_lib
@@ -117,6 +118,10 @@ def export_step(setup, step: int) -> str | None:
         cfg = config.policy.lora
         adapter = lora_lib.adapter_config(cfg.r, cfg.lora_alpha, cfg.target_modules,
                                           cfg.init_lora_weights)
-        return export_lora(params, adapter, dst)
-    return export_full_pipeline(setup.merge(params), setup.pipe.transformer_config,
-                                setup.pipe.directory, dst)
+        written = export_lora(params, adapter, dst)
+    else:
+        written = export_full_pipeline(setup.merge(params), setup.pipe.transformer_config,
+                                       setup.pipe.directory, dst)
+    say(f"exported step {step} to {dst}" + (" (LoRA adapter in lora/)" if setup.lora else
+                                            " (diffusers pipeline)"))
+    return written

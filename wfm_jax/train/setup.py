@@ -31,6 +31,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from wfm_jax import mesh as wmesh
+from wfm_jax.console import say
 from wfm_jax.models.layers.embeddings import Buffer
 from wfm_jax.models.sd3.pipeline import PipelineError, SD3Pipeline
 from wfm_jax.train import lora as lora_lib
@@ -69,7 +70,7 @@ def _primary_builds(path: str, build, what: str) -> None:
     """Process 0 builds `path` if it is missing (saying so: it is random, not a trained model
     or real data); every process waits until it exists."""
     if jax.process_index() == 0 and not os.path.isdir(path):
-        print(f"building {what} at {os.path.abspath(path)} (it does not exist yet)", flush=True)
+        say(f"building {what} at {os.path.abspath(path)} (it does not exist yet)")
         build(path)
     if jax.process_count() > 1:
         from jax.experimental import multihost_utils
@@ -323,8 +324,8 @@ def build(config, *, aux_fn: Callable[[Any], dict] | None = None, pipe: SD3Pipel
         from wfm_jax.train.export import remove_stale_temporaries
         stale = remove_stale_temporaries(config.train.output_dir)
         if stale:
-            print(f"removed {len(stale)} half-written export(s) a killed run left in "
-                  f"{config.train.output_dir}/safetensors: {', '.join(stale)}", flush=True)
+            say(f"removed {len(stale)} half-written export(s) a killed run left in "
+                f"{config.train.output_dir}/safetensors: {', '.join(stale)}")
     directory = checkpoint_dir or checkpoints_path(config)
     ckpt = Checkpointer(directory, max_keep=config.train.ckpt.max_keep,
                         save_freq=config.train.ckpt.save_freq,
@@ -340,6 +341,7 @@ def build(config, *, aux_fn: Callable[[Any], dict] | None = None, pipe: SD3Pipel
     if restored is not None:
         state, start, data_state, extra = (restored.state, restored.step, restored.data_state,
                                            restored.extra)
+        say(f"resuming from step {start} (checkpoint {directory}/{start})")
         for leaf in jax.tree.leaves(trainable):
             leaf.delete()
     else:  # the trained variables move into the state (donated): no second copy of them
