@@ -1,14 +1,16 @@
 """Export trained weights to cosmos-rl's layout, loadable by diffusers (torch).
 
     output_dir/safetensors/step_N/            full fine-tune: a complete diffusers pipeline dir
-                                              (DiffusionPipeline.from_pretrained(step_dir))
+                                              (DiffusionPipeline.from_pretrained(step_dir)); the
+                                              unchanged components hard-linked to the source's
     output_dir/safetensors/step_N/lora/model.safetensors + adapter_config.json
                                               LoRA: pipe.load_lora_weights(step_N/lora,
                                               weight_name="model.safetensors")
 
 Every process must call the export functions (parameters sharded over processes are gathered);
 only process 0 writes. Each step dir is built under a temporary name and renamed into place, so
-it is complete or absent. The weights are the EMA shadow when EMA is on (export_params).
+it is complete or absent. The weights are the EMA shadow when EMA is on (export_params). The
+newest train.ckpt.export_max_keep step dirs are kept (None: as max_keep; 0: every one).
 """
 from __future__ import annotations
 
@@ -59,16 +61,47 @@ def export_params(state) -> Any:
     return state.ema if state.ema is not None else state.params
 
 
+def _link_or_copy(src: str, dst: str) -> None:
+    """A hard link where the filesystem allows (an export step shares the unchanged text
+    encoders and VAE with the source instead of another copy of them; each step dir still
+    stands alone, so pruning one never breaks another), else a copy. Symlinks are followed."""
+    try:
+        os.link(os.path.realpath(src), dst)
+    except OSError:  # another filesystem, or links not supported
+        shutil.copy2(src, dst)
+
+
 def _copy_components(source_dir: str, dst: str, skip: Sequence[str]) -> None:
-    """Copy a pipeline dir's entries except `skip` (symlinks are followed: a real copy)."""
+    """Link (or copy) a pipeline dir's entries except `skip`."""
     for name in sorted(os.listdir(source_dir)):
         if name in skip or name.startswith("."):
             continue
         src = os.path.join(source_dir, name)
         if os.path.isdir(src):
-            shutil.copytree(src, os.path.join(dst, name), symlinks=False)
+            shutil.copytree(src, os.path.join(dst, name), symlinks=False,
+                            copy_function=_link_or_copy)
         else:
-            shutil.copy2(src, os.path.join(dst, name))
+            _link_or_copy(src, os.path.join(dst, name))
+
+
+def exports_kept(config) -> int | None:
+    """How many step exports to keep: train.ckpt.export_max_keep, None -> max_keep, 0 -> all."""
+    keep = config.train.ckpt.export_max_keep
+    keep = config.train.ckpt.max_keep if keep is None else keep
+    return int(keep) if keep else None
+
+
+def prune_exports(output_dir: str, keep: int | None) -> list[int]:
+    """Delete all but the newest `keep` safetensors/step_N dirs (None: keep all); returns the
+    removed steps."""
+    root = os.path.join(output_dir, "safetensors")
+    if not keep or not os.path.isdir(root):
+        return []
+    steps = sorted(int(n[5:]) for n in os.listdir(root) if re.fullmatch(r"step_\d+", n))
+    removed = steps[:-keep]
+    for step in removed:
+        shutil.rmtree(step_dir(output_dir, step))
+    return removed
 
 
 def export_full_pipeline(transformer, transformer_config: Mapping, source_dir: str,
@@ -124,4 +157,11 @@ def export_step(setup, step: int) -> str | None:
                                        setup.pipe.directory, dst)
     say(f"exported step {step} to {dst}" + (" (LoRA adapter in lora/)" if setup.lora else
                                             " (diffusers pipeline)"))
+    if jax.process_index() == 0:
+        keep = exports_kept(config)
+        removed = prune_exports(config.train.output_dir, keep)
+        if removed:
+            say(f"removed export{'s' if len(removed) > 1 else ''} "
+                f"{', '.join(f'step_{s}' for s in removed)} (train.ckpt.export_max_keep: keep "
+                f"{keep}; 0 keeps every export)")
     return written
