@@ -59,3 +59,15 @@ def test_compatible_changes_warn_and_expected_ones_pass(tmp_path, capsys):
         f.write("{not json")
     with pytest.raises(ConfigError, match="cannot read .*config.json to compare"):
         check_resumed_config(changed, path)
+
+
+def test_no_finished_checkpoint_means_nothing_to_compare(tmp_path):
+    # a run killed before its first checkpoint leaves config.json and an empty checkpoints/
+    out = _trained_dir(tmp_path)
+    os.rmdir(out / "checkpoints" / "60")
+    argv = ["--config", RECIPE, f"--config.train.output_dir={out}", "--config.train.resume=True",
+            "--config.policy.lora.enable=True"]
+    assert wmain.prepare(argv).policy.lora.enable
+    os.makedirs(out / "checkpoints" / "60")
+    with pytest.raises(ConfigError, match="policy.lora.enable False -> True"):
+        wmain.prepare(argv)

@@ -53,10 +53,10 @@ def prepare(argv: Sequence[str]):
     """Parse + validate the config (a resume against the stored one), start jax.distributed."""
     from wfm_jax.config import config_from_argv
     from wfm_jax.resume_config import check_resumed_config
-    from wfm_jax.train.setup import check_fresh_output, checkpoints_path, init_distributed
+    from wfm_jax.train.setup import check_fresh_output, checkpoint_steps, init_distributed
     config = config_from_argv(argv)
     check_fresh_output(config)
-    if config.train.resume and os.path.isdir(checkpoints_path(config)):
+    if config.train.resume and checkpoint_steps(config):  # no checkpoint: nothing to keep true to
         check_resumed_config(config, os.path.join(config.train.output_dir, "config.json"))
     init_distributed(config)  # before anything touches a JAX backend
     return config

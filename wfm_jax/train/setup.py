@@ -119,13 +119,21 @@ def checkpoints_path(config) -> str:
     return os.path.join(config.train.output_dir, "checkpoints")
 
 
+def checkpoint_steps(config) -> list[int]:
+    """The finished checkpoint steps in output_dir (orbax's temporaries are not digits)."""
+    directory = checkpoints_path(config)
+    if not os.path.isdir(directory):
+        return []
+    return sorted(int(n) for n in os.listdir(directory) if n.isdigit())
+
+
 def check_fresh_output(config) -> None:
     """Without train.resume, an output dir that already holds checkpoints is an error (checked
     before anything, e.g. config.json, is written there)."""
     directory = checkpoints_path(config)
-    if config.train.resume or not os.path.isdir(directory):
+    if config.train.resume:
         return
-    steps = sorted(int(n) for n in os.listdir(directory) if n.isdigit())
+    steps = checkpoint_steps(config)
     if steps:
         raise SetupError(f"{directory} already holds checkpoints (latest step {steps[-1]}); pass "
                          f"--config.train.resume=True to continue or choose a new "
