@@ -182,6 +182,9 @@ def main(argv=None) -> int:
     except RewardError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    print(f"reward server on http://{args.host}:{args.port}: POST {protocol.ENQUEUE_PATH}, "
+          f"POST {protocol.PULL_PATH}, POST {protocol.PING_PATH} (Bearer token); rewards: "
+          f"{', '.join(available_rewards())}", flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0
 

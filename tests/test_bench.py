@@ -289,3 +289,40 @@ def test_rl_suite_bad_input(tmp_path, capsys):
         rl_curves.run(str(tmp_path / "rl.json"), steps=2, seed=0,
                       recipes={"X": "configs/nope.py"})
     assert not (tmp_path / "rl.json").exists()
+
+
+def _ctx(load: float, jax_rate: float, torch_rate: float) -> dict:
+    return {"environment": {"date": "d", "jax": "j", "torch": "t", "diffusers": "d", "peft": "p",
+                            "load_average_1m": load},
+            "device": {"platform": "cpu", "device_kind": "cpu", "cpu_count": 2},
+            "peak": {"peak_flops": max(jax_rate, torch_rate), "peak_source": "measured",
+                     "matmul_flops": {"jax": jax_rate, "torch": torch_rate}}}
+
+
+def test_busy_machine_withholds_ratios():
+    # under load torch's matmul rate collapsed and the table claimed wfm_jax 8-16x faster
+    rec = {"status": "ok", "step_time_s": 0.5, "samples_per_s": 4.0, "flops_per_step": 1e9,
+           "tflops_per_s": 2e-3, "mfu": 0.3, "peak_memory_bytes": None, "compile_time_s": 3.0,
+           "notes": {"peak_memory_bytes": "n/a"}}
+    records = {"train_full": {"wfm_jax": dict(rec, stack="wfm_jax"),
+                              "torch": dict(rec, stack="torch", step_time_s=4.0)}}
+    suite = get_suite("cpu")
+
+    def result(ctx):
+        return report.assemble(suite, Options(), False, ctx, records, runner.WORKLOADS)
+
+    idle = result(_ctx(0.2, 105e9, 83e9))
+    assert idle["busy"] == [] and idle["workloads"]["train_full"]["ratio_wfm_jax_over_torch"][
+        "speedup"] == 8.0
+    assert "Warning" not in report.markdown(idle) and "0.12x" in report.markdown(idle)
+    for ctx, reason in ((_ctx(1.8, 105e9, 83e9), "load average 1.8 on 2 cores at start"),
+                        (_ctx(0.2, 105e9, 12e9), "the same bf16 matmul ran 8.8x slower in torch "
+                                                 "than in jax")):
+        busy = result(ctx)
+        assert busy["busy"] == [reason]
+        ratio = busy["workloads"]["train_full"]["ratio_wfm_jax_over_torch"]
+        assert set(ratio) == set(timing.FIGURES) | {"speedup"}
+        assert all(v is None for v in ratio.values())
+        md = report.markdown(busy)
+        assert f"**Warning: machine busy ({reason}): wfm_jax / torch ratios withheld" in md
+        assert "0.12x" not in md  # the step-time ratio row is blank

@@ -220,3 +220,61 @@ def test_parse_overrides_and_cli(tmp_path):
     assert proc.returncode != 0
     assert proc.stderr.strip().splitlines()[-1] == (
         "error: unknown key 'train.train_policy.timestep_fraction'; did you mean 'timesteps_fraction'?")
+
+
+def test_flag_without_value_does_not_swallow_the_next_flag():
+    # `--config.train.output_dir --config.train.output_dir=/tmp/x` once trained into a directory
+    # literally named after the second flag
+    with pytest.raises(ConfigError, match="'--config.train.output_dir' needs a value"):
+        cfg.parse_overrides(["--config.train.output_dir", "--config.train.output_dir=/tmp/x"])
+    with pytest.raises(ConfigError, match="'--config' needs a value"):
+        cfg.parse_overrides(["--config", "--config.train.max_steps=3"])
+    with pytest.raises(ConfigError, match="'--config.train.max_steps' needs a value"):
+        cfg.parse_overrides(["--config=c.py", "--config.train.max_steps"])
+    # a separate value that merely starts with one dash is still a value
+    assert cfg.parse_overrides(["--config.a", "-1"]) == (None, [("a", "-1")])
+
+
+def test_main_help_lists_recipes():
+    proc = subprocess.run([sys.executable, "-m", "wfm_jax.main", "--help"],
+                          capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("usage: python -m wfm_jax.main --config=")
+    recipes = sorted(n for n in os.listdir(os.path.join(REPO, "configs")) if n.endswith(".py"))
+    listed = [line.split()[0] for line in proc.stdout.split("recipes:\n")[1].splitlines()]
+    assert listed == [f"configs/{n}" for n in recipes]
+    assert "Traceback" not in proc.stderr
+    bare = subprocess.run([sys.executable, "-m", "wfm_jax.main"], capture_output=True, text=True,
+                          cwd=REPO)
+    assert bare.returncode == 2 and bare.stderr.startswith("usage:")
+
+
+def test_resolved_config_masks_the_reward_token(tmp_path):
+    config = cfg.load_config(write_recipe(tmp_path, ""), [
+        ("train.train_policy.remote_reward.token", "s3cr3t-token"),
+        ("train.train_policy.remote_reward.enqueue_url", "http://127.0.0.1:1/api/reward/enqueue")])
+    out = tmp_path / "config.json"
+    cfg.save_resolved(config, str(out))
+    text = out.read_text()
+    assert "s3cr3t-token" not in text
+    remote = json.loads(text)["train"]["train_policy"]["remote_reward"]
+    assert remote["token"] == cfg.REDACTED
+    assert remote["enqueue_url"] == "http://127.0.0.1:1/api/reward/enqueue"  # not a secret
+    assert config.train.train_policy.remote_reward.token == "s3cr3t-token"  # the run keeps it
+    cfg.save_resolved(default_config(), str(out))  # an empty token stays empty
+    assert json.loads(out.read_text())["train"]["train_policy"]["remote_reward"]["token"] == ""
+
+
+def test_tiny_recipes_build_only_at_their_own_paths():
+    # a mistyped --config.policy.model_name_or_path once got a random model built and trained
+    recipe = os.path.join(REPO, "configs", "tiny_sft.py")
+    own = cfg.load_config(recipe)
+    assert own.policy.build_tiny and own.train.train_policy.dataset.build_tiny
+    typo = cfg.load_config(recipe, [("policy.model_name_or_path", "/tmp/tiny_sd33")])
+    assert not typo.policy.build_tiny
+    assert typo.train.train_policy.dataset.build_tiny  # its path was not overridden
+    data = cfg.load_config(recipe, [("train.train_policy.dataset.local_dir", "/tmp/shapez")])
+    assert data.policy.build_tiny and not data.train.train_policy.dataset.build_tiny
+    asked = cfg.load_config(recipe, [("policy.model_name_or_path", "/tmp/elsewhere"),
+                                     ("policy.build_tiny", "True")])
+    assert asked.policy.build_tiny  # building elsewhere on purpose

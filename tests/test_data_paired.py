@@ -215,3 +215,14 @@ def test_worker_processes_give_the_same_batches(image_dir):
     with paired_loader(str(image_dir), 2, SIZE, seed=9, num_workers=1) as resumed:
         resumed.restore(state)
         assert [next(resumed)["prompt"] for _ in range(2)] == want[2:]
+
+
+def test_skipped_sample_is_said_once(tmp_path, capsys):
+    d = make_corrupt_dir(tmp_path)
+    loader = paired_loader(str(d), 2, SIZE, seed=0, skip_bad=True, shuffle=False)
+    for _ in range(5):  # x_bad comes round twice
+        next(loader)
+    assert loader.skipped == 2
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("skipped a bad sample (data.skip_bad_samples): ")
+    assert "x_bad.png" in lines[0]

@@ -86,3 +86,19 @@ def test_generate_bad_inputs(tmp_path, tiny_dir, capsys):
                           "--latents", str(tmp_path / "bad.npy")]) == 2
     assert "expected" in capsys.readouterr().err
     assert not os.path.exists(tmp_path / "o.png")
+
+
+def test_size_beyond_the_position_table_is_one_line_before_any_work(tmp_path, tiny_dir, capsys,
+                                                                    monkeypatch):
+    # the README's 512x512 failed deep inside the transformer after encoding the prompts
+    def never(*a, **k):
+        raise AssertionError("encoded prompts for a size the model cannot take")
+
+    monkeypatch.setattr(generate, "encode_prompts", never)
+    rc = generate.main(["--model", tiny_dir, "--prompt", "x", "--height", "512", "--width", "512",
+                        "--out", str(tmp_path / "x.png")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and err == [
+        "error: 512x512 is larger than this model takes: its position embedding covers 96x96 "
+        "patches, at most 192x192 pixels (patch size 2 x VAE factor 1)"]
+    assert not (tmp_path / "x.png").exists()

@@ -179,6 +179,11 @@ def test_server_and_score_command_lines(tmp_path):
         else:
             pytest.fail("reward server subprocess did not answer ping: "
                         + (tmp_path / "server.log").read_text()[-500:])
+        # it says where it listens and what it serves (it once printed nothing)
+        first = (tmp_path / "server.log").read_text().splitlines()[0]
+        assert first.startswith(f"reward server on {url}: POST {ENQUEUE_PATH}, POST {PULL_PATH}, "
+                                f"POST {PING_PATH} (Bearer token); rewards: "), first
+        assert "jpeg_compressibility" in first
         args = ["score", "--reward", "jpeg_compressibility=1", "--reward", "jpeg_incompressibility=0.5",
                 "--images", str(tmp_path / "batch.npy"), "--prompts", str(tmp_path / "prompts.txt")]
         out = subprocess.run([sys.executable, "-m", "reward_client", *args, "--enqueue-url", url + ENQUEUE_PATH,

@@ -140,6 +140,21 @@ def _closed_port() -> int:
         return s.getsockname()[1]
 
 
+def test_missing_model_is_reported_before_the_reward_service(tmp_path, capsys, monkeypatch):
+    # the SD3.5 recipe's remote pickscore reward with no service configured once hid the real
+    # problem, a model dir that does not exist
+    for name in ("REMOTE_REWARD_ENQUEUE_URL", "REMOTE_REWARD_FETCH_URL", "WFM_REWARD_ENQUEUE_URL",
+                 "WFM_REWARD_FETCH_URL"):
+        monkeypatch.delenv(name, raising=False)
+    recipe = os.path.join(os.path.dirname(RECIPE), "sd35_nft.py")
+    prompts = os.path.join(os.path.dirname(RECIPE), "prompts", "tiny.txt")
+    rc = wmain.main(["--config", recipe, f"--config.policy.model_name_or_path={tmp_path / 'nope'}",
+                     f"--config.train.train_policy.dataset.local_dir={prompts}",
+                     f"--config.train.output_dir={tmp_path / 'out'}"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and err[0].startswith("error: model directory not found"), err
+
+
 def test_bad_input_stops_with_one_line(tiny_dir, tmp_path, capsys):
     def run(*extra):
         rc = wmain.main(_argv(tiny_dir, tmp_path / "out", *extra))

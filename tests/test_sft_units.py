@@ -198,8 +198,31 @@ def test_main_missing_model_dir(capsys, tmp_path, tiny_assets):
     assert rc == 2 and len(errors) == 1
     assert "model directory not found" in errors[0]
     assert "--config.policy.model_name_or_path" in errors[0]
-    written = json.load(open(tmp_path / "o" / "config.json"))  # resolved config, before the model
-    assert written["train"]["output_dir"] == str(tmp_path / "o")
+    # config.json describes a run that started; this one never did
+    assert not os.path.exists(tmp_path / "o" / "config.json")
+
+
+def test_main_mistyped_model_path_builds_nothing(capsys, tmp_path, tiny_assets):
+    typo = tmp_path / "tiny_sd33"
+    rc, errors, _ = _main(capsys, f"--config.train.output_dir={tmp_path / 'o'}",
+                          f"--config.policy.model_name_or_path={typo}",
+                          f"--config.train.train_policy.dataset.local_dir={tiny_assets[1]}",
+                          "--config.train.max_steps=1")
+    assert rc == 2 and len(errors) == 1 and "model directory not found" in errors[0]
+    assert not typo.exists()
+
+
+def test_building_the_tiny_pipeline_is_said(capsys, tmp_path):
+    config = load_config("configs/tiny_sft.py", [
+        ("policy.model_name_or_path", str(tmp_path / "pipe")), ("policy.build_tiny", "True"),
+        ("train.train_policy.dataset.local_dir", str(tmp_path / "shapes"))])
+    setup_lib.ensure_tiny_assets(config)
+    out = capsys.readouterr().out.splitlines()
+    assert out == [f"building the tiny random SD3 pipeline (policy.build_tiny) at "
+                   f"{tmp_path / 'pipe'} (it does not exist yet)"]
+    assert os.path.isdir(tmp_path / "pipe" / "transformer")
+    setup_lib.ensure_tiny_assets(config)  # present now: built once, said once
+    assert capsys.readouterr().out == ""
 
 
 def _copy_dataset(src, dst):

@@ -138,3 +138,36 @@ def test_mismatched_state_names_the_checkpoint(tmp_path):
             ck.restore_latest({"x": jax.ShapeDtypeStruct((5,), jnp.float32)})
         with pytest.raises(CheckpointError, match="no finalized checkpoint step 4"):
             ck.restore(4, {"x": jax.ShapeDtypeStruct((3,), jnp.float32)})
+
+
+def test_mismatch_is_one_line_naming_the_leaves(tmp_path):
+    # a full fine-tune's checkpoint resumed with LoRA on: many leaves missing, many extra, one
+    # reshaped; orbax's own message dumped the whole tree and suggested partial_restore=True
+    blocks = {f"block{i}": {"kernel": jnp.zeros((4, 4)), "bias": jnp.zeros((4,))}
+              for i in range(40)}
+    with Checkpointer(tmp_path, save_freq=1, async_=False) as ck:
+        ck.save(1, {"params": blocks, "step": jnp.zeros((), jnp.int32)})
+    want = {f"block{i}": {"lora_a": jax.ShapeDtypeStruct((4, 2), jnp.float32),
+                          "bias": jax.ShapeDtypeStruct((4,), jnp.float32)} for i in range(40)}
+    want["block0"]["bias"] = jax.ShapeDtypeStruct((8,), jnp.float32)
+    with Checkpointer(tmp_path, save_freq=1) as ck:
+        with pytest.raises(CheckpointError) as info:
+            ck.restore_latest({"params": want, "step": jax.ShapeDtypeStruct((), jnp.int32)})
+    message = str(info.value)
+    assert "\n" not in message and len(message) < 600, message
+    assert "partial_restore" not in message
+    assert "40 leaves this run needs are not in it (params.block0.lora_a, " in message
+    assert "40 saved leaves this run does not have (params.block0.kernel, " in message
+    assert "params.block0.bias: saved (4,), this run (8,)" in message
+
+
+def test_saves_and_removals_are_said(tmp_path, capsys):
+    with Checkpointer(tmp_path, max_keep=2, save_freq=1, async_=False) as ck:
+        for step in (1, 2, 3, 4):
+            ck.save(step, {"x": jnp.full((2,), step)})
+        assert ck.all_steps() == [3, 4]
+    lines = capsys.readouterr().out.splitlines()
+    d = os.path.abspath(tmp_path)
+    assert lines == [f"checkpoint step 1 saved in {d}/1", f"checkpoint step 2 saved in {d}/2",
+                     f"checkpoint step 3 saved in {d}/3; removing step 1 (train.ckpt.max_keep=2)",
+                     f"checkpoint step 4 saved in {d}/4; removing step 2 (train.ckpt.max_keep=2)"]

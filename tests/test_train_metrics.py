@@ -101,3 +101,17 @@ def test_wandb_failure_is_a_warning_not_a_crash(tmp_path, monkeypatch):
     logger.log_image("img", np.zeros((2, 2, 3), np.uint8))
     logger.close()
     assert _read(tmp_path / "metrics.jsonl") == [{"step": 1, "train/loss": 1.0}]
+
+
+def test_progress_bar_shows_each_steps_own_values(tmp_path, capsys):
+    import time
+    with MetricsLogger(str(tmp_path), total_steps=3) as logger:
+        for step, loss in ((1, 0.111), (2, 0.222), (3, 0.333)):
+            time.sleep(0.6)  # past the bar's redraw interval: every update draws
+            logger.log(step, {"train/loss": loss, "train/reward_mean": -loss})
+    frames = [f for f in capsys.readouterr().err.replace("\n", "\r").split("\r") if "/3" in f]
+    for step, loss in ((1, 0.111), (2, 0.222), (3, 0.333)):
+        drawn = [f for f in frames if f" {step}/3 " in f]
+        assert drawn, frames
+        # the bar once drew step N with step N-1's loss and reward
+        assert all(f"loss={loss}" in f and f"reward={-loss}" in f for f in drawn), drawn

@@ -209,8 +209,9 @@ def parse_overrides(argv: Sequence[str], flag: str = "config") -> tuple[str | No
             raise ConfigError(f"unexpected argument '{arg}' (expected --{flag}=FILE or --{flag}.KEY=VALUE)")
         name, eq, text = arg[2:].partition("=")
         if not eq:
-            if i + 1 >= len(args):
-                raise ConfigError(f"'{arg}' needs a value")
+            # a value that looks like the next flag means this flag's value was left out
+            if i + 1 >= len(args) or args[i + 1].startswith("--"):
+                raise ConfigError(f"'{arg}' needs a value: write {arg}=VALUE")
             text = args[i + 1]
             i += 1
         if name == flag:
@@ -338,7 +339,18 @@ def load_config(spec: str, overrides: Sequence[tuple[str, str]] = (), check: boo
     config = from_tree(result)
     for key, text in overrides:
         apply_override(config, key, text)
+    _build_tiny_only_at_recipe_paths(config, [key for key, _ in overrides])
     return validate(config) if check else config
+
+
+def _build_tiny_only_at_recipe_paths(config: ConfigDict, overridden: Sequence[str]) -> None:
+    """A path given on the command line (a typo, say) must not get a random tiny model or
+    dataset built there: the recipe's build_tiny covers its own path only, unless the build
+    key is overridden too."""
+    for path_key, build_key in _import_schema().TINY_BUILDS:
+        if path_key in overridden and build_key not in overridden:
+            node, key = _resolve(config, build_key)
+            node[key] = False
 
 
 def config_from_argv(argv: Sequence[str]) -> ConfigDict:
@@ -361,11 +373,33 @@ def to_plain(config: ConfigDict | dict) -> dict:
     return plain(config)
 
 
+# leaf names whose values are credentials: config.json is shared with results, so they are masked
+SECRET_KEYS = ("token", "password", "secret", "api_key")
+REDACTED = "<redacted>"
+
+
+def is_secret(dotted: str) -> bool:
+    return dotted.split(".")[-1] in SECRET_KEYS
+
+
+def redacted(tree: dict, prefix: str = "") -> dict:
+    """A copy of a plain config tree with every non-empty secret value replaced by REDACTED."""
+    out = {}
+    for key, value in tree.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out[key] = redacted(value, path + ".")
+        else:
+            out[key] = REDACTED if is_secret(path) and value else value
+    return out
+
+
 def save_resolved(config: ConfigDict, path: str) -> str:
-    """Write the resolved config as JSON atomically (temp file in the same dir, then rename)."""
+    """Write the resolved config as JSON atomically (temp file in the same dir, then rename),
+    secrets (SECRET_KEYS) masked: a resumed run takes them from its flags or environment."""
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
-    text = json.dumps(to_plain(config), indent=2, sort_keys=False) + "\n"
+    text = json.dumps(redacted(to_plain(config)), indent=2, sort_keys=False) + "\n"
     fd, tmp = tempfile.mkstemp(prefix=".config.", suffix=".tmp", dir=directory)
     try:
         with os.fdopen(fd, "w") as f:

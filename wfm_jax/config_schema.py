@@ -44,7 +44,9 @@ DEFAULTS = {
         "ema_update_step_interval": 1,  # 0 = never update (no crash, unlike cosmos-rl)
         "log_freq": 1,
         "wandb": {"enable": False, "project": "wfm_jax", "name": "", "mode": "online"},
-        "ckpt": {"save_freq": 20, "save_mode": "async", "max_keep": 5, "export_safetensors": True},
+        "ckpt": {"save_freq": 20, "save_mode": "async", "max_keep": 5, "export_safetensors": True,
+                 # newest safetensors/step_N exports kept: None = max_keep, 0 = every export
+                 "export_max_keep": placeholder(int)},
         "train_policy": {
             "type": "sft",
             "dataset": {
@@ -178,6 +180,11 @@ REWARD_FN_KEYS = ("name", "weight", "score_key")
 RL_TYPES = ("nft", "grpo", "ddrl")
 
 
+# (path key, build key): the tiny recipes build a random model / dataset at the path when absent
+TINY_BUILDS = (("policy.model_name_or_path", "policy.build_tiny"),
+               ("train.train_policy.dataset.local_dir", "train.train_policy.dataset.build_tiny"))
+
+
 def default_config() -> ml_collections.ConfigDict:
     """A fresh, locked config tree with every default."""
     config = ml_collections.ConfigDict(copy.deepcopy(DEFAULTS))
@@ -240,6 +247,10 @@ def check_ranges(config) -> None:
     if len(size) != 2 or not all(isinstance(s, int) and s > 0 for s in size):
         raise ConfigError(f"config key 'policy.diffusers.inference_size' must be (H, W) positive "
                           f"ints, got {size}")
+    export_keep = get(config, "train.ckpt.export_max_keep")
+    if export_keep is not None and export_keep < 0:
+        raise ConfigError(f"config key 'train.ckpt.export_max_keep' must be >= 0 (0: keep every "
+                          f"export; None: as train.ckpt.max_keep), got {export_keep}")
     per_optimize = get(config, "train.train_policy.batch_size_per_optimize")
     if per_optimize is not None and per_optimize <= 0:
         raise ConfigError(f"config key 'train.train_policy.batch_size_per_optimize' must be > 0 "

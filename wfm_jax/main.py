@@ -2,11 +2,13 @@
 
     python -m wfm_jax.main --config configs/X.py [--config.a.b=value ...]
 
-Loads and validates the locked config, starts jax.distributed when the config / environment
-asks for several processes, writes the resolved config to output_dir/config.json (process 0),
-then runs the trainer for train.train_policy.type: "sft" -> wfm_jax.train.sft, "nft" / "grpo" /
-"ddrl" -> wfm_jax.train.rl. Every known failure (bad config, missing model or data, corrupt
+Loads and validates the locked config (a resumed one is compared with the stored
+output_dir/config.json: wfm_jax.resume_config), starts jax.distributed when the config /
+environment asks for several processes, then runs the trainer for train.train_policy.type:
+"sft" -> wfm_jax.train.sft, "nft" / "grpo" / "ddrl" -> wfm_jax.train.rl. The resolved config is
+written to output_dir/config.json once the run has started (wfm_jax.train.setup.build). Every known failure (bad config, missing model or data, corrupt
 sample, NaN loss, unusable checkpoint) is one line on stderr and a non-zero exit, no traceback.
+SIGTERM stops after the step in progress with a checkpoint (exit 143; wfm_jax.train.preempt).
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from typing import Sequence
 EXIT_BAD_INPUT = 2      # the run could not start: config, model dir, data, checkpoint layout
 EXIT_TRAINING_FAILED = 1  # it started and stopped: NaN/inf loss, a bad sample mid-run, ...
 EXIT_INTERRUPTED = 130
+EXIT_PREEMPTED = 143  # 128 + SIGTERM, what a scheduler expects from a preempted job
 
 
 def _known_errors() -> tuple[tuple[type, ...], tuple[type, ...]]:
@@ -47,20 +50,24 @@ def train(config) -> int:
 
 
 def prepare(argv: Sequence[str]):
-    """Parse + validate the config, start jax.distributed, write output_dir/config.json."""
-    from wfm_jax.config import config_from_argv, save_resolved
-    from wfm_jax.train.setup import check_fresh_output, init_distributed
+    """Parse + validate the config (a resume against the stored one), start jax.distributed."""
+    from wfm_jax.config import config_from_argv
+    from wfm_jax.resume_config import check_resumed_config
+    from wfm_jax.train.setup import check_fresh_output, checkpoint_steps, init_distributed
     config = config_from_argv(argv)
-    check_fresh_output(config)  # a refused run must not overwrite the old run's config.json
+    check_fresh_output(config)
+    if config.train.resume and checkpoint_steps(config):  # no checkpoint: nothing to keep true to
+        check_resumed_config(config, os.path.join(config.train.output_dir, "config.json"))
     init_distributed(config)  # before anything touches a JAX backend
-    import jax
-    if jax.process_index() == 0:
-        save_resolved(config, os.path.join(config.train.output_dir, "config.json"))
     return config
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or any(a in ("-h", "--help") for a in argv):
+        from wfm_jax.usage import usage_text
+        print(usage_text(), file=sys.stdout if argv else sys.stderr)
+        return 0 if argv else EXIT_BAD_INPUT
     try:
         bad_input, failed = _known_errors()
     except ImportError as e:  # a broken install: still one line
@@ -68,7 +75,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     try:
         config = prepare(argv)
-        step = train(config)
+        from wfm_jax.train.preempt import sigterm_stops_after_step
+        with sigterm_stops_after_step():
+            step = train(config)
     except bad_input as e:
         if isinstance(e, FileNotFoundError) and e.filename:
             print(f"error: no such file or directory: {e.filename}", file=sys.stderr)
@@ -78,7 +87,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except failed as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_TRAINING_FAILED
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
+        from wfm_jax.train.preempt import Stopped
+        if isinstance(e, Stopped):
+            print(f"error: stopped by SIGTERM after step {e.step}, its checkpoint is saved; "
+                  f"resume with --config.train.resume=True", file=sys.stderr)
+            return EXIT_PREEMPTED
         print("error: interrupted; the last finished checkpoint is kept", file=sys.stderr)
         return EXIT_INTERRUPTED
     print(f"done: trained to step {step}; outputs in {config.train.output_dir}")

@@ -101,6 +101,8 @@ def main(argv=None) -> int:
     md = report.write(result, out)
     print(md, end="")
     print(f"wrote {out} and {os.path.splitext(out)[0]}.md")
+    if report.busy_warning(result):
+        print(f"bench: warning: {report.busy_warning(result)}", file=sys.stderr)
     failed = [f"{w}/{s}" for w, rec in result["workloads"].items()
               for s, r in rec["stacks"].items() if r["status"] != "ok"]
     if failed:

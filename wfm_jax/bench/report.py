@@ -24,6 +24,29 @@ def ratios(jax_rec: dict | None, torch_rec: dict | None) -> dict:
     return out
 
 
+# A busy machine skews the two stacks unequally (a run under load once reported wfm_jax 8-16x
+# faster because torch's matmul rate collapsed): past these limits the ratios are withheld.
+BUSY_LOAD_PER_CORE = 0.5   # 1-minute load average at start, per core
+BUSY_MATMUL_SPREAD = 2.0   # the same bf16 matmul, jax vs torch: fastest / slowest
+
+
+def busy_reasons(ctx: dict) -> list[str]:
+    """Why this machine looked busy while the suite ran (empty: it looked idle)."""
+    reasons = []
+    dev, env = ctx.get("device", {}), ctx.get("environment", {})
+    load, cores = env.get("load_average_1m"), dev.get("cpu_count")
+    if dev.get("platform") == "cpu" and finite(load) and cores and load > BUSY_LOAD_PER_CORE * cores:
+        reasons.append(f"load average {load:.1f} on {cores} cores at start")
+    rates = (ctx.get("peak") or {}).get("matmul_flops") or {}
+    if len(rates) == 2 and all(finite(r) and r > 0 for r in rates.values()):
+        slow, fast = min(rates, key=rates.get), max(rates, key=rates.get)
+        spread = rates[fast] / rates[slow]
+        if spread > BUSY_MATMUL_SPREAD:
+            reasons.append(f"the same bf16 matmul ran {spread:.1f}x slower in {slow} than in "
+                           f"{fast}")
+    return reasons
+
+
 def workload_flops(suite, name: str) -> dict | None:
     from wfm_jax.bench import flops
     from wfm_jax.bench.suites import LORA_TARGETS
@@ -42,16 +65,23 @@ def workload_flops(suite, name: str) -> dict | None:
 
 def assemble(suite, options, isolate: bool, ctx: dict, records: dict, descriptions: dict,
              command: str | None = None) -> dict:
+    busy = busy_reasons(ctx)
     workloads = {}
     for name, stacks in records.items():
+        r = ratios(stacks.get("wfm_jax"), stacks.get("torch"))
         workloads[name] = {"description": descriptions[name], "flops": workload_flops(suite, name),
                            "stacks": stacks,
-                           "ratio_wfm_jax_over_torch": ratios(stacks.get("wfm_jax"),
-                                                              stacks.get("torch"))}
+                           "ratio_wfm_jax_over_torch": {k: None for k in r} if busy else r}
     return {"schema_version": SCHEMA_VERSION, "suite": suite.name, "shapes": suite.shapes(),
             "warmup": suite.warmup, "repeats": suite.repeats,
             "options": dataclasses.asdict(options), "isolated_processes": isolate,
-            "command": command, **ctx, "workloads": workloads}
+            "command": command, **ctx, "busy": busy, "workloads": workloads}
+
+
+def busy_warning(result: dict) -> str | None:
+    busy = result.get("busy")
+    return (f"machine busy ({'; '.join(busy)}): wfm_jax / torch ratios withheld, the figures "
+            f"are not comparable; rerun on an idle machine") if busy else None
 
 
 # ----------------------------------------------------------------------------- markdown
@@ -78,6 +108,7 @@ def markdown(result: dict) -> str:
              f"jax {env['jax']}, torch {env['torch']}, diffusers {env['diffusers']}, "
              f"peft {env['peft']}. Median of {result['repeats']} steps after "
              f"{result['warmup']} warm-up. MFU peak: {peak['peak_source']}.", "",
+             *([f"**Warning: {busy_warning(result)}.**", ""] if busy_warning(result) else []),
              "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for name, w in result["workloads"].items():
         for stack in ("wfm_jax", "torch"):

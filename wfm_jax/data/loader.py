@@ -14,6 +14,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from wfm_jax.console import say
 from wfm_jax.data.errors import BadSample, DataError
 
 try:
@@ -134,6 +135,8 @@ class Loader:
         self.skipped += 1
         if element.message not in self.bad_files:
             self.bad_files.append(element.message)
+            say(f"skipped a bad sample (data.skip_bad_samples): {element.message}",
+                every_process=True)
         self._bad_in_a_row += 1
         if self._bad_in_a_row > self.num_records:
             raise DataError(f"every sample of {self.name} is bad (last: {element.message})")

@@ -24,6 +24,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
+from wfm_jax.console import say
+
 _FORMAT = 1
 
 
@@ -129,6 +131,42 @@ def _data_to_keys(restored: Any, abstract: Any, impls: dict[str, str]) -> Any:
     return jax.tree_util.tree_map_with_path(conv, restored, abstract)
 
 
+# ---- a mismatch in one line (orbax's own message dumps the whole tree) ----
+
+def _listed(names: list[str], limit: int = 3) -> str:
+    shown = ", ".join(n.removesuffix(".value") for n in names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def describe_mismatch(state_dir: epath.Path, target: Any) -> str | None:
+    """What differs between the saved `state` item and the target tree (ShapeDtypeStructs),
+    in one line: leaves missing on either side and leaves with another shape; None when the
+    names and shapes agree."""
+    try:
+        meta = ocp.StandardCheckpointHandler().metadata(state_dir)
+    except Exception:  # unreadable metadata: orbax's restore reports it
+        return None
+    saved = {m.name: tuple(m.shape) for m in jax.tree.leaves(getattr(meta, "tree", meta))
+             if hasattr(m, "name") and hasattr(m, "shape")}
+    wanted = {name: tuple(x.shape) for name, x in ocp.tree.to_flat_dict(target, sep=".").items()
+              if hasattr(x, "shape")}
+    parts = []
+    missing = sorted(set(wanted) - set(saved))
+    if missing:
+        parts.append(f"{len(missing)} leaves this run needs are not in it ({_listed(missing)})")
+    only_saved = sorted(set(saved) - set(wanted))
+    if only_saved:
+        parts.append(f"{len(only_saved)} saved leaves this run does not have "
+                     f"({_listed(only_saved)})")
+    reshaped = [n for n in sorted(set(saved) & set(wanted)) if saved[n] != wanted[n]]
+    if reshaped:
+        first = reshaped[0]
+        parts.append(f"{len(reshaped)} leaves have another shape ({_listed(reshaped)}; "
+                     f"{first.removesuffix('.value')}: saved {saved[first]}, this run "
+                     f"{wanted[first]})")
+    return "; ".join(parts) or None
+
+
 # ---- the manager ----
 
 class Checkpointer:
@@ -144,8 +182,10 @@ class Checkpointer:
                  async_: bool = True):
         self.directory = epath.Path(os.path.abspath(directory))  # orbax needs absolute paths
         self.save_freq = int(save_freq or 0)
+        self._async = bool(async_)
+        self._max_keep = max_keep if max_keep and max_keep > 0 else None
         options = ocp.CheckpointManagerOptions(
-            max_to_keep=max_keep if max_keep and max_keep > 0 else None,
+            max_to_keep=self._max_keep,
             enable_async_checkpointing=async_,
             cleanup_tmp_directories=True,
         )
@@ -183,7 +223,23 @@ class Checkpointer:
                      extra=ocp.args.JsonSave(extra))
         if data_state is not None:
             items["data"] = ProcessJsonSave(data_state)
-        return bool(self._mgr.save(step, args=ocp.args.Composite(**items), force=True))
+        before = self.all_steps()
+        started = bool(self._mgr.save(step, args=ocp.args.Composite(**items), force=True))
+        if started:
+            self._say_saved(step, before)
+        return started
+
+    def _say_saved(self, step: int, before: list[int]) -> None:
+        """One console line: the save and the old steps max_keep removes with it (orbax drops
+        them silently, in the background when async)."""
+        keep = self._max_keep
+        removed = sorted(before + [step])[:-keep] if keep else []
+        how = "saving (in the background)" if self._async else "saved"
+        line = f"checkpoint step {step} {how} in {self.directory}/{step}"
+        if removed:
+            line += (f"; removing step{'s' if len(removed) > 1 else ''} "
+                     f"{', '.join(map(str, removed))} (train.ckpt.max_keep={keep})")
+        say(line)
 
     # -- restore --
     def restore(self, step: int, abstract_state: Any, shardings: Any = None) -> Restored:
@@ -197,8 +253,13 @@ class Checkpointer:
         meta = self._mgr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
         impls = meta.get("prng_impls", {})
         abstract = _abstract_target(abstract_state, shardings)
-        items = dict(state=ocp.args.StandardRestore(_key_data_target(abstract, impls)),
-                     extra=ocp.args.JsonRestore())
+        target = _key_data_target(abstract, impls)
+        differs = describe_mismatch(step_dir / "state", target)
+        if differs:
+            raise CheckpointError(f"checkpoint {step_dir} does not match the state this run "
+                                  f"expects (was it written with another model or config, e.g. "
+                                  f"LoRA, EMA or the algorithm?): {differs}")
+        items = dict(state=ocp.args.StandardRestore(target), extra=ocp.args.JsonRestore())
         has_data = (step_dir / "data").exists()
         if has_data:
             items["data"] = ProcessJsonRestore()
@@ -206,9 +267,10 @@ class Checkpointer:
             out = self._mgr.restore(step, args=ocp.args.Composite(**items))
         except CheckpointError:
             raise
-        except Exception as e:  # orbax raises many types for a tree/shape mismatch
-            raise CheckpointError(f"checkpoint {step_dir} does not match the state this run "
-                                  f"expects: {type(e).__name__}: {e}") from e
+        except Exception as e:  # orbax raises many types; its first line, not its tree dump
+            first = (str(e).strip().splitlines() or [""])[0]
+            raise CheckpointError(f"checkpoint {step_dir} cannot be restored into the state "
+                                  f"this run expects: {type(e).__name__}: {first}") from e
         state = _data_to_keys(out["state"], abstract, impls)
         return Restored(step, state, dict(out["extra"] or {}),
                         out["data"] if has_data else None)

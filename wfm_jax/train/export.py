@@ -1,19 +1,22 @@
 """Export trained weights to cosmos-rl's layout, loadable by diffusers (torch).
 
     output_dir/safetensors/step_N/            full fine-tune: a complete diffusers pipeline dir
-                                              (DiffusionPipeline.from_pretrained(step_dir))
+                                              (DiffusionPipeline.from_pretrained(step_dir)); the
+                                              unchanged components hard-linked to the source's
     output_dir/safetensors/step_N/lora/model.safetensors + adapter_config.json
                                               LoRA: pipe.load_lora_weights(step_N/lora,
                                               weight_name="model.safetensors")
 
 Every process must call the export functions (parameters sharded over processes are gathered);
 only process 0 writes. Each step dir is built under a temporary name and renamed into place, so
-it is complete or absent. The weights are the EMA shadow when EMA is on (export_params).
+it is complete or absent. The weights are the EMA shadow when EMA is on (export_params). The
+newest train.ckpt.export_max_keep step dirs are kept (None: as max_keep; 0: every one).
 """
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from typing import Any, Mapping, Sequence
 
@@ -21,6 +24,7 @@ import jax
 import numpy as np
 
 from converters.atomic import atomic_directory
+from wfm_jax.console import say
 from wfm_jax.models.loading import export_diffusers, host_array
 from wfm_jax.models.state import path_str
 from wfm_jax.train import lora as lora_lib
@@ -33,21 +37,71 @@ def step_dir(output_dir: str, step: int) -> str:
     return os.path.join(output_dir, "safetensors", f"step_{int(step)}")
 
 
+_STALE = re.compile(r"^\.step_\d+\.(tmp|old)-[0-9a-f]+$")  # converters.atomic's temporaries
+
+
+def remove_stale_temporaries(output_dir: str) -> list[str]:
+    """Delete the half-written `safetensors/.step_N.tmp-*` (and `.old-*`) an export killed
+    mid-write left behind; call before this run exports anything. Returns what was removed."""
+    root = os.path.join(output_dir, "safetensors")
+    if not os.path.isdir(root):
+        return []
+    stale = sorted(n for n in os.listdir(root) if _STALE.match(n))
+    for name in stale:
+        path = os.path.join(root, name)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            os.remove(path)
+    return stale
+
+
 def export_params(state) -> Any:
     """What gets exported: the EMA shadow when EMA is on, else the trained params."""
     return state.ema if state.ema is not None else state.params
 
 
+def _link_or_copy(src: str, dst: str) -> None:
+    """A hard link where the filesystem allows (an export step shares the unchanged text
+    encoders and VAE with the source instead of another copy of them; each step dir still
+    stands alone, so pruning one never breaks another), else a copy. Symlinks are followed."""
+    try:
+        os.link(os.path.realpath(src), dst)
+    except OSError:  # another filesystem, or links not supported
+        shutil.copy2(src, dst)
+
+
 def _copy_components(source_dir: str, dst: str, skip: Sequence[str]) -> None:
-    """Copy a pipeline dir's entries except `skip` (symlinks are followed: a real copy)."""
+    """Link (or copy) a pipeline dir's entries except `skip`."""
     for name in sorted(os.listdir(source_dir)):
         if name in skip or name.startswith("."):
             continue
         src = os.path.join(source_dir, name)
         if os.path.isdir(src):
-            shutil.copytree(src, os.path.join(dst, name), symlinks=False)
+            shutil.copytree(src, os.path.join(dst, name), symlinks=False,
+                            copy_function=_link_or_copy)
         else:
-            shutil.copy2(src, os.path.join(dst, name))
+            _link_or_copy(src, os.path.join(dst, name))
+
+
+def exports_kept(config) -> int | None:
+    """How many step exports to keep: train.ckpt.export_max_keep, None -> max_keep, 0 -> all."""
+    keep = config.train.ckpt.export_max_keep
+    keep = config.train.ckpt.max_keep if keep is None else keep
+    return int(keep) if keep else None
+
+
+def prune_exports(output_dir: str, keep: int | None) -> list[int]:
+    """Delete all but the newest `keep` safetensors/step_N dirs (None: keep all); returns the
+    removed steps."""
+    root = os.path.join(output_dir, "safetensors")
+    if not keep or not os.path.isdir(root):
+        return []
+    steps = sorted(int(n[5:]) for n in os.listdir(root) if re.fullmatch(r"step_\d+", n))
+    removed = steps[:-keep]
+    for step in removed:
+        shutil.rmtree(step_dir(output_dir, step))
+    return removed
 
 
 def export_full_pipeline(transformer, transformer_config: Mapping, source_dir: str,
@@ -97,6 +151,17 @@ def export_step(setup, step: int) -> str | None:
         cfg = config.policy.lora
         adapter = lora_lib.adapter_config(cfg.r, cfg.lora_alpha, cfg.target_modules,
                                           cfg.init_lora_weights)
-        return export_lora(params, adapter, dst)
-    return export_full_pipeline(setup.merge(params), setup.pipe.transformer_config,
-                                setup.pipe.directory, dst)
+        written = export_lora(params, adapter, dst)
+    else:
+        written = export_full_pipeline(setup.merge(params), setup.pipe.transformer_config,
+                                       setup.pipe.directory, dst)
+    say(f"exported step {step} to {dst}" + (" (LoRA adapter in lora/)" if setup.lora else
+                                            " (diffusers pipeline)"))
+    if jax.process_index() == 0:
+        keep = exports_kept(config)
+        removed = prune_exports(config.train.output_dir, keep)
+        if removed:
+            say(f"removed export{'s' if len(removed) > 1 else ''} "
+                f"{', '.join(f'step_{s}' for s in removed)} (train.ckpt.export_max_keep: keep "
+                f"{keep}; 0 keeps every export)")
+    return written

@@ -187,11 +187,12 @@ class MetricsLogger:
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
         if self._bar is not None:
-            self._bar.update(max(int(step) - self._bar.n, 0))
+            # postfix first: update() redraws, and must draw this step's values, not the last's
             shown = {label: f"{record[k]:.4g}" for k, label in BAR_KEYS.items()
                      if isinstance(record.get(k), (int, float))}
             if shown:
                 self._bar.set_postfix(shown, refresh=False)
+            self._bar.update(max(int(step) - self._bar.n, 0))
         if self.run is not None:
             numeric = {k: v for k, v in record.items()
                        if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)}

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from wfm_jax.algorithms.advantages import clip_advantages, group_advantages
-from wfm_jax.train import rl_setup
+from wfm_jax.train import preempt, rl_setup
 from wfm_jax.train.image_grid import captioned_grid, save_grid, to_uint8
 from wfm_jax.train.metrics import Timers, check_finite
 
@@ -156,4 +156,7 @@ def _loop(run) -> None:
         run.logger.log(step, metrics)
         run.batcher.step = step
         run.save(state, step)
+        if step < run.max_steps and preempt.requested():  # the checkpoint only: exports can wait for the resume
+            run.save(state, step, final=True, export=False)
+            raise preempt.Stopped(step)
     run.save(state, run.max_steps, final=True)

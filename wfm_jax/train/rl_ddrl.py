@@ -134,7 +134,9 @@ class DDRL:
         ds = config.train.train_policy.dataset
         if ds.build_tiny and ds.local_dir:
             from wfm_jax.data.tiny_dataset import ensure_shapes_dataset
-            train_setup._primary_builds(ds.local_dir, ensure_shapes_dataset)
+            train_setup._primary_builds(
+                ds.local_dir, ensure_shapes_dataset,
+                "the tiny shapes dataset (train.train_policy.dataset.build_tiny)")
         records = scan_paired(ds.local_dir)
         if records[0].is_video:
             raise DataError(f"{ds.local_dir} holds videos; DDRL on SD3 trains on images")

@@ -168,13 +168,13 @@ class RLRun:
         size = -(-int(self.config.validation.batch_size) // dp) * dp  # padded rows are not scored
         return eval_batches(self.val_records, size, process_shard())
 
-    def save(self, state, step: int, final: bool = False) -> None:
+    def save(self, state, step: int, final: bool = False, export: bool = True) -> None:
         self.setup.state = state
         if final and self.setup.checkpointer.latest_step() == step:
             return  # the regular save at this step already happened
         data_state = self.batcher.state()
         saved = self.setup.save(step, data_state=data_state, force=final)
-        if saved and self.config.train.ckpt.export_safetensors:
+        if saved and export and self.config.train.ckpt.export_safetensors:
             from wfm_jax.train.export import export_step
             export_step(self.setup, step)
 
@@ -386,12 +386,14 @@ def build(config) -> RLRun:
         raise train_setup.SetupError(
             f"train.train_policy.type={config.train.train_policy.type!r} has no RL trainer yet; "
             f"available: {sorted(ALGORITHMS)}")
+    # the model first: without it nothing else matters (a missing model dir was once reported
+    # as a missing reward service), then the data, then the rewards
+    train_setup.ensure_tiny_assets(config)
+    train_setup.check_model_dir(config)
     records_fn = getattr(algo_cls, "records", None)
     train_records, val_records = (records_fn(config) if records_fn is not None
                                   else prompt_splits_from_config(config))
     rewards = RewardComputer.from_config(reward_config(config))
-    train_setup.ensure_tiny_assets(config)
-    train_setup.check_model_dir(config)  # before the slow steps below
     rewards.check_reachable(budget_s=10.0)  # fail fast, before any model is loaded or compiled
     # The KL reference: LoRA off (zeros, made inside the update), or for a full fine-tune the
     # starting weights, kept in the checkpointed state so a resumed run still has them.

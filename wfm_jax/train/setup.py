@@ -31,6 +31,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from wfm_jax import mesh as wmesh
+from wfm_jax.console import say
 from wfm_jax.models.layers.embeddings import Buffer
 from wfm_jax.models.sd3.pipeline import PipelineError, SD3Pipeline
 from wfm_jax.train import lora as lora_lib
@@ -65,9 +66,11 @@ def build_mesh(config) -> jax.sharding.Mesh:
         raise SetupError(f"policy.parallelism: {e}") from e
 
 
-def _primary_builds(path: str, build) -> None:
-    """Process 0 builds `path` if it is missing; every process waits until it exists."""
+def _primary_builds(path: str, build, what: str) -> None:
+    """Process 0 builds `path` if it is missing (saying so: it is random, not a trained model
+    or real data); every process waits until it exists."""
     if jax.process_index() == 0 and not os.path.isdir(path):
+        say(f"building {what} at {os.path.abspath(path)} (it does not exist yet)")
         build(path)
     if jax.process_count() > 1:
         from jax.experimental import multihost_utils
@@ -80,11 +83,13 @@ def ensure_tiny_assets(config) -> None:
     path = config.policy.model_name_or_path
     if config.policy.build_tiny and path:
         from wfm_jax.tiny import build_tiny_pipeline
-        _primary_builds(path, lambda p: build_tiny_pipeline(p, seed=0))
+        _primary_builds(path, lambda p: build_tiny_pipeline(p, seed=0),
+                        "the tiny random SD3 pipeline (policy.build_tiny)")
     dataset = config.train.train_policy.dataset
     if dataset.build_tiny and dataset.local_dir:
         from wfm_jax.data.tiny_dataset import ensure_shapes_dataset
-        _primary_builds(dataset.local_dir, ensure_shapes_dataset)
+        _primary_builds(dataset.local_dir, ensure_shapes_dataset,
+                        "the tiny shapes dataset (train.train_policy.dataset.build_tiny)")
 
 
 def check_model_dir(config) -> str:
@@ -114,13 +119,21 @@ def checkpoints_path(config) -> str:
     return os.path.join(config.train.output_dir, "checkpoints")
 
 
+def checkpoint_steps(config) -> list[int]:
+    """The finished checkpoint steps in output_dir (orbax's temporaries are not digits)."""
+    directory = checkpoints_path(config)
+    if not os.path.isdir(directory):
+        return []
+    return sorted(int(n) for n in os.listdir(directory) if n.isdigit())
+
+
 def check_fresh_output(config) -> None:
     """Without train.resume, an output dir that already holds checkpoints is an error (checked
     before anything, e.g. config.json, is written there)."""
     directory = checkpoints_path(config)
-    if config.train.resume or not os.path.isdir(directory):
+    if config.train.resume:
         return
-    steps = sorted(int(n) for n in os.listdir(directory) if n.isdigit())
+    steps = checkpoint_steps(config)
     if steps:
         raise SetupError(f"{directory} already holds checkpoints (latest step {steps[-1]}); pass "
                          f"--config.train.resume=True to continue or choose a new "
@@ -315,6 +328,12 @@ def build(config, *, aux_fn: Callable[[Any], dict] | None = None, pipe: SD3Pipel
     abstract = jax.eval_shape(init, trainable, rng)
     shardings = state_shardings(abstract, param_shardings, mesh, tx)
 
+    if jax.process_index() == 0:  # a kill during an export leaves its temporary behind
+        from wfm_jax.train.export import remove_stale_temporaries
+        stale = remove_stale_temporaries(config.train.output_dir)
+        if stale:
+            say(f"removed {len(stale)} half-written export(s) a killed run left in "
+                f"{config.train.output_dir}/safetensors: {', '.join(stale)}")
     directory = checkpoint_dir or checkpoints_path(config)
     ckpt = Checkpointer(directory, max_keep=config.train.ckpt.max_keep,
                         save_freq=config.train.ckpt.save_freq,
@@ -330,11 +349,15 @@ def build(config, *, aux_fn: Callable[[Any], dict] | None = None, pipe: SD3Pipel
     if restored is not None:
         state, start, data_state, extra = (restored.state, restored.step, restored.data_state,
                                            restored.extra)
+        say(f"resuming from step {start} (checkpoint {directory}/{start})")
         for leaf in jax.tree.leaves(trainable):
             leaf.delete()
     else:  # the trained variables move into the state (donated): no second copy of them
         state = jax.jit(init, out_shardings=shardings, donate_argnums=0)(trainable, rng)
         start, data_state, extra = 0, None, {}
     del trainable
+    if jax.process_index() == 0:  # the run has started: now config.json may describe it
+        from wfm_jax.config import save_resolved
+        save_resolved(config, os.path.join(config.train.output_dir, "config.json"))
     return TrainSetup(config, mesh, rules, pipe, graphdef, frozen, param_shardings, tx, schedule,
                       state, shardings, ckpt, int(start), data_state, extra, use_lora, targets)

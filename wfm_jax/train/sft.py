@@ -26,7 +26,7 @@ from wfm_jax.data import sft_loader_from_config
 from wfm_jax.data.errors import DataError
 from wfm_jax.mesh import check_batch
 from wfm_jax.sampling.schedule import training_table
-from wfm_jax.train import setup as setup_lib
+from wfm_jax.train import preempt, setup as setup_lib
 from wfm_jax.train.encode import TextEncoder, VisualEncoder, local_sample_ids, per_sample_normal
 from wfm_jax.train.export import export_step
 from wfm_jax.train.metrics import MetricsLogger, check_finite
@@ -205,6 +205,10 @@ class SFTTrainer:
                         exported = step
                 if self.on_step is not None:
                     self.on_step(step, metrics)
+                if step < t.max_steps and preempt.requested():
+                    if saved != step:  # the checkpoint only: exports can wait for the resume
+                        s.save(step, data_state=self.loader.state(), force=True)
+                    raise preempt.Stopped(step)
             if step > s.start_step:
                 if saved != step:
                     s.save(step, data_state=self.loader.state(), force=True)

@@ -112,6 +112,14 @@ class SD3Pipeline:
             raise ValueError(f"height {height} and width {width} must be multiples of {multiple} "
                              f"(VAE factor {self.spatial_factor} x patch size "
                              f"{self.transformer_config['patch_size']})")
+        # the position table covers a (max x max) patch grid: larger fails deep inside the model
+        most = self.transformer_config.get("pos_embed_max_size")
+        if most and max(height, width) > int(most) * multiple:
+            raise ValueError(f"{height}x{width} is larger than this model takes: its position "
+                             f"embedding covers {most}x{most} patches, at most "
+                             f"{int(most) * multiple}x{int(most) * multiple} pixels (patch size "
+                             f"{self.transformer_config['patch_size']} x VAE factor "
+                             f"{self.spatial_factor})")
         return (batch, self.latent_channels, height // self.spatial_factor,
                 width // self.spatial_factor)
 
