@@ -82,6 +82,11 @@ DEFAULTS = {
                 "scale": 1.0,
                 "clip": 5.0,
                 "on_failure": "raise",  # "drop": drop prompt groups whose reward failed, counted
+                # seconds for one batch's enqueue + pulls; a task the service dropped shows up
+                # as 'not ready' until this runs out
+                "budget_s": 1800.0,
+                # per entry: name, weight, score_key ("a+b" sums keys), clip_min / clip_max
+                # (cosmos-rl's per-function clip before weighting, default [-5, 5])
                 "reward_fns": [{"name": "jpeg_compressibility", "weight": 1.0, "score_key": ""}],
             },
         },
@@ -174,7 +179,7 @@ CHOICES = {
     "policy.attention_impl": ("auto", "xla", "cudnn"),
 }
 
-REWARD_FN_KEYS = ("name", "weight", "score_key")
+REWARD_FN_KEYS = ("name", "weight", "score_key", "clip_min", "clip_max")
 RL_TYPES = ("nft", "grpo", "ddrl")
 
 
@@ -219,7 +224,8 @@ def check_ranges(config) -> None:
                        "train.train_policy.mu_iterations", "rollout.n_generation",
                        "validation.batch_size", "validation.freq", "policy.lora.r",
                        "policy.diffusers.train_frames", "policy.diffusers.sample.num_steps",
-                       "policy.diffusers.sample.eval_num_steps"])
+                       "policy.diffusers.sample.eval_num_steps",
+                       "train.train_policy.remote_reward.budget_s"])
     _positive(config, ["train.train_policy.clip_range", "train.train_policy.data_beta",
                        "train.train_policy.loss_scale", "train.train_policy.update_ref_every_iter",
                        "policy.diffusers.sample.sde_window_size",

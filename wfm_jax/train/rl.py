@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from reward_client.protocol import prompt_extras
 from wfm_jax.algorithms.advantages import clip_advantages, group_advantages
 from wfm_jax.train import rl_setup
 from wfm_jax.train.image_grid import captioned_grid, save_grid, to_uint8
@@ -54,8 +55,7 @@ def rollout_batch(run, state, batch: dict, key, timers: Timers) -> dict:
         inputs = run.chunk_inputs(batch, lo, lo + chunk)
         fields, pixels = run.rollout(state, latents, cond, k_alg, inputs)
         images = to_uint8(jax.device_get(pixels))
-        meta = batch["metadata"][lo:lo + chunk]
-        extras = {"metadata": meta} if any(meta) else None
+        extras = prompt_extras(batch["metadata"][lo:lo + chunk])  # geneval keys as the service reads them
         groups = np.asarray(batch["group"][lo:lo + chunk])
         handles.append(run.rewards.submit(images, rows, group_ids=groups, extras=extras))
         stored.append(dict(fields, cond=cond))
