@@ -107,8 +107,13 @@ class RLRun:
         return bool(self.config.train.train_policy.global_std)
 
     @property
-    def adv_clip(self) -> float:
-        return float(self.config.train.train_policy.advantage_high)
+    def std_ddof(self) -> int:
+        return int(self.config.train.train_policy.std_ddof)
+
+    @property
+    def adv_range(self) -> tuple[float, float]:
+        tp = self.config.train.train_policy
+        return float(tp.advantage_low), float(tp.advantage_high)
 
     @property
     def validation_enabled(self) -> bool:
