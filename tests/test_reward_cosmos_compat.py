@@ -240,3 +240,19 @@ def test_trainer_config_takes_clip_min_max_and_budget(service):
     assert np.allclose(res.total, 2.0 * np.clip(0.1 * np.arange(4) - 0.2, -0.1, 0.0))
     with pytest.raises(ConfigError, match="budget_s"):
         validate(from_tree({f"{rr}.budget_s": 0.0}))
+
+
+def test_cosmos_rl_timeout_environment_variables():
+    from reward_client.config import resolve_remote_config
+
+    env = {"REMOTE_REWARD_ENQUEUE_URL": "http://h/api/reward/enqueue", "REMOTE_REWARD_FETCH_URL": "http://h/f",
+           "REMOTE_REWARD_ENQUEUE_TIMEOUT_BASE_S": "7", "REMOTE_REWARD_ENQUEUE_TIMEOUT_PER_MB_S": "2",
+           "REMOTE_REWARD_ENQUEUE_TIMEOUT_MIN_S": "9", "REMOTE_REWARD_ENQUEUE_CONNECT_TIMEOUT_S": "4"}
+    cfg = resolve_remote_config(None, env)
+    assert cfg.connect_timeout_s == 4.0 and cfg.enqueue_read_timeout(0) == 9.0
+    assert cfg.enqueue_read_timeout(10_000_000) == 7.0 + 2.0 * 10.0
+    fixed = resolve_remote_config({"connect_timeout_s": 1.0}, dict(env, REMOTE_REWARD_ENQUEUE_TIMEOUT_S="33"))
+    assert fixed.enqueue_read_timeout(0) == fixed.enqueue_read_timeout(10**9) == 33.0
+    assert fixed.connect_timeout_s == 1.0  # a config key wins over the environment
+    with pytest.raises(RewardConfigError, match="REMOTE_REWARD_ENQUEUE_TIMEOUT_S='soon'"):
+        resolve_remote_config(None, dict(env, REMOTE_REWARD_ENQUEUE_TIMEOUT_S="soon"))
