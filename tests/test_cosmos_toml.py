@@ -89,6 +89,7 @@ def _edit(tmp_path, old, new, src=NFT):
     ("[train.train_policy.remote_reward]", "[train.train_policy.remote_reward]\nreward_clip_min = -1.0",
      "clips the total reward symmetrically"),
     ('optm_name = "AdamW"', 'optm_name = "SGD"', "AdamW only"),
+    ('init_lora_weights = "gaussian"', "init_lora_weights = false", 'takes true or "gaussian"'),
     ("kl_beta = 0.0001", "kl_beta = 'x'", "kl_beta"),
     ("[policy]", "[policy\n", "is not valid TOML"),
 ])

@@ -115,12 +115,12 @@ def _optimizer(value, out):
 
 
 def _lora_init(value, out):
-    # peft: True = its default init (B zero, A kaiming), "gaussian" = normal A, False = random B
-    choices = {True: "default", "gaussian": "gaussian", False: "zeros"}
-    if value not in choices:
-        raise ConfigError(f"policy.lora.init_lora_weights = {value!r}: wfm_jax takes true, false "
-                          f"or \"gaussian\"")
-    out["policy.lora.init_lora_weights"] = choices[value]
+    # peft: true = its default init (A kaiming-uniform, B = 0), "gaussian" = A normal, B = 0;
+    # false (random B, a non-identity start meant for debugging) has no wfm_jax counterpart
+    if value is True or value == "gaussian":
+        out["policy.lora.init_lora_weights"] = "default" if value is True else "gaussian"
+        return
+    raise ConfigError(f"policy.lora.init_lora_weights = {value!r}: wfm_jax takes true or \"gaussian\"")
 
 
 def _checkpointing(value, out):
