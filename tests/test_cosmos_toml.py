@@ -104,6 +104,13 @@ def test_bad_recipes_are_one_line_and_exit_2(tmp_path, capsys, old, new, fragmen
     assert fragment in err and "\n" not in err  # one line (no ignored-keys note before it)
 
 
+def test_wfm_stack_recipes_are_named_as_such(tmp_path):
+    path = tmp_path / "predict2.toml"
+    path.write_text("[model]\nfsdp_shard_size = 8\n\n[trainer]\nmax_iter = 10\n")
+    with pytest.raises(ConfigError, match="WFM-stack recipe"):
+        cfg.load_config(str(path))
+
+
 def test_overrides_use_wfm_jax_keys(capsys):
     c = cfg.load_config(NFT, [("policy.parallelism.fsdp", "1"), ("rollout.n_generation", "8")])
     assert c.policy.parallelism.fsdp == 1 and c.rollout.n_generation == 8

@@ -291,6 +291,10 @@ def read_recipe(path: str) -> tuple[dict[str, Any], list[str]]:
         raise ConfigError(f"config file not found: {path}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path} is not valid TOML: {exc}") from None
+    if "policy" not in tree and ("model" in tree or "trainer" in tree):
+        raise ConfigError(f"{path} is a cosmos-rl WFM-stack recipe ([model] / [trainer] sections, "
+                          f"e.g. Cosmos-Predict2.5 GRPO / DDRL); wfm_jax reads the diffusers-stack "
+                          f"recipes ([policy] with [policy.diffusers]) only")
     flat = _flatten(tree)
     out: dict[str, Any] = dict(COSMOS_DEFAULTS)
     if "lora" in tree.get("policy", {}):  # [policy.lora] present: LoRA, with cosmos-rl's defaults
