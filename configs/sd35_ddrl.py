@@ -35,7 +35,7 @@ def get_config():
     tp.kl_beta = 0.0
     tp.data_beta = 0.01
     tp.loss_scale = 10.0
-    tp.exp_reward = True
+    tp.exp_reward = False  # cosmos-rl's default and its released DDRL recipes
     tp.use_rl_sigma_and_noise = True
     tp.data_on_first_only = False
     tp.update_ref_every_iter = 0

@@ -41,7 +41,14 @@ def get_config():
     c.train.train_policy.clip_range = 1e-4
     c.train.train_policy.advantage_low = -5.0
     c.train.train_policy.advantage_high = 5.0
-    c.train.train_policy.global_std = True
+    c.train.train_policy.global_std = True  # flow_grpo: per-prompt mean, batch population std
+    c.train.train_policy.std_ddof = 0
+    # CFG's unconditional branch detached in the update, as flow_grpo's SD3 script did when its
+    # results were published (it saves a backward pass); its later code does not detach: False.
+    c.train.train_policy.cfg_detach_uncond = True
+    # flow_grpo drops zero-advantage samples before batching; wfm_jax keeps them (their policy
+    # term is 0) unless this is True (then both loss means skip them)
+    c.train.train_policy.filter_zero_advantage = False
     c.train.train_policy.timesteps_fraction = 0.99
     c.train.train_policy.use_remote_reward = True
     c.train.train_policy.remote_reward.reward_fns = [

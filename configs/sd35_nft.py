@@ -29,6 +29,13 @@ def get_config():
     c.train.ckpt.save_freq = 20
     c.train.train_policy.kl_beta = 1e-4
     c.train.train_policy.timesteps_fraction = 0.99
+    c.train.train_policy.advantage_low = -5.0
+    c.train.train_policy.advantage_high = 5.0
+    # cosmos-rl's remote-reward advantages: per-prompt mean and per-prompt unbiased std.
+    # NVlabs DiffusionNFT (the paper's numbers) divides by the whole batch's population std:
+    # --config.train.train_policy.global_std=True --config.train.train_policy.std_ddof=0
+    c.train.train_policy.global_std = False
+    c.train.train_policy.std_ddof = 1
     c.train.train_policy.use_remote_reward = True
     c.train.train_policy.remote_reward.reward_fns = [
         {"name": "pickscore", "weight": 1.0, "score_key": ""}]

@@ -27,6 +27,10 @@ from reward_client.errors import (RewardConfigError, RewardProtocolError, Reward
                                   RewardUnavailableError)
 
 RETRYABLE_STATUS = {408, 425, 429, 500, 502, 503, 504}
+# cosmos-rl's service answers 'not ready' forever for a task it dropped without telling anyone.
+DROPPED_HINT = ("; 'not ready' until the end usually means the service dropped the task: an "
+                "unknown reward name, a payload too large for it, a reward that crashed, a restart, "
+                "or more than its pending-task limit; look for the uuid in the service log")
 
 
 @dataclass
@@ -83,7 +87,9 @@ class RemoteRewardClient:
                 raise RewardUnavailableError(
                     f"{what}: no result within the {deadline.budget_s:g} s budget "
                     f"({stats.failed_attempts} failed attempts, {stats.polls} not-ready polls; "
-                    f"last error: {stats.last_error or 'none'})")
+                    f"last error: {stats.last_error or 'none'})"
+                    + (DROPPED_HINT if not_ready_400 and stats.polls else "")
+                    + "; the budget is the remote reward key budget_s")
             timeout = (max(1e-3, min(cfg.connect_timeout_s, remaining)),
                        max(1e-3, min(read_timeout, remaining)))
             retry_after = None

@@ -1,12 +1,14 @@
 """Reward function specs and the arithmetic that turns per-function scores into one reward.
 
 Per function: ``s_i = sum of scores[k] for k in score_key.split("+")`` (the raw score, kept for
-logging), ``c_i = clip_i(s_i) * weight_i``; total ``= clip_total(sum_i c_i) * scale``.
+logging), ``c_i = clip_i(s_i) * weight_i`` (clip_i defaults to cosmos-rl's [-5, 5]); total
+``= clip_total(sum_i c_i) * scale``.
 ``score_key`` defaults to the reward name, or to the single key a service returns
 (the OCR service answers ``ocr_reward`` for reward ``ocr``).
 """
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import math
 from dataclasses import dataclass, fields
@@ -36,23 +38,40 @@ def parse_clip(value: Any, what: str) -> Clip:
     return (lo, hi)
 
 
+# cosmos-rl clips every function's score to [clip_min, clip_max] = [-5, 5] before weighting;
+# the same default here keeps a recipe's totals equal in both (clip: None turns it off).
+DEFAULT_FN_CLIP = (-5.0, 5.0)
+
+
 @dataclass(frozen=True)
 class RewardFnSpec:
     name: str
     weight: float = 1.0
     score_key: str | None = None
-    clip: Clip = None
+    clip: Clip = DEFAULT_FN_CLIP
     local: bool | None = None  # None: local when no remote service is configured
 
 
-SPEC_KEYS = tuple(f.name for f in fields(RewardFnSpec))
+SPEC_KEYS = tuple(f.name for f in fields(RewardFnSpec)) + ("clip_min", "clip_max")  # cosmos-rl's names
+
+
+def _entry_clip(entry: Mapping[str, Any], name: str) -> Clip:
+    """'clip' (wfm_jax: c, [lo, hi] or None) or cosmos-rl's 'clip_min' / 'clip_max', not both."""
+    halves = [k for k in ("clip_min", "clip_max") if entry.get(k) is not None]
+    if halves and entry.get("clip") is not None:
+        raise RewardConfigError(f"reward {name!r}: give either 'clip' or 'clip_min'/'clip_max', not both")
+    if halves:
+        lo, hi = (entry.get(k) for k in ("clip_min", "clip_max"))
+        return parse_clip([DEFAULT_FN_CLIP[0] if lo is None else lo,
+                           DEFAULT_FN_CLIP[1] if hi is None else hi], f"reward {name!r}")
+    return parse_clip(entry.get("clip", DEFAULT_FN_CLIP), f"reward {name!r}")
 
 
 def parse_reward_fns(entries: Iterable[Any]) -> list[RewardFnSpec]:
     specs, seen = [], set()
     for i, entry in enumerate(entries):
         if isinstance(entry, RewardFnSpec):
-            entry = {f: getattr(entry, f) for f in SPEC_KEYS}
+            entry = dataclasses.asdict(entry)
         if hasattr(entry, "to_dict"):  # ml_collections.ConfigDict
             entry = entry.to_dict()
         if not isinstance(entry, Mapping):
@@ -80,8 +99,7 @@ def parse_reward_fns(entries: Iterable[Any]) -> list[RewardFnSpec]:
         local = entry.get("local")
         if local is not None and not isinstance(local, bool):
             raise RewardConfigError(f"reward {name!r}: local must be true, false or None")
-        specs.append(RewardFnSpec(name, float(weight), score_key,
-                                  parse_clip(entry.get("clip"), f"reward {name!r}"), local))
+        specs.append(RewardFnSpec(name, float(weight), score_key, _entry_clip(entry, name), local))
     if not specs:
         raise RewardConfigError("reward_fns is empty: name at least one reward function")
     return specs

@@ -1,7 +1,9 @@
 """Remote service settings: URLs, token, timeouts, retries, budget.
 
 Resolution order for the URLs and the token: config keys, then ``REMOTE_REWARD_*``, then the legacy
-``WFM_REWARD_*`` environment variables.
+``WFM_REWARD_*`` environment variables. cosmos-rl's enqueue timeout variables
+(``REMOTE_REWARD_ENQUEUE_TIMEOUT_S`` / ``_BASE_S`` / ``_PER_MB_S`` / ``_MIN_S`` / ``_MAX_S``,
+``REMOTE_REWARD_ENQUEUE_CONNECT_TIMEOUT_S``) set the same timeouts, below the config keys.
 """
 from __future__ import annotations
 
@@ -71,6 +73,29 @@ class RemoteConfig:
 
 
 FIELDS = tuple(f.name for f in dataclasses.fields(RemoteConfig))
+# cosmos-rl's client reads its enqueue timeouts from these; a config key still wins.
+TIMEOUT_ENV = {
+    "REMOTE_REWARD_ENQUEUE_TIMEOUT_BASE_S": ("enqueue_timeout_base_s",),
+    "REMOTE_REWARD_ENQUEUE_TIMEOUT_PER_MB_S": ("enqueue_timeout_per_mb_s",),
+    "REMOTE_REWARD_ENQUEUE_TIMEOUT_MIN_S": ("enqueue_timeout_min_s",),
+    "REMOTE_REWARD_ENQUEUE_TIMEOUT_MAX_S": ("enqueue_timeout_max_s",),
+    "REMOTE_REWARD_ENQUEUE_TIMEOUT_S": ("enqueue_timeout_min_s", "enqueue_timeout_max_s"),  # fixed
+    "REMOTE_REWARD_ENQUEUE_CONNECT_TIMEOUT_S": ("connect_timeout_s",),
+}
+
+
+def _timeouts_from_env(environ: Mapping[str, str]) -> dict[str, float]:
+    out = {}
+    for var, fields in TIMEOUT_ENV.items():  # the fixed timeout comes last and wins
+        text = environ.get(var, "").strip()
+        if not text:
+            continue
+        try:
+            value = float(text)
+        except ValueError:
+            raise RewardConfigError(f"environment variable {var}={text!r} is not a number of seconds") from None
+        out.update(dict.fromkeys(fields, value))
+    return out
 
 
 def _from_env(name: str, environ: Mapping[str, str]) -> str | None:
@@ -93,6 +118,8 @@ def resolve_remote_config(cfg: Mapping[str, Any] | None = None,
     for name in ENV_VARS:
         if cfg.get(name) is None:
             cfg[name] = _from_env(name, environ)
+    for name, value in _timeouts_from_env(environ).items():
+        cfg.setdefault(name, value)
     if not cfg["enqueue_url"] and not cfg["fetch_url"]:
         return None
     for name in ("enqueue_url", "fetch_url"):

@@ -21,6 +21,8 @@ PING_PATH = "/api/reward/ping"
 REPLICA_HEADER = "X-Lepton-Replica-Target"
 MEDIA_TYPES = ("image", "video", "latent")
 RESERVED_HEADER_KEYS = ("prompts", "reward_fn", "media_type")
+NPY_MAGIC = b"\x93NUMPY"
+ZIP_MAGIC = b"PK\x03\x04"  # torch.save (and np.savez) write zip archives
 
 
 def infer_media_type(media: np.ndarray) -> str:
@@ -76,6 +78,47 @@ def encode_enqueue(header: Mapping[str, Any], media: np.ndarray) -> bytes:
     return head + b"\n" + encode_npy(media)
 
 
+def _import_torch():
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch
+
+
+def _load_torch(payload: bytes) -> np.ndarray:
+    torch = _import_torch()
+    if torch is None:
+        raise RewardProtocolError("enqueue payload is a torch.save archive and this server has no torch "
+                                  "to read it: send np.save bytes (np.save(buf, array, allow_pickle=False))")
+    try:  # weights_only: tensors and plain containers, never arbitrary pickled code
+        obj = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise RewardProtocolError(f"enqueue payload is a zip archive but not a torch.save tensor "
+                                  f"(np.savez is not accepted either): {exc}") from None
+    if not isinstance(obj, torch.Tensor):
+        raise RewardProtocolError(f"enqueue payload is a torch.save of {type(obj).__name__}, "
+                                  "expected one tensor")
+    if obj.dtype == torch.bfloat16:  # numpy has no bfloat16
+        obj = obj.float()
+    return obj.detach().cpu().numpy()
+
+
+def load_media(payload: bytes) -> np.ndarray:
+    """The media array of an enqueue body: np.save bytes (the protocol), or a torch.save tensor
+    (cosmos-rl's video example sends one) when torch is installed. Anything else is a
+    RewardProtocolError, so the server answers 4xx instead of failing later with a 5xx."""
+    if payload.startswith(ZIP_MAGIC):
+        return _load_torch(payload)
+    try:
+        media = np.load(io.BytesIO(payload), allow_pickle=False)
+    except Exception as exc:  # np.load raises several types on bad bytes
+        raise RewardProtocolError(f"enqueue payload is not a .npy array: {exc}") from None
+    if not isinstance(media, np.ndarray):
+        raise RewardProtocolError(f"enqueue payload is a {type(media).__name__}, expected one np.save array")
+    return media
+
+
 def decode_enqueue(body: bytes) -> tuple[dict, np.ndarray]:
     """Inverse of encode_enqueue, with the checks a server needs before queueing the work."""
     cut = body.find(b"\n")
@@ -87,10 +130,7 @@ def decode_enqueue(body: bytes) -> tuple[dict, np.ndarray]:
         raise RewardProtocolError(f"enqueue header is not valid JSON: {exc}") from None
     if not isinstance(header, dict):
         raise RewardProtocolError("enqueue header must be a JSON object")
-    try:
-        media = np.load(io.BytesIO(body[cut + 1:]), allow_pickle=False)
-    except Exception as exc:  # np.load raises several types on bad bytes
-        raise RewardProtocolError(f"enqueue payload is not a .npy array: {exc}") from None
+    media = load_media(body[cut + 1:])
     prompts = header.get("prompts")
     if not isinstance(prompts, list) or not all(isinstance(p, str) for p in prompts):
         raise RewardProtocolError("enqueue header field 'prompts' must be a list of strings")
@@ -100,7 +140,12 @@ def decode_enqueue(body: bytes) -> tuple[dict, np.ndarray]:
     for name, weight in weights.items():
         if isinstance(weight, bool) or not isinstance(weight, (int, float)):
             raise RewardProtocolError(f"enqueue header reward_fn[{name!r}] must be a number")
-    media_type = header.get("media_type") or infer_media_type(media)
+    media_type = header.get("media_type")
+    if not media_type:
+        # cosmos-rl's service decodes a payload without media_type as VAE latents; guessing
+        # "image" here would hide that from a client tested against this server.
+        raise RewardProtocolError("enqueue header has no 'media_type': set it to 'image' or 'video' "
+                                  "(cosmos-rl's service treats a missing media_type as latents)")
     check_media(media, media_type)
     if len(prompts) != media.shape[0]:
         raise RewardProtocolError(
@@ -139,10 +184,41 @@ def parse_pull_response(content: bytes, reward_name: str, uuid: str) -> dict[str
         raise RewardServiceError(f"{what}: the service reports: {obj['error']}")
     if not isinstance(scores, dict):
         raise RewardProtocolError(f"{what}: answer has no 'scores' object (keys: {sorted(obj)})")
+    return flatten_scores(scores)
+
+
+def flatten_scores(scores: Mapping[str, Any]) -> dict[str, list]:
+    """Per-sample lists of a 'scores' object, nested dicts flattened to dotted keys.
+
+    cosmos-rl's gen_eval answers ``{"gen_eval_reward": [...], "gen_eval_group": {"counting": [...]}}``;
+    its per-tag lists become ``"gen_eval_group.counting"``, usable as score_key and listed in
+    errors. Values that are not lists (strings, numbers) carry no per-sample score and are
+    dropped. A list's contents are checked only when a score_key selects it."""
+    out: dict[str, list] = {}
     for key, values in scores.items():
-        if not isinstance(values, list):
-            raise RewardProtocolError(f"{what}: scores[{key!r}] is not a list")
-    return scores
+        if isinstance(values, list):
+            out[str(key)] = values
+        elif isinstance(values, Mapping):
+            out.update({f"{key}.{k}": v for k, v in flatten_scores(values).items()})
+    return out
+
+
+def prompt_extras(metadata) -> dict | None:
+    """Enqueue extras for a batch's prompt metadata (the JSON objects of a .jsonl prompt file).
+
+    The whole objects travel under ``metadata`` (local rewards read them there); when every row
+    is a geneval record (``tag`` and ``include``), also the per-sample lists that cosmos-rl's
+    gen_eval reward reads: ``geneval_tags``, ``geneval_includes`` (and ``geneval_excludes``)."""
+    metadata = [dict(m or {}) for m in metadata]
+    if not any(metadata):
+        return None
+    extras: dict[str, Any] = {"metadata": metadata}
+    if all("tag" in m and "include" in m for m in metadata):
+        extras["geneval_tags"] = [m["tag"] for m in metadata]
+        extras["geneval_includes"] = [m["include"] for m in metadata]
+        if any("exclude" in m for m in metadata):
+            extras["geneval_excludes"] = [m.get("exclude", []) for m in metadata]
+    return extras
 
 
 def parse_form(body: bytes) -> dict[str, str]:

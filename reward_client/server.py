@@ -11,6 +11,7 @@ Needs the ``server`` extra (fastapi, uvicorn).
 import argparse
 import hmac
 import json
+import math
 import os
 import sys
 from contextlib import asynccontextmanager
@@ -26,12 +27,23 @@ from reward_client.task_store import QueueFull, TaskStore
 DRAIN_CAP_BYTES = 64 << 20  # read (and discard) this much of a refused body so the client sees the answer
 
 
+def _null_nonfinite(value):
+    """NaN/inf -> None: a bare NaN token is not JSON and strict parsers refuse the whole answer;
+    null reaches the client, which rejects those samples by name."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _null_nonfinite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_null_nonfinite(v) for v in value]
+    return value
+
+
 def _json(status: int, content) -> "Response":
     from starlette.responses import Response
 
-    # allow_nan: a user reward returning NaN must reach the client (which rejects it by name),
-    # not crash the response encoder.
-    return Response(json.dumps(content, allow_nan=True), status_code=status, media_type="application/json")
+    return Response(json.dumps(_null_nonfinite(content), allow_nan=False), status_code=status,
+                    media_type="application/json")
 
 
 def local_scorer(max_video_frames: int):

@@ -34,8 +34,9 @@ def test_enqueue_body_round_trip_and_layout():
 @pytest.mark.parametrize("body, fragment", [
     (b'{"prompts": ["a"]}', "no newline"),
     (b'{"prompts": [1], "reward_fn": {"x": 1}}\n' + protocol.encode_npy(np.zeros((1, 2, 2, 3), np.uint8)), "prompts"),
-    (b'{"prompts": ["a"], "reward_fn": {"x": 1}}\n' + protocol.encode_npy(np.zeros((1, 2, 2, 3), np.float32)), "uint8"),
-    (b'{"prompts": ["a", "b"], "reward_fn": {"x": 1}}\n' + protocol.encode_npy(np.zeros((1, 2, 2, 3), np.uint8)), "2 prompts"),
+    (b'{"prompts": ["a"], "reward_fn": {"x": 1}, "media_type": "image"}\n' + protocol.encode_npy(np.zeros((1, 2, 2, 3), np.float32)), "uint8"),
+    (b'{"prompts": ["a", "b"], "reward_fn": {"x": 1}, "media_type": "image"}\n' + protocol.encode_npy(np.zeros((1, 2, 2, 3), np.uint8)), "2 prompts"),
+    (b'{"prompts": ["a"], "reward_fn": {"x": 1}}\n' + protocol.encode_npy(np.zeros((1, 2, 2, 3), np.uint8)), "media_type"),
     (b'{"prompts": ["a"], "reward_fn": {"x": 1}}\nnot-npy', ".npy"),
 ])
 def test_decode_enqueue_names_the_problem(body, fragment):

@@ -214,7 +214,8 @@ def test_first_inner_epoch_ratio_is_exactly_one_and_data_on_first_only(rollout):
 
 
 def test_reference_copy_schedule_and_exp_advantages():
-    algo = DDRL(ddrl_config(**{"train.train_policy.update_ref_every_iter": 2}), 3.0)
+    algo = DDRL(ddrl_config(**{"train.train_policy.update_ref_every_iter": 2,
+                               "train.train_policy.exp_reward": True}), 3.0)
     assert [algo.post_update_decay(s) for s in range(1, 6)] == [0.0, 1.0, 0.0, 1.0, 0.0]
     params = toy.params(0)
     state = TrainState.create(params, optax.sgd(0.1), jax.random.key(0),
@@ -228,8 +229,9 @@ def test_reference_copy_schedule_and_exp_advantages():
     assert not DDRL.moves_reference(ddrl_config(**{"train.train_policy.update_ref_every_iter": 0}))
     rewards = np.array([0.1, 0.4, 0.2, 0.9, 0.3, 0.3])
     groups = np.array([0, 0, 0, 1, 1, 1])
-    np.testing.assert_array_equal(algo.advantages(rewards, groups),
-                                  ddrl_advantages(rewards, groups, exp_reward=True))
+    np.testing.assert_array_equal(algo.advantages(rewards, groups),  # unclipped: the loop clips
+                                  ddrl_advantages(rewards, groups, exp_reward=True, clip_min=None,
+                                                  clip_max=None))
     assert (algo.advantages(rewards, groups) < 0).all()
 
 

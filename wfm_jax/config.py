@@ -328,7 +328,20 @@ def from_tree(tree: Any) -> ConfigDict:
 
 
 def load_config(spec: str, overrides: Sequence[tuple[str, str]] = (), check: bool = True) -> ConfigDict:
-    """`configs/X.py[:arg]` + [(dotted key, text)] -> validated, locked ConfigDict."""
+    """`configs/X.py[:arg]` or a cosmos-rl `recipe.toml`, + [(dotted key, text)] -> validated,
+    locked ConfigDict. Overrides use wfm_jax's keys in both cases."""
+    if spec.endswith(".toml"):
+        from wfm_jax.cosmos_toml import ignored_note, read_recipe
+        tree, ignored = read_recipe(spec)
+        try:
+            config = from_tree(tree)
+        except ConfigError as e:
+            raise ConfigError(f"{spec}: {e}") from e
+        if ignored:
+            print(ignored_note(ignored), file=sys.stderr)
+        for key, text in overrides:
+            apply_override(config, key, text)
+        return validate(config) if check else config
     path, arg = spec, None
     if ".py:" in spec:
         path, arg = spec.split(".py:", 1)
@@ -356,7 +369,7 @@ def _build_tiny_only_at_recipe_paths(config: ConfigDict, overridden: Sequence[st
 def config_from_argv(argv: Sequence[str]) -> ConfigDict:
     path, overrides = parse_overrides(argv)
     if path is None:
-        raise ConfigError("no config file given: pass --config=configs/X.py")
+        raise ConfigError("no config file given: pass --config=configs/X.py (or a cosmos-rl recipe.toml)")
     return load_config(path, overrides)
 
 

@@ -61,17 +61,29 @@ DEFAULTS = {
             # of mini_batch x data-parallel devices that divides train_batch_per_replica
             "batch_size_per_optimize": placeholder(int),
             "kl_beta": 1e-4,
+            # advantages are clipped once to [advantage_low, advantage_high] (all algorithms);
+            # NFT's optimality r divides by advantage_high, as cosmos-rl does
             "advantage_low": -5.0,
             "advantage_high": 5.0,
-            "timesteps_fraction": 0.99,
-            "global_std": True,  # advantages: per-prompt mean / std over the whole batch  # cosmos-rl recipes misspell this 'timestep_fraction'
+            "timesteps_fraction": 0.99,  # cosmos-rl recipes misspell this 'timestep_fraction'
+            # NFT / GRPO advantages: per-prompt mean, divided by the std of the whole batch
+            # (True: NVlabs DiffusionNFT, flow_grpo) or of the prompt's group (False: cosmos-rl's
+            # remote-reward path, with std_ddof=1, torch's unbiased std)
+            "global_std": True,
+            "std_ddof": 0,
+            # Flow-GRPO: CFG's unconditional branch under stop_gradient in the update (flow_grpo
+            # until mid 2025; its later code back-propagates through both branches: False)
+            "cfg_detach_uncond": True,
+            # Flow-GRPO: leave samples whose advantage is exactly 0 out of the loss means
+            # (flow_grpo drops them before batching; here the batch keeps its shape)
+            "filter_zero_advantage": False,
             # Flow-GRPO / DDRL (spec algorithms.md §2, §4)
             "clip_range": 1e-4,            # PPO ratio clip (DDRL's clip_ratio)
             "train_on": tuple(range(0, 20, 2)),  # DDRL: trained steps; -1 = a random other step
             "data_beta": 0.01,             # DDRL: weight of the diffusion loss on real data
             "use_rl_sigma_and_noise": True,  # DDRL data loss at the rollout's sigma and noise
             "data_on_first_only": False,   # DDRL data loss on the first trained step only
-            "exp_reward": True,            # DDRL advantages A -> -exp(-A)
+            "exp_reward": False,           # DDRL advantages A -> -exp(-A) (cosmos-rl: off)
             "update_ref_every_iter": 16,   # DDRL: copy the policy into the KL reference (0: never)
             "loss_scale": 10.0,            # DDRL total-loss factor
             "data_sigma_p_mean": 1.3862943611198906,  # log 4: DDRL data sigma ~ lognormal
@@ -84,6 +96,11 @@ DEFAULTS = {
                 "scale": 1.0,
                 "clip": 5.0,
                 "on_failure": "raise",  # "drop": drop prompt groups whose reward failed, counted
+                # seconds for one batch's enqueue + pulls; a task the service dropped shows up
+                # as 'not ready' until this runs out
+                "budget_s": 1800.0,
+                # per entry: name, weight, score_key ("a+b" sums keys), clip_min / clip_max
+                # (cosmos-rl's per-function clip before weighting, default [-5, 5])
                 "reward_fns": [{"name": "jpeg_compressibility", "weight": 1.0, "score_key": ""}],
             },
         },
@@ -176,7 +193,7 @@ CHOICES = {
     "policy.attention_impl": ("auto", "xla", "cudnn"),
 }
 
-REWARD_FN_KEYS = ("name", "weight", "score_key")
+REWARD_FN_KEYS = ("name", "weight", "score_key", "clip_min", "clip_max")
 RL_TYPES = ("nft", "grpo", "ddrl")
 
 
@@ -226,8 +243,9 @@ def check_ranges(config) -> None:
                        "train.train_policy.mu_iterations", "rollout.n_generation",
                        "validation.batch_size", "validation.freq", "policy.lora.r",
                        "policy.diffusers.train_frames", "policy.diffusers.sample.num_steps",
-                       "policy.diffusers.sample.eval_num_steps"])
-    _positive(config, ["train.train_policy.clip_range", "train.train_policy.data_beta",
+                       "policy.diffusers.sample.eval_num_steps",
+                       "train.train_policy.remote_reward.budget_s"])
+    _positive(config, ["train.train_policy.std_ddof", "train.train_policy.clip_range", "train.train_policy.data_beta",
                        "train.train_policy.loss_scale", "train.train_policy.update_ref_every_iter",
                        "policy.diffusers.sample.sde_window_size",
                        "policy.diffusers.sample.s_churn"], allow_zero=True)

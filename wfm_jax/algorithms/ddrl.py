@@ -6,7 +6,7 @@
   L_KL = mean (mu_ref - mu_theta)^2                     (only when kl_beta > 0)
   L_data = mean[(sigma^2 + sd^2)/(sigma sd)^2 (x0 - x0_hat)^2]  at x_sigma = x0 + sigma eps
   L = (L_pol + kl_beta L_KL + data_beta L_data) * loss_scale
-Advantages come from advantages.ddrl_advantages (already exp-mapped and clipped).
+Advantages come from advantages.ddrl_advantages (exp-mapped there, clipped once by the RL loop).
 """
 
 from __future__ import annotations

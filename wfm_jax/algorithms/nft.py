@@ -28,7 +28,7 @@ def _adaptive_x0_loss(x0_pred, x0):
     return mean_over_sample(err**2) / w
 
 
-def nft_loss(v_theta, v_old, x0, x_t, t, advantages, v_ref=None, *, beta: float = 1.0, adv_clip_max: float = 5.0, kl_weight: float = 1e-4):
+def nft_loss(v_theta, v_old, x0, x_t, t, advantages, v_ref=None, *, beta: float = 1.0, adv_clip_max: float = 5.0, adv_clip_min: float | None = None, kl_weight: float = 1e-4):
     """NFT loss and metrics. t: (B,) = timestep / 1000; advantages: (B,) raw (clipped here).
 
     v_old and v_ref are treated as constants (stop_gradient). v_ref None -> no KL term.
@@ -41,7 +41,7 @@ def nft_loss(v_theta, v_old, x0, x_t, t, advantages, v_ref=None, *, beta: float 
     x0 = x0.astype(F32)
     x_t = x_t.astype(F32)
     tt = per_sample(t, x0)
-    r = nft_optimality(jnp.asarray(advantages, F32), adv_clip_max)
+    r = nft_optimality(jnp.asarray(advantages, F32), adv_clip_max, adv_clip_min)
     v_pos = beta * v_theta + (1 - beta) * v_old
     v_neg = (1.0 + beta) * v_old - beta * v_theta
     loss_pos = _adaptive_x0_loss(x_t - tt * v_pos, x0)

@@ -17,7 +17,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from wfm_jax.algorithms.advantages import clip_advantages, group_advantages
+from reward_client.protocol import prompt_extras
+from wfm_jax.algorithms.advantages import clip_advantages, group_advantages, zero_std_ratio
 from wfm_jax.train import preempt, rl_setup
 from wfm_jax.train.image_grid import captioned_grid, save_grid, to_uint8
 from wfm_jax.train.metrics import Timers, check_finite
@@ -54,8 +55,7 @@ def rollout_batch(run, state, batch: dict, key, timers: Timers) -> dict:
         inputs = run.chunk_inputs(batch, lo, lo + chunk)
         fields, pixels = run.rollout(state, latents, cond, k_alg, inputs)
         images = to_uint8(jax.device_get(pixels))
-        meta = batch["metadata"][lo:lo + chunk]
-        extras = {"metadata": meta} if any(meta) else None
+        extras = prompt_extras(batch["metadata"][lo:lo + chunk])  # geneval keys as the service reads them
         groups = np.asarray(batch["group"][lo:lo + chunk])
         handles.append(run.rewards.submit(images, rows, group_ids=groups, extras=extras))
         stored.append(dict(fields, cond=cond))
@@ -82,13 +82,17 @@ def advantages_for(run, rollout: dict, batch: dict) -> tuple[np.ndarray, dict]:
     custom = getattr(run.algo, "advantages", None)  # e.g. DDRL's exp-mapped advantages
     if keep.any():
         adv[keep] = (custom(rewards[keep], groups[keep]) if custom is not None else
-                     group_advantages(rewards[keep], groups[keep], global_std=run.global_std))
-    adv = clip_advantages(adv, run.adv_clip)
+                     group_advantages(rewards[keep], groups[keep], global_std=run.global_std,
+                                      ddof=run.std_ddof))
+    low, high = run.adv_range
+    adv = clip_advantages(adv, high, low)  # the one clip, both bounds, every algorithm
     lo = jax.process_index() * len(rollout["reward"])
     mine = adv[lo:lo + len(rollout["reward"])]
     metrics = _stats("train/reward", rewards[keep]) if keep.any() else {}
     metrics.update(_stats("rollout/advantage", adv[keep]) if keep.any() else {})
     metrics["rollout/dropped_groups"] = int(rollout["dropped_groups"])
+    if keep.any():
+        metrics["rollout/zero_std_ratio"] = zero_std_ratio(rewards[keep], groups[keep])
     for name, scores in rollout["per_fn"].items():
         metrics[f"train/reward_{name}_mean"] = float(np.nanmean(gather_host(scores)))
     return mine, metrics

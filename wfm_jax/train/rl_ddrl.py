@@ -19,7 +19,7 @@ the ratio is exactly 1 there (the reference stores the sampler's mean; equal up 
 with batch_size_per_optimize chunks, a pre-update pass gives every row its mu_old instead.
 The reference's last trained step (k = N-1) would compare against its final clean sample; here
 x_{N} is the last step's output. Advantages: ddrl_advantages (per-group unbiased std,
-exp_reward, clipped).
+exp_reward; the loop clips them once).
 """
 from __future__ import annotations
 
@@ -105,7 +105,6 @@ class DDRL:
         self.rl_sigma_and_noise = bool(tp.use_rl_sigma_and_noise)
         self.data_on_first_only = bool(tp.data_on_first_only)
         self.exp_reward = bool(tp.exp_reward)
-        self.adv_range = (float(tp.advantage_low), float(tp.advantage_high))
         self.data_sigma = (float(tp.data_sigma_p_mean), float(tp.data_sigma_p_std))
         self.update_ref_every = int(tp.update_ref_every_iter)
         self.size_hw = tuple(int(v) for v in config.policy.diffusers.inference_size)
@@ -171,9 +170,9 @@ class DDRL:
         return {"data_x0": self._encoder(pixels, key, ids)}
 
     def advantages(self, rewards, groups):
-        lo, hi = self.adv_range
-        return ddrl_advantages(rewards, groups, exp_reward=self.exp_reward, clip_min=lo,
-                               clip_max=hi)
+        # unclipped: the loop clips every algorithm's advantages once to [advantage_low, _high]
+        return ddrl_advantages(rewards, groups, exp_reward=self.exp_reward, clip_min=None,
+                               clip_max=None)
 
     # -- rollout --
     def draw_steps(self, key) -> jax.Array:

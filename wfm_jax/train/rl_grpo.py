@@ -8,7 +8,7 @@ steps in order, or, with `sde_window_size` > 0 (Flow-GRPO-Fast), the stochastic 
 start is drawn per rollout chunk in `sde_window_range`; outside the window the sampler is Euler.
 
 Update: each trained step is recomputed with the training numerics (CFG with the unconditional
-branch detached); PPO-clipped ratio + closed-form KL to the reference; gradients averaged over
+branch detached unless train_policy.cfg_detach_uncond is False); PPO-clipped ratio + closed-form KL to the reference; gradients averaged over
 the trained steps and the micro-batches (one optimizer step per inner epoch, or per chunk of
 train_policy.batch_size_per_optimize rows).
 
@@ -22,7 +22,9 @@ sampler's own log-prob differs from it by XLA rounding only (~1e-7) and is repor
 
 Samples whose advantage is 0 (including groups dropped for a failed reward) stay in the
 fixed-shape batch: their policy term is exactly 0, but they still count in the batch mean and
-the KL term (the reference code drops them before batching).
+the KL term. flow_grpo drops them before batching; `filter_zero_advantage` = True comes close
+without a new shape: both means run over the micro-batch's non-zero rows only (a micro-batch
+with none contributes a zero gradient to the accumulated mean).
 """
 from __future__ import annotations
 
@@ -61,23 +63,27 @@ def step_transition(method: str, x, v, sigma, sigma_next, x_next, noise_level, s
     raise ValueError(f"Flow-GRPO has no transition for sampler {method!r}")
 
 
-def cfg_velocity(velocity: Velocity, params, x, timesteps, cond, uncond, guidance: float):
-    """v_u + g (v_c - v_u) for training: the unconditional branch is a separate forward under
-    stop_gradient, so no backward pass runs through it (one batched call would back-propagate
-    zeros through half the batch). timesteps: (B,) float32."""
+def cfg_velocity(velocity: Velocity, params, x, timesteps, cond, uncond, guidance: float,
+                 detach_uncond: bool = True):
+    """v_u + g (v_c - v_u) for training. detach_uncond: the unconditional branch is a separate
+    forward under stop_gradient, so no backward pass runs through it (flow_grpo until mid 2025);
+    False back-propagates through it too (flow_grpo's later code). timesteps: (B,) float32."""
     if not uses_cfg(uncond, guidance):
         return velocity(params, x, timesteps, cond).astype(F32)
     v_c = velocity(params, x, timesteps, cond).astype(F32)
     uncond = jax.tree.map(lambda u: jnp.broadcast_to(u, (x.shape[0],) + u.shape[1:]), uncond)
-    v_u = jax.lax.stop_gradient(velocity(params, x, timesteps, uncond).astype(F32))
+    v_u = velocity(params, x, timesteps, uncond).astype(F32)
+    if detach_uncond:
+        v_u = jax.lax.stop_gradient(v_u)
     return v_u + jnp.asarray(guidance, F32) * (v_c - v_u)
 
 
-def flow_velocity(velocity: Velocity, params, x, sigma, cond, uncond, guidance: float):
+def flow_velocity(velocity: Velocity, params, x, sigma, cond, uncond, guidance: float,
+                  detach_uncond: bool = True):
     """The guided velocity at flow sigma (B,): the network sees timestep 1000 sigma in fp32, as
     in the sampler."""
     timesteps = jnp.asarray(sigma, F32) * jnp.asarray(1000.0, F32)
-    return cfg_velocity(velocity, params, x, timesteps, cond, uncond, guidance)
+    return cfg_velocity(velocity, params, x, timesteps, cond, uncond, guidance, detach_uncond)
 
 
 class GRPO:
@@ -104,6 +110,9 @@ class GRPO:
         self.clip_range = float(tp.clip_range)
         self.kl_beta = float(tp.kl_beta)
         self.adv_clip = float(tp.advantage_high)
+        self.adv_low = float(tp.advantage_low)
+        self.detach_uncond = bool(tp.cfg_detach_uncond)
+        self.filter_zero = bool(tp.filter_zero_advantage)
 
     @staticmethod
     def init_aux(params) -> dict:
@@ -143,7 +152,8 @@ class GRPO:
         means "this forward is the old policy" (first inner epoch): ratio exactly 1."""
         traj, sig = batch["traj"], batch["sigmas"]
         x, x_next, s, sn = traj[:, j], traj[:, j + 1], sig[:, j], sig[:, j + 1]
-        v = flow_velocity(velocity, params, x, s, batch["cond"], uncond, self.guidance)
+        v = flow_velocity(velocity, params, x, s, batch["cond"], uncond, self.guidance,
+                          self.detach_uncond)
         mean, lp, kl_std = step_transition(self.method, x, v, s, sn, x_next, self.noise_level,
                                            self.sigmas[1])
         old = lp if old_log_prob is None else old_log_prob  # stop_gradient'ed in the loss
@@ -156,9 +166,11 @@ class GRPO:
             random = kl_std > 0
             ref_mean = jnp.where(random, ref_mean, jax.lax.stop_gradient(mean))
             kl_std = jnp.where(random, kl_std, 1.0)
+        weight = (batch["advantage"] != 0).astype(F32) if self.filter_zero else None
         loss, metrics = grpo_loss(lp, old, batch["advantage"], clip_range=self.clip_range,
-                                  adv_clip_max=self.adv_clip, kl_beta=self.kl_beta, mean=mean,
-                                  ref_mean=ref_mean, std_dev_t=kl_std)
+                                  adv_clip_max=self.adv_clip, adv_clip_min=self.adv_low,
+                                  kl_beta=self.kl_beta, mean=mean, ref_mean=ref_mean,
+                                  std_dev_t=kl_std, weight=weight)
         ratio = jnp.exp(lp - jax.lax.stop_gradient(old))
         metrics = dict(metrics, ratio_abs_dev=jax.lax.stop_gradient(jnp.max(jnp.abs(ratio - 1))),
                        rollout_log_prob_gap=jax.lax.stop_gradient(

@@ -26,7 +26,8 @@ def nft_rollout(velocity: Velocity, old_params, latents, cond, sigmas, *, solver
 
 
 def nft_grads(velocity: Velocity, params, old_params, ref_params, x0, cond, advantages, key, *,
-              sigmas, num_train: int, beta: float, kl_weight: float, adv_clip_max: float):
+              sigmas, num_train: int, beta: float, kl_weight: float, adv_clip_max: float,
+              adv_clip_min: float | None = None):
     """Mean gradient and metrics of the NFT loss over K trained timesteps of each sample.
 
     Each timestep draws fresh noise; x_t = (1 - t) x0 + t eps with t the flow sigma, and the
@@ -45,7 +46,7 @@ def nft_grads(velocity: Velocity, params, old_params, ref_params, x0, cond, adva
         v_old = velocity(old_params, x_t, timesteps, cond)
         v_ref = velocity(ref_params, x_t, timesteps, cond) if kl_weight > 0 else None
         return nft_loss(v_theta, v_old, x0, x_t, t, advantages, v_ref, beta=beta,
-                        adv_clip_max=adv_clip_max, kl_weight=kl_weight)
+                        adv_clip_max=adv_clip_max, adv_clip_min=adv_clip_min, kl_weight=kl_weight)
 
     grad_fn = jax.value_and_grad(loss_at, has_aux=True)
 
@@ -78,7 +79,9 @@ class NFT:
         self.num_train = max(1, trained_step_count(d.sample.num_steps, tp.timesteps_fraction))
         self.beta = float(d.nft_beta)
         self.kl_weight = float(tp.kl_beta)
+        # cosmos-rl: r from A clamped to [advantage_low, advantage_high], divided by advantage_high
         self.adv_clip = float(tp.advantage_high)
+        self.adv_low = float(tp.advantage_low)
         self.decay_type = int(d.weight_copy_decay_type)
 
     @staticmethod
@@ -96,7 +99,7 @@ class NFT:
         return nft_grads(velocity, state.params, state.aux["old"], ref_params, batch["x0"],
                          batch["cond"], batch["advantage"], key, sigmas=self.sigmas,
                          num_train=self.num_train, beta=self.beta, kl_weight=self.kl_weight,
-                         adv_clip_max=self.adv_clip)
+                         adv_clip_max=self.adv_clip, adv_clip_min=self.adv_low)
 
     def post_update_decay(self, step: int) -> float:
         from wfm_jax.algorithms.decay import old_policy_decay

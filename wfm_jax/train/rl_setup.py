@@ -48,6 +48,7 @@ def reward_config(config) -> dict:
         spec = {"name": fn["name"], "weight": float(fn.get("weight", 1.0))}
         if fn.get("score_key"):
             spec["score_key"] = fn["score_key"]
+        spec.update({k: float(fn[k]) for k in ("clip_min", "clip_max") if fn.get(k) is not None})
         if not config.train.train_policy.use_remote_reward:
             spec["local"] = True
         fns.append(spec)
@@ -56,6 +57,7 @@ def reward_config(config) -> dict:
     if config.train.train_policy.use_remote_reward:
         remote = {k: v for k, v in (("enqueue_url", rr.enqueue_url), ("fetch_url", rr.fetch_url),
                                     ("token", rr.token)) if v}
+        remote["budget_s"] = float(rr.budget_s)
         out["remote"] = remote
     return out
 
@@ -105,8 +107,13 @@ class RLRun:
         return bool(self.config.train.train_policy.global_std)
 
     @property
-    def adv_clip(self) -> float:
-        return float(self.config.train.train_policy.advantage_high)
+    def std_ddof(self) -> int:
+        return int(self.config.train.train_policy.std_ddof)
+
+    @property
+    def adv_range(self) -> tuple[float, float]:
+        tp = self.config.train.train_policy
+        return float(tp.advantage_low), float(tp.advantage_high)
 
     @property
     def validation_enabled(self) -> bool:

@@ -109,8 +109,15 @@ class SD3Transformer(nnx.Module):
     def _run_block(self, block, x, c, temb):
         if self.remat == "none":
             return block(x, c, temb)
-        call = nnx.remat(lambda blk, x, c, t: blk(x, c, t), policy=REMAT_POLICIES[self.remat])
-        return call(block, x, c, temb)
+        # jax.checkpoint of a pure function of the block's state: nnx.remat writes the state
+        # back after the call, which fails when the model was merged inside another trace
+        # (the RL rollout's lax.scan: "Cannot mutate Param from a different trace level").
+        graphdef, state = nnx.split(block)
+
+        def pure(state, x, c, t):
+            return nnx.merge(graphdef, state)(x, c, t)
+
+        return jax.checkpoint(pure, policy=REMAT_POLICIES[self.remat])(state, x, c, temb)
 
     def __call__(self, hidden_states, encoder_hidden_states, pooled_projections, timestep):
         """(B,C,H,W) latents, (B,L,joint_dim) text, (B,pooled_dim), (B,) float t -> (B,C_out,H,W)."""
