@@ -8,6 +8,7 @@ import dataclasses
 import json
 import math
 import os
+import pathlib
 
 import jax
 import jax.numpy as jnp
@@ -160,7 +161,8 @@ def _check_figures(rec: dict):
 @pytest.fixture(scope="module")
 def tiny_result(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench") / "results.json"
-    result = runner.run_suite(get_suite("tiny"), options=Options())  # attention "auto"
+    profile = str(out.parent / "profile")  # attention "auto"; traces after the timed steps
+    result = runner.run_suite(get_suite("tiny"), options=Options(profile=profile))
     report.write(result, str(out))
     return json.loads(out.read_text()), out.with_suffix(".md").read_text()
 
@@ -184,6 +186,9 @@ def test_tiny_suite_json_has_every_figure_for_both_stacks(tiny_result):
         assert set(ratio) == set(timing.FIGURES) | {"speedup"}
         assert all(v is None or isinstance(v, float) for v in ratio.values())
         assert name in md
+        if name != "reward":  # --profile: a trace per wfm_jax workload, where it says
+            trace = w["stacks"]["wfm_jax"]["profile_dir"]
+            assert trace.endswith(name) and list(pathlib.Path(trace).rglob("*.xplane.pb")), name
     assert "wfm_jax / torch" in md
 
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One call of the device tool on a lent GPU machine (docs/bench_notes.md, "GPU runs"):
-# install the carried wheels (.whl: the pinned flax/optax/diffusers/peft the image lacks or has
-# in other versions), check that the stacks import, then run benchmark parts one after the
-# other, each under its own time limit so that one slow part cannot lose the others' results.
+# install the carried wheels (.whl: diffusers and peft, which the image lacks or has in another
+# version; its own jax 0.11 / flax 0.12.10 are used), print versions and clocks, then run
+# benchmark parts one after the other, each under its own time limit so that one slow part
+# cannot lose the others' results.
 #
 #   bash tools/gpu_lease.sh 'NAME SECONDS [ENV=VALUE ...] -- BENCH ARGS' ['...' ...]
 #

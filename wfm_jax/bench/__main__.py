@@ -43,6 +43,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--remat", choices=("none", "full", "dots"), default="none",
                    help="wfm_jax block remat; not 'none' also turns on torch gradient "
                         "checkpointing")
+    p.add_argument("--profile", metavar="DIR", default=None,
+                   help="wfm_jax: write a jax.profiler trace of 3 steps of each workload, taken "
+                        "after the timed steps, under DIR/<workload>")
     p.add_argument("--torch-compile", action="store_true",
                    help="torch.compile the diffusers transformer (default eager)")
     p.add_argument("--steps", type=int, default=20, help="rl suite: train.max_steps of each run")
@@ -91,7 +94,8 @@ def main(argv=None) -> int:
     from wfm_jax.bench.suites import Options, get_suite
     suite = get_suite(args.suite, repeats=args.repeats, warmup=args.warmup,
                       train_batch=args.train_batch, rollout_batch=args.rollout_batch)
-    options = Options(attention=args.attention, remat=args.remat, torch_compile=args.torch_compile)
+    options = Options(attention=args.attention, remat=args.remat, torch_compile=args.torch_compile,
+                      profile=os.path.abspath(args.profile) if args.profile else None)
     try:
         result = runner.run_suite(suite, only=args.only, options=options, isolate=isolate,
                                   stacks=tuple(args.stacks or runner.STACKS), command=command)

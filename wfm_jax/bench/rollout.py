@@ -62,6 +62,7 @@ def run(suite, options, peak_flops: float | None) -> dict:
 
     t = timing.time_calls(call, jax.block_until_ready, warmup=suite.warmup, repeats=suite.repeats)
     t["first_call_s"] += compile_s
+    trace = timing.profile_calls(call, jax.block_until_ready, options.profile, "rollout")
     lat = suite.latent_size
     f = flops.rollout(suite.transformer, suite.vae, suite.rollout_batch, suite.rollout_steps,
                       lat, lat, suite.text_len)
@@ -73,4 +74,4 @@ def run(suite, options, peak_flops: float | None) -> dict:
         compile_time_s=t["first_call_s"] - t["step_time_s"],
         compile_note="first call (trace + lower + XLA compile + run) minus the steady step",
         extra={"output_mean": float(jnp.mean(outputs[0])), "attention_impl": attention_impl,
-               "xla_memory_plan_bytes": xla_plan_bytes(compiled)})
+               "profile_dir": trace, "xla_memory_plan_bytes": xla_plan_bytes(compiled)})

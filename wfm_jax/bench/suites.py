@@ -117,10 +117,13 @@ class Options:
     NVIDIA GPU where it applies, XLA elsewhere (wfm_jax.models.layers.attention.
     resolve_attention_impl; the record's `attention_impl` says which ran), or "xla" / "cudnn". remat: wfm_jax block
     rematerialisation; anything but "none" also turns on diffusers' gradient checkpointing.
-    torch_compile: torch.compile the transformer (default eager, as diffusers scripts run)."""
+    torch_compile: torch.compile the transformer (default eager, as diffusers scripts run).
+    profile: a directory; each wfm_jax workload writes a jax.profiler trace of
+    `timing.PROFILE_STEPS` steps, taken after the timed steps, under DIR/<workload>."""
     attention: str = "auto"
     remat: str = "none"
     torch_compile: bool = False
+    profile: str | None = None  # wfm_jax: a jax.profiler trace of a few steps under this dir
 
     @property
     def attention_impl(self) -> str:

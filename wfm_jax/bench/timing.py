@@ -18,6 +18,25 @@ def progress(message: str) -> None:
     print(f"bench [{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
+PROFILE_STEPS = 3
+
+
+def profile_calls(call: Callable[[], Any], sync: Callable[[Any], None], directory: str | None,
+                  name: str) -> str | None:
+    """A jax.profiler trace (TensorBoard / Perfetto) of PROFILE_STEPS calls, after the timed
+    ones so it costs the figures nothing; where the time of a step goes, kernel by kernel."""
+    if not directory:
+        return None
+    import os
+
+    import jax
+    path = os.path.join(directory, name)
+    with jax.profiler.trace(path):
+        for _ in range(PROFILE_STEPS):
+            sync(call())
+    return path
+
+
 def time_calls(call: Callable[[], Any], sync: Callable[[Any], None], *, warmup: int,
                repeats: int) -> dict:
     """First call (timed alone: it compiles / warms caches), `warmup` untimed calls, then

@@ -98,6 +98,7 @@ def run(suite, mode: str, options, peak_flops: float | None) -> dict:
 
     t = timing.time_calls(call, jax.block_until_ready, warmup=suite.warmup, repeats=suite.repeats)
     t["first_call_s"] += compile_s
+    trace = timing.profile_calls(call, jax.block_until_ready, options.profile, f"train_{mode}")
     f = step_flops(suite, mode, options.remat)
     n_trained = sum(x.size for x in jax.tree.leaves(params))
     return timing.record(
@@ -108,7 +109,7 @@ def run(suite, mode: str, options, peak_flops: float | None) -> dict:
         compile_time_s=t["first_call_s"] - t["step_time_s"],
         compile_note="first call (trace + lower + XLA compile + run) minus the steady step",
         extra={"first_loss": float(state["losses"][0]), "trained_params": int(n_trained),
-               "attention_impl": attention_impl,
+               "attention_impl": attention_impl, "profile_dir": trace,
                "recompute_flops": f["recompute"],
                "xla_memory_plan_bytes": xla_plan_bytes(compiled)})
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import time
 
 import numpy as np
 
@@ -92,14 +93,21 @@ def jax_module(kind: str, config: dict, *, dtype, param_dtype, seed: int = 0, **
     spec = spec_for(cfg)
     model = nnx.eval_shape(lambda: spec.make_model(config, dtype=dtype, param_dtype=param_dtype,
                                                    rngs=nnx.Rngs(0), **options))
+    from wfm_jax.bench.timing import progress
+    start = time.perf_counter()
     state = random_state_dict(kind, config, seed)
+    progress(f"{kind}: random state dict in {time.perf_counter() - start:.1f} s")
+    start = time.perf_counter()
     flat = convert_to_jax(spec.build_table(config), {k: (lambda v=v: v) for k, v in state.items()},
                           flat_shapes(model))
+    progress(f"{kind}: converted in {time.perf_counter() - start:.1f} s")
+    start = time.perf_counter()
     device = jax.local_devices()[0]
     variables = {path_str(p): v for p, v in nnx.state(model, nnx.Variable).flat_state()}
     for path, value in flat.items():
         var = variables.pop(path)
         var.set_value(jax.device_put(value.astype(var.dtype, copy=False), device))
+    progress(f"{kind}: placed on {device.platform} in {time.perf_counter() - start:.1f} s")
     if variables:  # nothing but table-mapped parameters may exist: fail rather than time garbage
         raise ValueError(f"{_CLASSES[kind]}: variables without weights: {sorted(variables)[:8]}")
     return model
