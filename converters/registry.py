@@ -15,6 +15,7 @@ from converters.table import Rule
 _PROVIDERS = (
     "converters.sd3_transformer",
     "converters.vae",
+    "converters.wan_vae",
     "converters.clip",
     "converters.t5",
 )

@@ -24,12 +24,19 @@ def _conv_to_torch(w):  # flax [D]HWIO -> torch OI[D]HW
     return np.ascontiguousarray(np.moveaxis(w, (-1, -2), (0, 1)))
 
 
-# name -> (diffusers -> jax, jax -> diffusers). Every transform is an exact layout permutation,
-# so a round trip is bit-identical in any dtype.
+def _channels(w):  # a per-channel vector stored broadcastable, (C, 1, 1[, 1]) -> (C,)
+    return np.ascontiguousarray(np.reshape(w, (-1,)))
+
+
+# name -> (diffusers -> jax, jax -> diffusers). Every transform is an exact layout permutation or
+# reshape, so a round trip is bit-identical in any dtype.
 TRANSFORMS: dict[str, tuple[Callable, Callable]] = {
     "identity": (lambda w: w, lambda w: w),
     "linear": (_linear_to_jax, _linear_to_jax),
     "conv": (_conv_to_jax, _conv_to_torch),
+    # channel vectors that torch broadcasts over NCTHW ("3d") or NCHW ("2d") tensors
+    "channels_3d": (_channels, lambda w: np.reshape(w, (-1, 1, 1, 1))),
+    "channels_2d": (_channels, lambda w: np.reshape(w, (-1, 1, 1))),
 }
 
 
