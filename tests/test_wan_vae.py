@@ -116,12 +116,15 @@ def test_chunked_decode_matches_diffusers_frame_for_frame(videos, frames):
 
 
 @pytest.mark.slow
-def test_encoder_is_causal(pair, videos):
-    # the first 5 frames of a video give the first 2 latents of the whole video (the 5-frame
-    # shape is compiled already)
-    x9, _, full, *_ = videos[9]
-    short = np.asarray(pair[1](jnp.asarray(x9[:, :, :5].numpy())))
-    np.testing.assert_allclose(short, full[:, :, :2], rtol=0, atol=1e-6)
+def test_encode_and_decode_are_causal(pair, videos):
+    # the first 5 frames of a video give the first 2 latents of the whole video, and the first 2
+    # latents decode to its first 5 frames (both shapes are compiled already, by the 5-frame case)
+    _, encode, decode = pair
+    x9, _, moments9, z9, _, pixels9 = videos[9]
+    short = np.asarray(encode(jnp.asarray(x9[:, :, :5].numpy())))
+    np.testing.assert_allclose(short, moments9[:, :, :2], rtol=0, atol=1e-6)
+    head = np.asarray(decode(jnp.asarray(z9[:, :, :2].numpy())))
+    np.testing.assert_allclose(head, pixels9[:, :, :5], rtol=0, atol=1e-6)
 
 
 def test_frame_count_not_4k_plus_1_is_one_clear_error():
