@@ -20,8 +20,10 @@ def _gamma(jax_prefix: str, hf_prefix: str, images: bool = False) -> list[Rule]:
 
 
 def _residual(prefix: str, c_in: int, c_out: int) -> list[Rule]:
-    rules = (_gamma(f"{prefix}.norm1", f"{prefix}.norm1") + conv(f"{prefix}.conv1", f"{prefix}.conv1")
-             + _gamma(f"{prefix}.norm2", f"{prefix}.norm2") + conv(f"{prefix}.conv2", f"{prefix}.conv2"))
+    rules = []
+    for norm_name, conv_name in (("norm1", "conv1"), ("norm2", "conv2")):
+        rules += _gamma(f"{prefix}.{norm_name}", f"{prefix}.{norm_name}")
+        rules += conv(f"{prefix}.{conv_name}", f"{prefix}.{conv_name}")
     if c_in != c_out:
         rules += conv(f"{prefix}.conv_shortcut", f"{prefix}.conv_shortcut")
     return rules
@@ -29,7 +31,8 @@ def _residual(prefix: str, c_in: int, c_out: int) -> list[Rule]:
 
 def _attention(prefix: str) -> list[Rule]:
     return (_gamma(f"{prefix}.norm", f"{prefix}.norm", images=True)
-            + conv(f"{prefix}.to_qkv", f"{prefix}.to_qkv") + conv(f"{prefix}.proj", f"{prefix}.proj"))
+            + conv(f"{prefix}.to_qkv", f"{prefix}.to_qkv")
+            + conv(f"{prefix}.proj", f"{prefix}.proj"))
 
 
 def _resample(jax_prefix: str, hf_prefix: str, mode: str) -> list[Rule]:

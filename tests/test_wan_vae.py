@@ -72,7 +72,8 @@ def jitted(model, fn):
 def pair():
     vae = random_torch_vae()
     model = load_jax(vae)
-    return vae, jitted(model, lambda m, x: m.encode_moments(x)), jitted(model, lambda m, z: m.decode(z))
+    return (vae, jitted(model, lambda m, x: m.encode_moments(x)),
+            jitted(model, lambda m, z: m.decode(z)))
 
 
 @pytest.fixture(scope="module")
