@@ -51,21 +51,16 @@ def _mid(prefix: str, channels: int) -> list[Rule]:
 def _encoder(cfg: WanVAEConfig) -> list[Rule]:
     dims = [cfg.base_dim * m for m in (1, *cfg.dim_mult)]
     rules = conv("encoder.conv_in", "encoder.conv_in")
-    index, scale = 0, 1.0
+    index = 0  # down_blocks is one flat list: the resnets of a level, then its downsampler
     for i, (c_in, c_out) in enumerate(zip(dims[:-1], dims[1:])):
-        for _ in range(cfg.num_res_blocks):
-            rules += _residual(f"encoder.down_blocks.{index}", c_in, c_out)
+        for j in range(cfg.num_res_blocks):
+            rules += _residual(f"encoder.down_blocks.{index}", c_in if j == 0 else c_out, c_out)
             index += 1
-            if scale in cfg.attn_scales:
-                rules += _attention(f"encoder.down_blocks.{index}")
-                index += 1
-            c_in = c_out
         if i != len(cfg.dim_mult) - 1:
             mode = "downsample3d" if cfg.temperal_downsample[i] else "downsample2d"
             p = f"encoder.down_blocks.{index}"
             rules += _resample(p, p, mode)
             index += 1
-            scale /= 2.0
     return (rules + _mid("encoder", dims[-1]) + _gamma("encoder.norm_out", "encoder.norm_out")
             + conv("encoder.conv_out", "encoder.conv_out"))
 

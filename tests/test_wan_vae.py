@@ -128,6 +128,24 @@ def test_encode_and_decode_are_causal(pair, videos):
     np.testing.assert_allclose(head, pixels9[:, :, :5], rtol=0, atol=1e-6)
 
 
+@pytest.mark.slow
+def test_released_block_layout_matches_diffusers():
+    # the released VAE's 2 resnets per level (3 per decoder block) and a decoder of another
+    # width: one encode and one decode
+    vae = random_torch_vae(dict(TINY, num_res_blocks=2, decoder_base_dim=12))
+    run = jitted(load_jax(vae), lambda m, x, z: (m.encode_moments(x), m.decode(z)))
+    gen = torch.Generator().manual_seed(2)
+    x = torch.rand(1, 3, 5, 16, 16, generator=gen) * 2 - 1
+    z = torch.randn(1, 4, 2, 2, 2, generator=gen)
+    with torch.no_grad():
+        dist, pixels = vae.encode(x).latent_dist, vae.decode(z).sample.numpy()
+    moments, got = (np.asarray(a) for a in run(jnp.asarray(x.numpy()), jnp.asarray(z.numpy())))
+    np.testing.assert_allclose(moments[:, :4], dist.mean.numpy(), rtol=0, atol=ATOL)
+    np.testing.assert_allclose(moments[:, 4:], dist.logvar.numpy(), rtol=0, atol=ATOL)
+    assert got.shape == pixels.shape == (1, 3, 5, 16, 16) and pixels.std() > 0.1
+    np.testing.assert_allclose(got, pixels, rtol=0, atol=DECODE_ATOL)
+
+
 def test_frame_count_not_4k_plus_1_is_one_clear_error():
     assert [latent_frames(n) for n in (1, 5, 9, 81)] == [1, 2, 3, 21]
     model = nnx.eval_shape(lambda: AutoencoderKLWan(TINY, rngs=nnx.Rngs(0)))
@@ -168,8 +186,9 @@ def test_temporal_resample_chunks_match_diffusers(mode, chunks):
 # ------------------------------------------------------------------------------ weight table
 
 def test_table_maps_every_key_of_other_configs():
-    # attention inside the encoder's blocks (attn_scales), a wider decoder, 2 resnets per block
-    kwargs = dict(TINY, attn_scales=[0.5], decoder_base_dim=12, num_res_blocks=2)
+    # a wider decoder, 2 resnets per level, no temporal downsampling in the last stage
+    kwargs = dict(TINY, decoder_base_dim=12, num_res_blocks=2,
+                  temperal_downsample=[False, True, False])
     vae = TorchWanVAE(**kwargs)
     table = build_table(dict(vae.config))
     assert sorted(r.hf for r in table) == sorted(vae.state_dict())
@@ -210,9 +229,13 @@ def test_wrong_keys_and_shapes_are_errors_naming_them():
         convert_to_jax(table, loaders(bad), shapes)
 
 
-def test_wan22_config_is_refused():
+def test_unsupported_configs_are_refused():
     with pytest.raises(ValueError, match="Wan2.2"):
         WanVAEConfig.from_dict(dict(TINY, is_residual=True))
+    with pytest.raises(ValueError, match="attn_scales"):
+        WanVAEConfig.from_dict(dict(TINY, attn_scales=[0.5]))
+    with pytest.raises(ValueError, match="temperal_downsample has 2 entries"):
+        WanVAEConfig.from_dict(dict(TINY, temperal_downsample=[True, True]))
 
 
 def _raw(directory):

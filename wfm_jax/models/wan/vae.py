@@ -19,8 +19,8 @@ from flax import nnx
 
 from wfm_jax.mesh import constrain
 from wfm_jax.models.vae.autoencoder_kl import DiagonalGaussian
-from wfm_jax.models.wan.vae_layers import (AttentionBlock, CausalConv3d, ChannelRMSNorm, MidBlock,
-                                           Resample, ResidualBlock)
+from wfm_jax.models.wan.vae_layers import (CausalConv3d, ChannelRMSNorm, MidBlock, Resample,
+                                           ResidualBlock)
 
 ENCODE_CHUNK = 4  # frames per encoder chunk after the first (diffusers hard-codes 4)
 VIDEO_AXES = ("act_batch", None, None, None, None)
@@ -60,6 +60,9 @@ class WanVAEConfig:
         if cfg.is_residual or cfg.patch_size is not None:
             raise ValueError("AutoencoderKLWan with is_residual or patch_size (the Wan2.2 VAE) is "
                              "not supported; only the Wan2.1 VAE is")
+        if cfg.attn_scales:  # diffusers' encoder crashes on them (its attention takes no cache)
+            raise ValueError(f"AutoencoderKLWan attn_scales {list(cfg.attn_scales)} is not "
+                             f"supported (diffusers cannot run it either); released VAEs use []")
         if len(cfg.temperal_downsample) != len(cfg.dim_mult) - 1:
             raise ValueError(f"AutoencoderKLWan temperal_downsample has "
                              f"{len(cfg.temperal_downsample)} entries; dim_mult "
@@ -112,24 +115,20 @@ def unscale_latents(z: jax.Array, config) -> jax.Array:
 
 
 class Encoder3d(nnx.Module):
-    """WanEncoder3d: conv_in, a flat list of residual / attention / downsample blocks, mid block,
+    """WanEncoder3d: conv_in, a flat list of residual and downsample blocks, mid block,
     norm, SiLU, conv_out (to 2 * z_dim: mean and log-variance)."""
 
     def __init__(self, cfg: WanVAEConfig, *, rngs: nnx.Rngs, dtype=None, param_dtype=jnp.float32):
         kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
         dims = [cfg.base_dim * m for m in (1, *cfg.dim_mult)]
         self.conv_in = CausalConv3d(cfg.in_channels, dims[0], 3, padding=1, **kw)
-        blocks, scale = [], 1.0
+        blocks = []
         for i, (c_in, c_out) in enumerate(zip(dims[:-1], dims[1:])):
-            for _ in range(cfg.num_res_blocks):
-                blocks.append(ResidualBlock(c_in, c_out, **kw))
-                if scale in cfg.attn_scales:
-                    blocks.append(AttentionBlock(c_out, **kw))
-                c_in = c_out
+            for j in range(cfg.num_res_blocks):
+                blocks.append(ResidualBlock(c_in if j == 0 else c_out, c_out, **kw))
             if i != len(cfg.dim_mult) - 1:
                 mode = "downsample3d" if cfg.temperal_downsample[i] else "downsample2d"
                 blocks.append(Resample(c_out, mode, **kw))
-                scale /= 2.0
         self.down_blocks = nnx.List(blocks)
         self.mid_block = MidBlock(dims[-1], **kw)
         self.norm_out = ChannelRMSNorm(dims[-1], param_dtype=param_dtype)
