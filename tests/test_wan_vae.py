@@ -255,6 +255,19 @@ def test_converters_cli_round_trip(tmp_path, capsys, dtype):
     assert all(torch.equal(v, vae.state_dict()[k]) for k, v in again.state_dict().items())
 
 
+def test_load_model_from_a_pipeline_dir_and_export(tmp_path):
+    # the loaders trainers use: a WanPipeline-shaped dir's vae/ in, a diffusers dir out, bit-exact
+    from wfm_jax.models.loading import export_diffusers, load_model
+    vae = random_torch_vae()
+    vae.save_pretrained(tmp_path / "pipe" / "vae", safe_serialization=True)
+    (tmp_path / "pipe" / "model_index.json").write_text(
+        '{"_class_name": "WanPipeline", "vae": ["diffusers", "AutoencoderKLWan"]}')
+    model, config = load_model(str(tmp_path / "pipe"), component="vae")
+    assert isinstance(model, AutoencoderKLWan) and model.config.base_dim == 8
+    export_diffusers(model, config, str(tmp_path / "out"))
+    assert _raw(tmp_path / "out") == _raw(tmp_path / "pipe" / "vae")
+
+
 # ------------------------------------------------------------------------ latent normalisation
 
 def test_scale_latents_matches_the_wan_pipeline_formula():
