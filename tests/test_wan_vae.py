@@ -148,6 +148,8 @@ def test_released_block_layout_matches_diffusers():
 
 def test_frame_count_not_4k_plus_1_is_one_clear_error():
     assert [latent_frames(n) for n in (1, 5, 9, 81)] == [1, 2, 3, 21]
+    cfg = WanVAEConfig.from_dict(TINY)
+    assert (cfg.temporal_factor, cfg.spatial_factor) == (4, 8)
     model = nnx.eval_shape(lambda: AutoencoderKLWan(TINY, rngs=nnx.Rngs(0)))
     for frames in (0, 2, 6, 8):
         with pytest.raises(ValueError, match=f"4k\\+1 frames .*got {frames}$"):

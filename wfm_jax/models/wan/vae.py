@@ -243,7 +243,7 @@ class AutoencoderKLWan(nnx.Module):
 
     def encode_moments(self, x: jax.Array) -> jax.Array:
         """Video (B, C, T, H, W) in [-1, 1], T = 4k+1 -> (mean, logvar) concatenated on channels:
-        (B, 2 * z_dim, k+1, H/8, W/8), fp32."""
+        (B, 2 * z_dim, k+1, H/f, W/f) with f = config.spatial_factor (8 when released), fp32."""
         latent_frames(x.shape[2])
         h = to_channels_last(x, self.dtype)
         h = run_chunked(self.encoder, h, first=1, chunk=ENCODE_CHUNK)
@@ -253,7 +253,8 @@ class AutoencoderKLWan(nnx.Module):
         return DiagonalGaussian.from_moments(self.encode_moments(x))
 
     def decode(self, z: jax.Array) -> jax.Array:
-        """Unscaled latents (B, z_dim, T, h, w) -> video (B, C, 4T-3, 8h, 8w) clamped to [-1, 1]."""
+        """Unscaled latents (B, z_dim, T, h, w) -> video (B, C, 1 + r*(T-1), f*h, f*w) clamped to
+        [-1, 1], r and f the config's temporal and spatial factors (released: 4T-3 frames, 8x)."""
         h = self.post_quant_conv(to_channels_last(z, self.dtype))[0]
         h = run_chunked(self.decoder, h, first=1, chunk=1)
         return jnp.clip(to_channels_first(h), -1.0, 1.0)
