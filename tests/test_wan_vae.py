@@ -185,6 +185,18 @@ def test_temporal_resample_chunks_match_diffusers(mode, chunks):
     assert got[0].shape[2] == 1
 
 
+def test_bf16_compute_keeps_fp32_norms_and_stays_close():
+    # the Wan pipelines run this VAE in fp32; bf16 compute is possible and stays within bf16's
+    # rounding (8 mantissa bits) of the fp32 result through one residual block
+    from wfm_jax.models.wan.vae_layers import ResidualBlock
+    blocks = [ResidualBlock(8, 16, dtype=d, rngs=nnx.Rngs(0)) for d in (None, jnp.bfloat16)]
+    x = jnp.asarray(np.random.default_rng(0).normal(size=(1, 3, 6, 6, 8)), jnp.float32)
+    (want, _), (got, cache) = blocks[0](x), blocks[1](x.astype(jnp.bfloat16))
+    assert got.dtype == jnp.bfloat16 and cache[0].dtype == jnp.bfloat16
+    error = float(jnp.max(jnp.abs(got.astype(jnp.float32) - want)))
+    assert 0 < error < 0.05 * float(jnp.max(jnp.abs(want)))
+
+
 # ------------------------------------------------------------------------------ weight table
 
 def test_table_maps_every_key_of_other_configs():
