@@ -17,6 +17,7 @@ _PROVIDERS = (
     "converters.vae",
     "converters.clip",
     "converters.t5",
+    "converters.wan_transformer",
 )
 
 

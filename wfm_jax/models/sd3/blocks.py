@@ -74,12 +74,15 @@ class _Identity(nnx.Module):
 
 
 class FeedForward(nnx.Module):
-    """diffusers FeedForward(dim, dim_out=dim, activation_fn="gelu-approximate"), mult 4."""
+    """diffusers FeedForward(dim, dim_out=dim, activation_fn="gelu-approximate"): hidden width
+    `inner` (Wan's ffn_dim) or dim * mult (SD3: 4)."""
 
-    def __init__(self, dim: int, *, rngs: nnx.Rngs, dtype=None, param_dtype=jnp.float32, mult=4):
+    def __init__(self, dim: int, *, rngs: nnx.Rngs, dtype=None, param_dtype=jnp.float32, mult=4,
+                 inner: int | None = None):
         lin = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
-        self.net = nnx.List([_GELUProj(dim, dim * mult, **lin), _Identity(),
-                             Linear(dim * mult, dim, axes=("mlp", "embed"), **lin)])
+        inner = inner or dim * mult
+        self.net = nnx.List([_GELUProj(dim, inner, **lin), _Identity(),
+                             Linear(inner, dim, axes=("mlp", "embed"), **lin)])
 
     def __call__(self, x):
         for layer in self.net:
