@@ -303,3 +303,25 @@ def test_bad_options_and_inputs_fail_clearly():
     odd = np.zeros((2, 4, 3, 7, 6), np.float32)  # H=7 not divisible by patch 2
     with pytest.raises(ValueError, match="not divisible by patch_size"):
         jax.eval_shape(lambda s: nnx.merge(graph, s)(odd, t, text), state)
+
+
+@pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (host) devices")
+def test_sharded_forward_matches_diffusers():
+    """Weights on their logical shards (embed over fsdp), batch over data, the token sequence
+    over context: the numbers must not move."""
+    from wfm_jax.mesh import make_mesh, param_shardings
+    case = _case("p122_norm")
+    model = _jax_model(case["config"], case["tensors"])
+    mesh = make_mesh(data=2, fsdp=2, context=2)
+    graph, state = nnx.split(model)
+    shardings = param_shardings(model, mesh)
+    flat = dict(nnx.to_flat_state(state))
+    for path, var in flat.items():
+        key = ".".join(map(str, path))
+        var.set_value(jax.device_put(var.get_value(), shardings[key]))
+    placed = {".".join(map(str, p)): v.get_value() for p, v in nnx.to_flat_state(state)}
+    assert "fsdp" in str(placed["blocks.0.attn1.to_q.kernel"].sharding.spec)
+    with jax.set_mesh(mesh):
+        got = np.asarray(jax.jit(lambda s, *a: nnx.merge(graph, s)(*a))(state, *case["inputs"]))
+    err = float(np.max(np.abs(got - case["want"])))
+    assert err <= ATOL, err
