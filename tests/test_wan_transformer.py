@@ -29,7 +29,7 @@ from converters.cli import main as converters_main
 from converters.wan_transformer import build_table, make_model
 from converters.table import ConversionError, convert_to_diffusers, convert_to_jax
 from wfm_jax.models.loading import check_against_model
-from wfm_jax.models.sd3 import REMAT_POLICIES
+from wfm_jax.models.layers.remat import REMAT_POLICIES
 from wfm_jax.models.state import flat_arrays, flat_params, flat_shapes
 from wfm_jax.models.wan import WAN21_T2V_1_3B, WAN21_T2V_14B, WanTransformer
 from wfm_jax.models.wan.rope import rope_tables

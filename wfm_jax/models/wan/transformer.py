@@ -20,8 +20,8 @@ from wfm_jax import mesh
 from wfm_jax.models.layers.attention import check_attention_impl
 from wfm_jax.models.layers.linear import Linear, param
 from wfm_jax.models.layers.norms import LayerNorm
+from wfm_jax.models.layers.remat import call_block, check_remat
 from wfm_jax.models.sd3.blocks import FeedForward, gated_residual, modulate
-from wfm_jax.models.sd3.transformer import REMAT_POLICIES
 from wfm_jax.models.wan.attention import WanAttention
 from wfm_jax.models.wan.embeddings import PatchEmbed3D, WanConditionEmbedder
 from wfm_jax.models.wan.rope import rope_tables
@@ -92,7 +92,7 @@ class WanTransformer(nnx.Module):
 
     dtype: compute dtype (None: param_dtype); param_dtype: master weight dtype.
     attention_impl: "xla", "cudnn", "auto" or None, as for the SD3 model.
-    remat: "none" | "full" | "dots" per block (models.sd3.REMAT_POLICIES).
+    remat: "none" | "full" | "dots" per block (layers.remat.REMAT_POLICIES).
     Parameter paths are diffusers module names ("blocks.3.attn1.to_q.kernel").
     """
 
@@ -102,8 +102,7 @@ class WanTransformer(nnx.Module):
         self._config_items = tuple(sorted(cfg.items()))  # hashable: part of the static graph
         self.dtype = jnp.dtype(dtype or param_dtype)
         check_attention_impl(attention_impl, self.dtype)
-        if remat not in REMAT_POLICIES:
-            raise ValueError(f"remat must be one of {sorted(REMAT_POLICIES)}, got {remat!r}")
+        check_remat(remat)
         self.remat = remat
         heads, head_dim = cfg["num_attention_heads"], cfg["attention_head_dim"]
         dim = heads * head_dim
@@ -127,18 +126,6 @@ class WanTransformer(nnx.Module):
     def config(self) -> dict:
         return dict(self._config_items)
 
-    def _run_block(self, block, *args):
-        if self.remat == "none":
-            return block(*args)
-        # a pure function of the block's state, as SD3Transformer._run_block (nnx.remat fails
-        # when the model is merged inside another trace, e.g. the rollout's lax.scan)
-        graphdef, state = nnx.split(block)
-
-        def pure(state, *a):
-            return nnx.merge(graphdef, state)(*a)
-
-        return jax.checkpoint(pure, policy=REMAT_POLICIES[self.remat])(state, *args)
-
     def __call__(self, hidden_states, timestep, encoder_hidden_states):
         """(B, C, T, H, W) latents, (B,) timesteps (~1000 sigma), (B, L, text_dim) UMT5 states
         -> (B, C_out, T, H, W) velocity in the compute dtype."""
@@ -151,7 +138,7 @@ class WanTransformer(nnx.Module):
         temb, tproj, context = self.condition_embedder(t, encoder_hidden_states.astype(self.dtype))
         context = mesh.constrain(context, TOKEN_AXES)
         for block in self.blocks:
-            x = mesh.constrain(self._run_block(block, x, context, tproj, rope), TOKEN_AXES)
+            x = mesh.constrain(call_block(block, self.remat, x, context, tproj, rope), TOKEN_AXES)
         mod = self.scale_shift_table[...].astype(jnp.float32) + temb[:, None]
         x = self.proj_out(modulate(self.norm_out, x, mod[:, 0], mod[:, 1], self.dtype))
         (f, h, w), (pt, ph, pw) = grid, self.patch_size
