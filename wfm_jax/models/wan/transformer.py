@@ -18,10 +18,11 @@ from flax import nnx
 
 from wfm_jax import mesh
 from wfm_jax.models.layers.attention import check_attention_impl
+from wfm_jax.models.layers.feedforward import FeedForward
 from wfm_jax.models.layers.linear import Linear, param
+from wfm_jax.models.layers.modulation import gated_residual, modulate
 from wfm_jax.models.layers.norms import LayerNorm
 from wfm_jax.models.layers.remat import call_block, check_remat
-from wfm_jax.models.sd3.blocks import FeedForward, gated_residual, modulate
 from wfm_jax.models.wan.attention import WanAttention
 from wfm_jax.models.wan.embeddings import PatchEmbed3D, WanConditionEmbedder
 from wfm_jax.models.wan.rope import rope_tables
