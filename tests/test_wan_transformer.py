@@ -119,17 +119,26 @@ def test_forward_matches_diffusers_fp32(case):
     assert err <= ATOL, f"{case['variant']}: max abs diff {err:.3g}"
 
 
-def test_bf16_compute_close_to_fp32():
+def test_bf16_compute_close_to_fp32_and_to_diffusers_bf16(tmp_path):
+    """bf16 compute with fp32 master weights: within 2% of fp32, and no further from it than
+    twice what diffusers' own bf16 model (its fp32 modules kept, as from_pretrained does) is
+    (measured: 0.73% vs 0.59%)."""
     case = _case("p122_norm")
     model = _jax_model(case["config"], case["tensors"], dtype=jnp.bfloat16)
     got = _jit_forward(model)(*case["inputs"])
     assert got.dtype == jnp.bfloat16
-    got = got.astype(np.float32)
-    rel = np.max(np.abs(got - case["want"])) / np.max(np.abs(case["want"]))
+    got, want = got.astype(np.float32), case["want"]
+    scale = np.max(np.abs(want))
+    rel = np.max(np.abs(got - want)) / scale
     assert np.all(np.isfinite(got)) and rel <= BF16_REL_TOL, rel
-    # the fp32 islands stay fp32 under bf16 compute
-    mod = flat_params(model)["blocks.0.scale_shift_table"]
-    assert mod.dtype == jnp.float32
+    case["torch_model"].save_pretrained(tmp_path)
+    ref = WanTransformer3DModel.from_pretrained(str(tmp_path), torch_dtype=torch.bfloat16)
+    assert ref.blocks[0].scale_shift_table.dtype == torch.float32  # its fp32 islands
+    x, t, text = (torch.from_numpy(a) for a in case["inputs"])
+    with torch.no_grad():
+        theirs = ref(x.bfloat16(), t, text.bfloat16(), return_dict=False)[0].float().numpy()
+    ref_rel = np.max(np.abs(theirs - want)) / scale
+    assert rel <= 2 * ref_rel, (rel, ref_rel)
 
 
 def test_rope_tables_equal_diffusers():
