@@ -334,3 +334,14 @@ def test_sharded_forward_matches_diffusers():
         got = np.asarray(jax.jit(lambda s, *a: nnx.merge(graph, s)(*a))(state, *case["inputs"]))
     err = float(np.max(np.abs(got - case["want"])))
     assert err <= ATOL, err
+
+
+def test_lora_targets_address_diffusers_module_names():
+    """The Wan LoRA list (spec video_models.md §5.5) finds the same layers peft would."""
+    from wfm_jax.train.lora import find_targets
+    model = nnx.eval_shape(lambda: WanTransformer(BASE, rngs=nnx.Rngs(0)))
+    found = find_targets(model, ["to_q", "to_k", "to_v", "to_out.0", "ffn.net.0.proj",
+                                 "ffn.net.2"])
+    assert len(found) == BASE["num_layers"] * (2 * 4 + 2)
+    assert "blocks.1.attn2.to_out.0" in found and "blocks.0.ffn.net.2" in found
+    assert not any(p.startswith("condition_embedder") for p in found)
