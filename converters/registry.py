@@ -18,6 +18,7 @@ _PROVIDERS = (
     "converters.wan_vae",
     "converters.clip",
     "converters.t5",
+    "converters.wan_transformer",
 )
 
 

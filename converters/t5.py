@@ -1,4 +1,6 @@
-"""transformers T5EncoderModel <-> wfm_jax T5Encoder: one table, both ways.
+"""transformers T5EncoderModel / UMT5EncoderModel <-> wfm_jax T5Encoder: one table, both ways.
+
+UMT5 differs only in the per-layer relative_attention_bias (`build_umt5_table`).
 
 transformers ties `encoder.embed_tokens.weight` to `shared.weight` and save_pretrained writes only
 the latter; the table maps `shared.weight`. Checkpoints that store the copy too (or only the copy)
@@ -12,19 +14,27 @@ from typing import Any, Callable, Mapping
 from converters.registry import ModelSpec, register
 from converters.table import Rule, linear
 from converters.tied import check_equal
-from wfm_jax.models.text.t5 import T5Config, make_model
+from wfm_jax.models.text.t5 import T5Config, make_model, make_umt5_model
 
 TIED_COPY = "encoder.embed_tokens.weight"
 SHARED = "shared.weight"
 
 
-def build_table(config: Mapping[str, Any]) -> list[Rule]:
+def _bias_key(i: int) -> str:
+    return f"encoder.block.{i}.layer.0.SelfAttention.relative_attention_bias.weight"
+
+
+def build_umt5_table(config: Mapping[str, Any]) -> list[Rule]:
     cfg = T5Config.from_dict(config)
-    table = [
-        Rule("shared", SHARED),
-        Rule("relative_attention_bias",
-             "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"),
-    ]
+    return build_table(config, shared_bias=False) + [
+        Rule(f"blocks.{i}.relative_attention_bias", _bias_key(i)) for i in range(cfg.num_layers)]
+
+
+def build_table(config: Mapping[str, Any], shared_bias: bool = True) -> list[Rule]:
+    cfg = T5Config.from_dict(config)
+    table = [Rule("shared", SHARED)]
+    if shared_bias:
+        table.append(Rule("relative_attention_bias", _bias_key(0)))
     ffn = ("wi_0", "wi_1", "wo") if cfg.is_gated else ("wi", "wo")
     for i in range(cfg.num_layers):
         jax, hf = f"blocks.{i}", f"encoder.block.{i}.layer"
@@ -62,3 +72,6 @@ def drop_tied_copy(loaders: Mapping[str, Callable]) -> dict[str, Callable]:
 SPEC = register(ModelSpec(class_name="T5EncoderModel", build_table=build_table,
                           make_model=make_model, weights_stem="model",
                           tied_copies=((TIED_COPY, SHARED),)))
+UMT5_SPEC = register(ModelSpec(class_name="UMT5EncoderModel", build_table=build_umt5_table,
+                               make_model=make_umt5_model, weights_stem="model",
+                               tied_copies=((TIED_COPY, SHARED),)))

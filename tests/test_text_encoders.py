@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+from types import SimpleNamespace
 
 import jax
 import jax.numpy as jnp
@@ -246,7 +247,7 @@ def _round_trip(torch_cls, hf_config, conv, dtype, tmp_path, saved_state):
     reloaded = torch_cls(hf_config).to(dtype)
     tensors = {k: torch.from_numpy(v.view(np.int16)).view(torch.bfloat16)
                if v.dtype == ml_dtypes.bfloat16 else torch.from_numpy(v) for k, v in back.items()}
-    if torch_cls is transformers.T5EncoderModel:  # the tied copy is the same tensor
+    if torch_cls in (transformers.T5EncoderModel, transformers.UMT5EncoderModel):  # tied copy
         tensors[t5_conv.TIED_COPY] = tensors["shared.weight"]
     reloaded.load_state_dict(tensors, strict=True)
     for key, value in torch_model.state_dict().items():
@@ -380,3 +381,70 @@ def test_t5_tied_copy_with_another_shape_is_named_before_reading(tmp_path, monke
     monkeypatch.setattr(loading, "open_checkpoint_slices", None)  # any read would fail
     with pytest.raises(ConversionError, match="tied keys shared.weight .*encoder.embed_tokens"):
         loading.load_model(str(tmp_path))
+
+
+# ---- UMT5 (Wan's text encoder): T5 with one relative-position bias table per layer -----------
+
+UMT5_CONFIG = dict(T5_CONFIG, num_layers=3)
+
+
+@pytest.fixture(scope="module")
+def umt5_pair():
+    torch_model = _torch_model(transformers.UMT5EncoderModel, transformers.UMT5Config(**UMT5_CONFIG))
+    with torch.no_grad():  # distinct tables per layer, so a shared-table port cannot pass
+        for block in torch_model.encoder.block:
+            block.layer[0].SelfAttention.relative_attention_bias.weight.normal_(0.0, 0.5)
+    table = t5_conv.build_umt5_table(UMT5_CONFIG)
+    jax_model = _jax_model(t5_conv.make_umt5_model, UMT5_CONFIG, table,
+                           _t5_saved_state(torch_model))
+    return torch_model, jax_model
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_umt5_parity(umt5_pair, padded):
+    torch_model, jax_model = umt5_pair
+    ids, mask = _t5_tokens(3, np.random.default_rng(6))
+    with torch.no_grad():
+        want = torch_model(torch.from_numpy(ids),
+                           attention_mask=torch.from_numpy(mask) if padded else None)
+    got = np.asarray(_jit_apply(jax_model, jnp.asarray(ids), jnp.asarray(mask) if padded else None))
+    err = float(np.max(np.abs(got - want.last_hidden_state.numpy())))
+    print(f"umt5 padded={padded} max abs err {err:.3g}")
+    assert err <= ATOL
+
+
+def test_umt5_table_matches_state_dict_and_spec():
+    torch_model = _torch_model(transformers.UMT5EncoderModel, transformers.UMT5Config(**UMT5_CONFIG))
+    table = t5_conv.build_umt5_table(UMT5_CONFIG)
+    assert {r.hf for r in table} == set(_t5_saved_state(torch_model))
+    assert len({r.jax for r in table}) == len(table)
+    model = nnx.eval_shape(lambda: t5_conv.make_umt5_model(UMT5_CONFIG, rngs=nnx.Rngs(0)))
+    assert {r.jax for r in table} == set(flat_shapes(model))
+    assert spec_for({"architectures": ["UMT5EncoderModel"]}) is t5_conv.UMT5_SPEC
+    # a T5 checkpoint (one shared table) is not a UMT5 one: the missing tables are named
+    t5_state = _t5_saved_state(_torch_model(transformers.T5EncoderModel,
+                                            transformers.T5Config(**UMT5_CONFIG)))
+    with pytest.raises(ConversionError, match="block.1.layer.0.SelfAttention.relative_attention"):
+        convert_to_jax(table, _loaders(t5_state), flat_shapes(model))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_umt5_round_trip_bit_identical(dtype, tmp_path):
+    _round_trip(transformers.UMT5EncoderModel, transformers.UMT5Config(**UMT5_CONFIG),
+                SimpleNamespace(SPEC=t5_conv.UMT5_SPEC), dtype, tmp_path, _t5_saved_state)
+
+
+def test_umt5_cli_round_trip_bit_identical(tmp_path):
+    """`python -m converters to-jax | to-diffusers` on a transformers UMT5 save."""
+    from converters.cli import main as converters_main
+    torch_model = _torch_model(transformers.UMT5EncoderModel, transformers.UMT5Config(**UMT5_CONFIG))
+    torch_model.to(torch.bfloat16).save_pretrained(tmp_path / "src")
+    assert converters_main(["to-jax", str(tmp_path / "src"), str(tmp_path / "jax")]) == 0
+    assert converters_main(["to-diffusers", str(tmp_path / "jax"), str(tmp_path / "back")]) == 0
+    want = {k: v() for k, v in open_checkpoint(str(tmp_path / "src")).items()}
+    got = {k: v() for k, v in open_checkpoint(str(tmp_path / "back")).items()}
+    assert set(got) == set(want)
+    for key, value in want.items():
+        assert got[key].dtype == value.dtype and got[key].tobytes() == value.tobytes(), key
+    back = transformers.UMT5EncoderModel.from_pretrained(str(tmp_path / "back"))
+    assert back.config.num_layers == UMT5_CONFIG["num_layers"]

@@ -11,6 +11,8 @@ Methods:
   "dance"  DanceGRPO flux_step (spec §2).
   "dpm2"   DPM-Solver++(2M) in x0-space, first and last step first order (spec §3).
   "edm"    DDRL rollout: EDM churn + 2nd-order Adams-Bashforth on an EDM sigma grid (spec §4).
+  "unipc"  UniPC-bh2 order 2 in flow form (diffusers UniPCMultistepScheduler as Wan runs it;
+           unipc.py); give it schedule.unipc_flow_schedule's sigmas and timesteps.
 For sde/cps/dance, `sde_window_size` turns on the Flow-GRPO-Fast variant: only steps
 [sde_window_start, sde_window_start + sde_window_size) are stochastic, the rest are Euler steps.
 `sde_window_start` may be a traced integer so the trainer can draw it inside jit.
@@ -24,6 +26,9 @@ Trajectory conventions (when return_trajectory=True), N steps:
       edm: the churn noise that produced trajectory[i]); 0 where unused.
   x0 (N, B, ...): clean prediction at step i; sigmas_hat (N,): sigma the network saw at step i.
   stds (N,): std of step i's Gaussian; stochastic (N,) bool: whether step i is random.
+  unipc: trajectory[i+1] is the predictor's output (what the model sees at step i+1, before that
+      step's corrector); means = trajectory[1:], log_probs / noises / stds are 0.
+Latents may have any rank (B, ...): images (B, C, H, W) and video (B, C, T, H, W) alike.
 """
 
 from __future__ import annotations
@@ -34,11 +39,13 @@ import jax
 import jax.numpy as jnp
 
 from wfm_jax.sampling import steps as S
+from wfm_jax.sampling import unipc
 from wfm_jax.sampling.guidance import guided_velocity
 from wfm_jax.sampling.schedule import edm_churn_eta
 
 F32 = jnp.float32
-METHODS = ("euler", "sde", "cps", "dance", "dpm2", "edm")
+METHODS = ("euler", "sde", "cps", "dance", "dpm2", "edm", "unipc")
+DETERMINISTIC = ("euler", "dpm2", "unipc")
 STOCHASTIC_FLOW = ("sde", "cps", "dance")
 
 
@@ -92,6 +99,8 @@ def sample(
     s_tmin: float = 0.0,
     s_tmax: float = float("inf"),
     timestep_scale: float = 1000.0,
+    timesteps: Any = None,
+    unipc_solver_type: str = "bh2",
     return_trajectory: bool = False,
 ) -> SampleOutput:
     """Run `len(sigmas) - 1` denoising steps from `latents` (fp32) and return a SampleOutput.
@@ -100,10 +109,12 @@ def sample(
     an EDM grid (schedule.edm_sigmas) and `latents` already at sigma_max (sigma_max * eps).
     noise_level: a for sde/cps, eta for dance. s_churn/s_noise/s_tmin/s_tmax: EDM churn.
     key: PRNG key, required by the stochastic methods.
+    timesteps: (N,) what the model sees at step i (flow methods); default sigma_i * timestep_scale
+    (never rounded). Wan feeds diffusers' int64-truncated values (schedule.unipc_flow_schedule).
     """
     if method not in METHODS:
         raise ValueError(f"unknown sampler method {method!r}; choose one of {METHODS}")
-    if method != "euler" and method != "dpm2" and key is None:
+    if method not in DETERMINISTIC and key is None:
         raise ValueError(f"sampler method {method!r} needs a PRNG key")
     if sde_window_size is not None and method not in STOCHASTIC_FLOW:
         raise ValueError(f"sde_window_size only applies to {STOCHASTIC_FLOW}, not {method!r}")
@@ -120,9 +131,19 @@ def sample(
     }
     if key is not None:
         xs["key"] = jax.random.split(key, n)
-    velocity = _velocity_closure(velocity_fn, cond, uncond, cfg_scale, timestep_scale)
+    velocity = _velocity_closure(velocity_fn, cond, uncond, cfg_scale)
+    scale = jnp.asarray(timestep_scale, F32)
     if method == "edm":
-        return _sample_edm(velocity, latents, sigmas, xs, s_churn, s_noise, s_tmin, s_tmax, return_trajectory)
+        if timesteps is not None:
+            raise ValueError("timesteps apply to the flow methods, not 'edm'")
+        return _sample_edm(lambda x, t: velocity(x, t * scale), latents, sigmas, xs, s_churn,
+                           s_noise, s_tmin, s_tmax, return_trajectory)
+    xs["t"] = sigmas[:-1] * scale if timesteps is None else jnp.asarray(timesteps, F32)
+    if xs["t"].shape != (n,):
+        raise ValueError(f"timesteps must have shape ({n},), got {xs['t'].shape}")
+    if method == "unipc":
+        return _sample_unipc(velocity, latents, sigmas, xs["t"], unipc_solver_type,
+                             return_trajectory)
     stochastic = window_mask(n, sde_window_start, sde_window_size)
     if method not in STOCHASTIC_FLOW:
         stochastic = jnp.zeros((n,), bool)
@@ -146,19 +167,35 @@ def sample(
     )
 
 
-def _velocity_closure(velocity_fn, cond, uncond, cfg_scale, timestep_scale):
-    def velocity(x, t_unit):
-        timesteps = jnp.full((x.shape[0],), t_unit * jnp.asarray(timestep_scale, F32), F32)
+def _velocity_closure(velocity_fn, cond, uncond, cfg_scale):
+    def velocity(x, t):
+        """t: the scalar model timestep of this step, broadcast to the batch."""
+        timesteps = jnp.full((x.shape[0],), t, F32)
         return guided_velocity(velocity_fn, x, timesteps, cond, uncond, cfg_scale)
 
     return velocity
+
+
+def _sample_unipc(velocity, latents, sigmas, timesteps, solver_type, return_trajectory):
+    n = sigmas.shape[0] - 1
+    final, rec = unipc.sample_unipc(velocity, latents, sigmas, timesteps,
+                                    solver_type=solver_type, return_trajectory=return_trajectory)
+    stochastic = jnp.zeros((n,), bool)
+    if not return_trajectory:
+        return SampleOutput(latents=final, stochastic=stochastic)
+    zeros = jnp.zeros_like(rec["x_next"])
+    return SampleOutput(latents=final, stochastic=stochastic,
+                        trajectory=jnp.concatenate([latents[None], rec["x_next"]], axis=0),
+                        means=rec["x_next"], log_probs=jnp.zeros((n, latents.shape[0]), F32),
+                        noises=zeros, x0=rec["x0"], stds=jnp.zeros((n,), F32),
+                        sigmas_hat=sigmas[:-1])
 
 
 def _flow_body(method, velocity, noise_level, sigma_for_one, n, record):
     def body(carry, step):
         x, x0_prev = carry
         s, sn = step["sigma"], step["sigma_next"]
-        v = velocity(x, s)
+        v = velocity(x, step["t"])
         x0 = S.x0_from_velocity(x, v, s)
         ode = S.euler_step(x, v, s, sn)
         zero_lp = jnp.zeros((x.shape[0],), F32)

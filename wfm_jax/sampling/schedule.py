@@ -69,3 +69,23 @@ def edm_sigmas(num_steps: int, sigma_min: float = 0.01, sigma_max: float = 200.0
 def edm_churn_eta(s_churn: float, num_steps: int) -> float:
     """EDM Alg. 2 churn factor eta = min(s_churn / (N + 1), sqrt(1.2) - 1) (spec §4)."""
     return min(s_churn / (num_steps + 1), math.sqrt(1.2) - 1.0)
+
+
+def unipc_flow_schedule(num_steps: int, shift: float = 3.0, num_train_timesteps: int = 1000):
+    """`UniPCMultistepScheduler(use_flow_sigmas=True, flow_shift=shift).set_timesteps(num_steps)`
+    (Wan's scheduler; default final_sigmas_type "zero", no dynamic shifting).
+
+    Returns (sigmas, timesteps): sigmas float32 (num_steps + 1,) ending with 0, the first nudged
+    to 1 - 1e-6 as diffusers does; timesteps float32 (num_steps,) holding diffusers' int64
+    `scheduler.timesteps` (float64 1000 sigma truncated), which is what the Wan DiT is fed.
+    """
+    if num_steps < 1:
+        raise ValueError(f"num_steps must be >= 1, got {num_steps}")
+    if shift <= 0:
+        raise ValueError(f"shift must be > 0, got {shift}")
+    s = np.linspace(1, 1 / num_train_timesteps, num_steps + 1)[:-1]
+    s = shift * s / (1 + (shift - 1) * s)
+    if abs(s[0] - 1) < 1e-6:
+        s[0] -= 1e-6
+    timesteps = (s * num_train_timesteps).astype(np.int64).astype(np.float32)
+    return np.concatenate([s, [0.0]]).astype(np.float32), timesteps

@@ -1,4 +1,6 @@
-"""MMDiT building blocks: AdaLN modulation, feed-forward and the joint transformer block.
+"""MMDiT building blocks: AdaLN modulation layers and the joint transformer block (the
+feed-forward and the modulate / gated-residual helpers are shared: layers/feedforward.py,
+layers/modulation.py).
 
 Names mirror diffusers (norm1.linear, norm1_context, attn, attn2, ff.net.0.proj, ff.net.2,
 ff_context, ...) so checkpoints and LoRA target names map one-to-one. Modulation (the SiLU +
@@ -12,19 +14,10 @@ import jax.numpy as jnp
 from flax import nnx
 
 from wfm_jax.models.layers.attention import Attention
+from wfm_jax.models.layers.feedforward import FeedForward
 from wfm_jax.models.layers.linear import Linear
+from wfm_jax.models.layers.modulation import gated_residual, modulate
 from wfm_jax.models.layers.norms import LayerNorm
-
-
-def modulate(norm: LayerNorm, x, shift, scale, dtype):
-    """norm(x) * (1 + scale) + shift in fp32, returned in the compute dtype."""
-    y = norm(x.astype(jnp.float32))
-    return (y * (1.0 + scale[:, None]) + shift[:, None]).astype(dtype)
-
-
-def gated_residual(x, gate, y):
-    """x + gate * y with the sum taken in fp32 (gate is fp32 modulation)."""
-    return (x.astype(jnp.float32) + gate[:, None] * y.astype(jnp.float32)).astype(x.dtype)
 
 
 class AdaLayerNorm(nnx.Module):
@@ -54,37 +47,6 @@ class AdaLayerNormContinuous(AdaLayerNorm):
     def __call__(self, x, temb):
         scale, shift = self.emb(temb)  # diffusers chunks scale first, then shift
         return modulate(self.norm, x, shift, scale, x.dtype)
-
-
-class _GELUProj(nnx.Module):
-    """diffusers activations.GELU(approximate="tanh"): proj then tanh-GELU."""
-
-    def __init__(self, dim: int, inner: int, **lin):
-        self.proj = Linear(dim, inner, axes=("embed", "mlp"), **lin)
-
-    def __call__(self, x):
-        return jax.nn.gelu(self.proj(x), approximate=True)
-
-
-class _Identity(nnx.Module):
-    """Stands where diffusers keeps a Dropout(0.0), so ff.net indices match (net.0, net.2)."""
-
-    def __call__(self, x):
-        return x
-
-
-class FeedForward(nnx.Module):
-    """diffusers FeedForward(dim, dim_out=dim, activation_fn="gelu-approximate"), mult 4."""
-
-    def __init__(self, dim: int, *, rngs: nnx.Rngs, dtype=None, param_dtype=jnp.float32, mult=4):
-        lin = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
-        self.net = nnx.List([_GELUProj(dim, dim * mult, **lin), _Identity(),
-                             Linear(dim * mult, dim, axes=("mlp", "embed"), **lin)])
-
-    def __call__(self, x):
-        for layer in self.net:
-            x = layer(x)
-        return x
 
 
 class JointTransformerBlock(nnx.Module):

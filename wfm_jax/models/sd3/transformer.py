@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import warnings
 
-import jax
 import jax.numpy as jnp
 from flax import nnx
 
@@ -16,6 +15,7 @@ from wfm_jax import mesh
 from wfm_jax.models.layers.attention import check_attention_impl
 from wfm_jax.models.layers.embeddings import CombinedTimestepTextProjEmbeddings, PatchEmbed
 from wfm_jax.models.layers.linear import Linear
+from wfm_jax.models.layers.remat import REMAT_POLICIES, call_block, check_remat  # noqa: F401 (re-exported)
 from wfm_jax.models.sd3.blocks import AdaLayerNormContinuous, JointTransformerBlock
 
 # diffusers SD3Transformer2DModel.__init__ defaults
@@ -23,14 +23,6 @@ DEFAULTS = dict(sample_size=128, patch_size=2, in_channels=16, num_layers=18, at
                 num_attention_heads=18, joint_attention_dim=4096, caption_projection_dim=1152,
                 pooled_projection_dim=2048, out_channels=16, pos_embed_max_size=96,
                 dual_attention_layers=(), qk_norm=None)
-
-# "none": keep every activation; "full": recompute the whole block in the backward pass;
-# "dots": keep only matmul outputs without batch dims (the linear layers), recompute the rest.
-REMAT_POLICIES = {
-    "none": None,
-    "full": jax.checkpoint_policies.nothing_saveable,
-    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-}
 
 TOKEN_AXES = ("act_batch", "act_seq", "act_embed")
 
@@ -75,8 +67,7 @@ class SD3Transformer(nnx.Module):
         self._config_items = tuple(sorted(cfg.items()))  # hashable: part of the static graph
         self.dtype = jnp.dtype(dtype or param_dtype)
         check_attention_impl(attention_impl, self.dtype)
-        if remat not in REMAT_POLICIES:
-            raise ValueError(f"remat must be one of {sorted(REMAT_POLICIES)}, got {remat!r}")
+        check_remat(remat)
         self.remat = remat
         self.patch_size = cfg["patch_size"]
         self.out_channels = cfg["out_channels"]
@@ -106,19 +97,6 @@ class SD3Transformer(nnx.Module):
     def config(self) -> dict:
         return dict(self._config_items)
 
-    def _run_block(self, block, x, c, temb):
-        if self.remat == "none":
-            return block(x, c, temb)
-        # jax.checkpoint of a pure function of the block's state: nnx.remat writes the state
-        # back after the call, which fails when the model was merged inside another trace
-        # (the RL rollout's lax.scan: "Cannot mutate Param from a different trace level").
-        graphdef, state = nnx.split(block)
-
-        def pure(state, x, c, t):
-            return nnx.merge(graphdef, state)(x, c, t)
-
-        return jax.checkpoint(pure, policy=REMAT_POLICIES[self.remat])(state, x, c, temb)
-
     def __call__(self, hidden_states, encoder_hidden_states, pooled_projections, timestep):
         """(B,C,H,W) latents, (B,L,joint_dim) text, (B,pooled_dim), (B,) float t -> (B,C_out,H,W)."""
         b, _, height, width = hidden_states.shape
@@ -130,7 +108,7 @@ class SD3Transformer(nnx.Module):
         c = mesh.constrain(self.context_embedder(encoder_hidden_states), TOKEN_AXES)
 
         for block in self.transformer_blocks:
-            c, x = self._run_block(block, x, c, temb)
+            c, x = call_block(block, self.remat, x, c, temb)
             x = mesh.constrain(x, TOKEN_AXES)
             if c is not None:
                 c = mesh.constrain(c, TOKEN_AXES)

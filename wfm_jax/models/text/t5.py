@@ -1,4 +1,6 @@
-"""T5 encoder (transformers' T5EncoderModel), as SD3 uses T5 v1.1 XXL.
+"""T5 encoder (transformers' T5EncoderModel), as SD3 uses T5 v1.1 XXL, and UMT5 (transformers'
+UMT5EncoderModel, Wan's text encoder), which differs only in owning one relative-position bias
+table per layer instead of sharing layer 0's (`per_layer_position_bias`).
 
 T5 differs from a textbook encoder in four ways that matter for parity: no 1/sqrt(d) attention
 scaling; a learned relative-position bias, owned by the first layer and added in every layer;
@@ -36,6 +38,8 @@ class T5Config:
     relative_attention_max_distance: int = 128
     layer_norm_epsilon: float = 1e-6
     feed_forward_proj: str = "relu"
+    # UMT5: every layer has its own relative_attention_bias (not a transformers config key)
+    per_layer_position_bias: bool = False
 
     @classmethod
     def from_dict(cls, config: Mapping[str, Any]) -> "T5Config":
@@ -115,9 +119,24 @@ class T5FeedForward(nnx.Module):
         return self.wo(h)
 
 
+def _bias_table(cfg: T5Config, rngs: nnx.Rngs, param_dtype):
+    return param(nnx.initializers.normal(0.02)(
+        rngs.params(), (cfg.relative_attention_num_buckets, cfg.num_heads), param_dtype),
+        (None, None))
+
+
+def _position_bias(table: jax.Array, cfg: T5Config, seq_len: int) -> jax.Array:
+    """(1, H, S, S) fp32 learned bias looked up by relative-position bucket."""
+    buckets = relative_position_buckets(seq_len, seq_len, cfg.relative_attention_num_buckets,
+                                        cfg.relative_attention_max_distance)
+    return jnp.transpose(table.astype(jnp.float32)[buckets], (2, 0, 1))[None]
+
+
 class T5Block(nnx.Module):
     def __init__(self, cfg: T5Config, *, rngs: nnx.Rngs, dtype, param_dtype):
         kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+        self.relative_attention_bias = (_bias_table(cfg, rngs, param_dtype)
+                                        if cfg.per_layer_position_bias else None)
         norm = dict(eps=cfg.layer_norm_epsilon, param_dtype=param_dtype, axes=("embed",))
         self.attn_norm = RMSNorm(cfg.d_model, **norm)
         self.attn = T5Attention(cfg, **kw)
@@ -138,36 +157,40 @@ class T5Encoder(nnx.Module):
         self.dtype = dtype
         self.shared = param(nnx.initializers.normal(1.0)(
             rngs.params(), (cfg.vocab_size, cfg.d_model), param_dtype), ("vocab", "embed"))
-        # owned by layer 0 in transformers, added in every layer
-        self.relative_attention_bias = param(nnx.initializers.normal(0.02)(
-            rngs.params(), (cfg.relative_attention_num_buckets, cfg.num_heads), param_dtype),
-            (None, None))
+        # T5: owned by layer 0 in transformers, added in every layer; UMT5: one per block
+        self.relative_attention_bias = (None if cfg.per_layer_position_bias
+                                        else _bias_table(cfg, rngs, param_dtype))
         kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
         self.blocks = nnx.List([T5Block(cfg, **kw) for _ in range(cfg.num_layers)])
         self.final_layer_norm = RMSNorm(cfg.d_model, eps=cfg.layer_norm_epsilon,
                                         param_dtype=param_dtype, axes=("embed",))
 
     def position_bias(self, seq_len: int) -> jax.Array:
-        """(1, H, S, S) fp32 learned bias looked up by relative-position bucket."""
-        buckets = relative_position_buckets(seq_len, seq_len,
-                                            self.cfg.relative_attention_num_buckets,
-                                            self.cfg.relative_attention_max_distance)
-        table = self.relative_attention_bias[...].astype(jnp.float32)
-        return jnp.transpose(table[buckets], (2, 0, 1))[None]
+        """(1, H, S, S) fp32 shared bias (T5 only; UMT5 blocks hold their own tables)."""
+        return _position_bias(self.relative_attention_bias[...], self.cfg, seq_len)
 
     def __call__(self, input_ids: jax.Array, attention_mask: jax.Array | None = None) -> jax.Array:
         """input_ids (B, S) int; attention_mask (B, S) (1 = token, 0 = padding) or None."""
         dtype = self.dtype or self.shared[...].dtype
         x = constrain(jnp.take(self.shared[...], input_ids, axis=0).astype(dtype), ACT_AXES)
-        bias = self.position_bias(input_ids.shape[1])
+        seq = input_ids.shape[1]
+        mask = 0.0
         if attention_mask is not None:  # padded keys get the most negative fp32, as transformers
             keep = attention_mask.astype(bool)[:, None, None, :]
-            bias = bias + jnp.where(keep, 0.0, jnp.finfo(jnp.float32).min)
+            mask = jnp.where(keep, 0.0, jnp.finfo(jnp.float32).min)
+        shared = None if self.relative_attention_bias is None else self.position_bias(seq) + mask
         for block in self.blocks:
-            x = block(x, bias)
+            own = block.relative_attention_bias
+            x = block(x, shared if own is None else _position_bias(own[...], self.cfg, seq) + mask)
         return self.final_layer_norm(x)
 
 
 def make_model(config: Mapping[str, Any], *, dtype=None, param_dtype=jnp.float32,
                rngs: nnx.Rngs) -> T5Encoder:
     return T5Encoder(T5Config.from_dict(config), rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+
+
+def make_umt5_model(config: Mapping[str, Any], *, dtype=None, param_dtype=jnp.float32,
+                    rngs: nnx.Rngs) -> T5Encoder:
+    cfg = dataclasses.replace(T5Config.from_dict(config), per_layer_position_bias=True)
+    return T5Encoder(cfg, rngs=rngs, dtype=dtype, param_dtype=param_dtype)

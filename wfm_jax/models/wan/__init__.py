@@ -1,1 +1,6 @@
-"""Wan2.1 in Flax NNX: the video VAE (vae.py, vae_layers.py)."""
+"""Wan2.1 in Flax NNX: the DiT (diffusers WanTransformer3DModel: transformer.py, attention.py,
+rope.py, embeddings.py) and the video VAE (AutoencoderKLWan: vae.py, vae_layers.py)."""
+from wfm_jax.models.wan.transformer import (WAN21_T2V_1_3B, WAN21_T2V_14B, WanTransformer,
+                                            wan_config)
+
+__all__ = ["WanTransformer", "wan_config", "WAN21_T2V_1_3B", "WAN21_T2V_14B"]
