@@ -54,6 +54,9 @@ DEFAULTS = {
                 "layout": "paired",
                 "allow_pickle": False,  # .pickle text embeddings run code when loaded
                 "build_tiny": False,    # generate the tiny shapes dataset at local_dir if absent
+                # WebDataset split layout's data keys (one tar tree each, e.g. video, metas,
+                # t5_xxl); empty: paired tars, or the key dirs found under local_dir
+                "wds_keys": (),
             },
             "mini_batch": 1,
             "mu_iterations": 1,
@@ -170,6 +173,7 @@ DEFAULTS = {
         "num_workers": 0,           # grain worker processes (0: load in the main process)
         "prefetch_buffer_size": 2,
         "shuffle": True,
+        "cycle_length": 4,          # WebDataset shards read at once (interleaved) per process
     },
 }
 
@@ -252,6 +256,7 @@ def check_ranges(config) -> None:
     _positive(config, ["train.optm_lr", "train.optm_weight_decay", "train.optm_eps",
                        "train.optm_warmup_steps", "train.ema_update_step_interval",
                        "data.num_workers", "data.prefetch_buffer_size"], allow_zero=True)
+    _positive(config, ["data.cycle_length"])
     for key in ("train.ema_decay", "train.train_policy.timesteps_fraction",
                 "validation.dataset.holdout_fraction"):
         if not 0.0 <= _required(config, key) <= 1.0:

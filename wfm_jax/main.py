@@ -33,9 +33,10 @@ def _known_errors() -> tuple[tuple[type, ...], tuple[type, ...]]:
     from wfm_jax.train.checkpoint import CheckpointError
     from wfm_jax.train.lora import LoraError
     from wfm_jax.train.metrics import NonFiniteLoss
+    from wfm_jax.storage.s3 import S3Error
     from wfm_jax.train.setup import SetupError
     bad_input = (ConfigError, SetupError, PipelineError, LoraError, ConversionError,
-                 UnsupportedModelError, CheckpointError, DataError, FileNotFoundError)
+                 UnsupportedModelError, CheckpointError, DataError, S3Error, FileNotFoundError)
     return bad_input, (NonFiniteLoss, RewardError)
 
 
