@@ -65,3 +65,16 @@ def upload_dir(client, local: str, bucket: str, prefix: str) -> None:
         for f in files:
             path = os.path.join(d, f)
             client.upload_file(path, bucket, f"{prefix}/{os.path.relpath(path, local)}")
+
+
+def shards_from_paired_dir(src: str, out: str, per_shard: int = 4) -> int:
+    """Pack a paired dir (X.json + X.png) into shard_i.tar files of per_shard samples each."""
+    stems = sorted(f[:-5] for f in os.listdir(src) if f.endswith(".json"))
+    for i in range(0, len(stems), per_shard):
+        members = []
+        for stem in stems[i:i + per_shard]:
+            for ext in ("json", "png"):
+                with open(os.path.join(src, f"{stem}.{ext}"), "rb") as f:
+                    members.append((f"{stem.replace('.', '_')}.{ext}", f.read()))
+        write_tar(os.path.join(out, f"shard_{i // per_shard:04d}.tar"), members)
+    return (len(stems) + per_shard - 1) // per_shard
