@@ -41,8 +41,11 @@ def upload_tree(cfg: s3lib.S3Config, local_dir: str, bucket: str, base: str,
         client.upload_file(path, bucket, f"{base}/{rel}", Config=_xfer())
         return rel, os.path.getsize(path)
 
-    with ThreadPoolExecutor(4) as pool:
+    pool = ThreadPoolExecutor(4)
+    try:
         sizes = dict(pool.map(put, files))
+    finally:  # on a failure, don't start the rest (each would retry against a dead server)
+        pool.shutdown(wait=True, cancel_futures=True)
     manifest = {"format": 1, "files": sizes, "time": time.time(), **(extra or {})}
     client.put_object(Bucket=bucket, Key=f"{base}/{COMMIT}", Body=json.dumps(manifest).encode())
     return manifest

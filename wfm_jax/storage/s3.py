@@ -121,7 +121,9 @@ def explain(e: BaseException, cfg: S3Config, what: str, bucket: str = "") -> S3E
         if code in ("NoSuchKey", "404"):
             return S3Error(f"{what}: no such object")
         return S3Error(f"{what}: {code}: {e.response.get('Error', {}).get('Message', '')}")
-    if isinstance(e, (EndpointConnectionError, ConnectTimeoutError)):
+    # boto3's transfer manager wraps the connection error in S3UploadFailedError: match its text
+    if isinstance(e, (EndpointConnectionError, ConnectTimeoutError)) or \
+            "Could not connect to the endpoint" in str(e):
         return S3Error(f"{what}: cannot reach the S3 endpoint {cfg.endpoint_url} "
                        f"(check {cfg.source('endpoint_url')})")
     return S3Error(f"{what}: {type(e).__name__}: {e}")

@@ -40,11 +40,12 @@ def _check_bucket(cfg, bucket: str, prefix: str) -> None:
     try:
         s3lib.client(cfg).head_bucket(Bucket=bucket)
     except Exception as e:
-        err = s3lib.explain(e, cfg, f"train.ckpt.s3_bucket s3://{bucket}/{prefix}", bucket)
-        if "Not Found" in str(err) or "404" in str(err):
-            err = s3lib.S3Error(f"train.ckpt.s3_bucket: bucket '{bucket}' does not exist at "
-                                f"{cfg.endpoint_url}")
-        raise err from None
+        code = getattr(e, "response", {}).get("Error", {}).get("Code", "")
+        if code in ("404", "NoSuchBucket"):  # HEAD answers have no body: just the status
+            raise s3lib.S3Error(f"train.ckpt.s3_bucket: bucket '{bucket}' does not exist at "
+                                f"{cfg.endpoint_url}") from None
+        raise s3lib.explain(e, cfg, f"train.ckpt.s3_bucket s3://{bucket}/{prefix}",
+                            bucket) from None
 
 
 def fetch_resume_checkpoint(config) -> int | None:
