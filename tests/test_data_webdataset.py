@@ -151,3 +151,20 @@ def test_bad_samples_skipped_and_counted(tmp_path):
         assert batch["prompt"] == ["p", "p"]
         assert loader.skipped >= 2 and any("nojson" in m for m in loader.bad_files)
         assert any("broken.png" in m for m in loader.bad_files)
+
+
+def test_indexed_records_read_back_the_same_images(tmp_path, s3_server, s3_bucket):
+    """DDRL's view: every sample located once, its image re-read by one ranged read."""
+    from wfm_jax.data.media import load_image
+    from wfm_jax.data.paired import scan_paired
+    from wfm_jax.data.tiny_dataset import build_shapes_dataset
+    from wfm_jax.data.webdataset import index_records, load_record_image
+    shapes = build_shapes_dataset(str(tmp_path / "shapes"), count=6, size=16, seed=0)
+    _shards.shards_from_paired_dir(shapes, str(tmp_path / "tars"), per_shard=4)
+    _shards.upload_dir(s3_server.client(), str(tmp_path / "tars"), s3_bucket, "ddrl")
+    want = scan_paired(shapes)
+    for location in (str(tmp_path / "tars"), f"s3://{s3_bucket}/ddrl"):
+        got = index_records(location)
+        assert [r.prompt for r in got] == [r.prompt for r in want]
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(load_record_image(g, SIZE), load_image(w.media_path, SIZE))

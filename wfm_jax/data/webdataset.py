@@ -312,3 +312,49 @@ def webdataset_loader_from_config(config, shard: Shard | None = None) -> WebData
                             seed=config.train.seed, shard=shard, shuffle=config.data.shuffle,
                             cycle_length=config.data.cycle_length,
                             num_workers=config.data.num_workers)
+
+
+# ----------------------------------------------------------------------------- indexed records
+
+@dataclasses.dataclass(frozen=True)
+class TarRecord:
+    """One paired sample located inside a shard: its prompt and where its media bytes lie, so
+    it can be read again later with one ranged read (DDRL's data loss)."""
+    prompt: str
+    url: str
+    offset: int
+    size: int
+    media_path: str          # shard:key.ext, for messages
+    is_video: bool
+    cfg: s3lib.S3Config | None = dataclasses.field(default=None, repr=False, compare=False)
+
+
+def index_records(location: str, cfg: s3lib.S3Config | None = None) -> list[TarRecord]:
+    """Every sample of the paired-layout shards at `location`, in shard order (reads the shards
+    once; a sample missing its .json or media is a DataError naming shard and key)."""
+    shards = resolve_shards(location, (), cfg)
+    if shards.keys:
+        raise DataError(f"{location} is in the split layout ({', '.join(shards.keys)}); RL data "
+                        f"needs the paired layout (X.json + X.jpg|png in each tar)")
+    records = []
+    for path in shards.paths:
+        it = TarShardIterator(shards.url(path), shards.cfg, locate=True)
+        for sample in it:
+            where = f"shard {sample['__url__']} sample '{sample['__key__']}'"
+            prompt = _prompt_of(sample, where)
+            ext, _ = _media_of(sample, where)
+            offset, size = sample["__members__"][ext]
+            records.append(TarRecord(prompt, sample["__url__"], offset, size,
+                                     f"{sample['__url__']}:{sample['__key__']}.{ext}",
+                                     "." + ext in media.VIDEO_EXTS, shards.cfg))
+    if not records:
+        raise DataError(f"no samples in the shards at {location}")
+    return records
+
+
+def load_record_image(record, size_hw) -> np.ndarray:
+    """The image of a paired record: a file (PairedRecord) or a span of a shard (TarRecord)."""
+    if isinstance(record, TarRecord):
+        data = read_range(record.url, record.offset, record.size, record.cfg)
+        return media.load_image_bytes(data, tuple(size_hw), record.media_path)
+    return media.load_image(record.media_path, tuple(size_hw))
