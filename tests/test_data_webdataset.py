@@ -108,7 +108,7 @@ def test_split_layout_and_wdinfo_on_s3(tmp_path, s3_server, s3_bucket):
 
 
 def test_resume_with_worker_processes(paired):
-    _check_resume(paired[0], total=6, positions=(2,), num_workers=1)
+    _check_resume(paired[0], total=6, positions=(2,), num_workers=1, window=4)
 
 
 def test_restore_refuses_another_stream(paired):
@@ -168,3 +168,40 @@ def test_indexed_records_read_back_the_same_images(tmp_path, s3_server, s3_bucke
         assert [r.prompt for r in got] == [r.prompt for r in want]
         for g, w in zip(got, want):
             np.testing.assert_array_equal(load_record_image(g, SIZE), load_image(w.media_path, SIZE))
+
+
+def test_window_shuffle_mixes_samples_and_resumes(paired):
+    root, _ = paired
+    with _loader(root, batch=1, cycle_length=1, window=1) as plain, \
+            _loader(root, batch=1, cycle_length=1, window=5) as mixed:
+        a, b = (sum((x["prompt"] for x in _take(it, 10)), []) for it in (plain, mixed))
+    assert sorted(a) == sorted(b) and a != b
+    _check_resume(root, total=14, positions=(1, 2, 5, 9), cycle_length=2, window=4)
+
+
+def test_world_model_split_layout_with_videos(tmp_path):
+    """cosmos-rl's video/ metas/ t5_xxl/ trees: (B, T, H, W, 3) clips, deterministic windows,
+    pickled embeddings only with allow_pickle."""
+    import pickle
+
+    from tests.test_data_wfm import write_video
+    videos, metas, embeds = [], [], []
+    for j in range(3):
+        write_video(tmp_path / "clip.mp4", np.random.default_rng(j).integers(
+            0, 256, (8, 16, 16, 3), dtype=np.uint8))
+        videos.append((f"c{j}.mp4", (tmp_path / "clip.mp4").read_bytes()))
+        metas.append((f"c{j}.json", json.dumps({"caption": f"clip {j}"}).encode()))
+        embeds.append((f"c{j}.pickle", pickle.dumps({"emb": np.full((2, 3), j, np.float32)})))
+    for key, members in (("video", videos), ("metas", metas), ("t5_xxl", embeds)):
+        _shards.write_tar(str(tmp_path / "wm" / key / "part_0.tar"), members)
+    shards = resolve_shards(str(tmp_path / "wm"))
+    with pytest.raises(DataError, match="allow_pickle=True"):
+        next(WebDatasetLoader(shards, _decode(), 1))
+    decode = Decode(SIZE, 4, seed=0, skip_bad=False, allow_pickle=True)
+    with WebDatasetLoader(shards, decode, 3, cycle_length=1) as a, \
+            WebDatasetLoader(shards, decode, 3, cycle_length=1) as b:
+        x, y = next(a), next(b)
+    assert x["pixels"].shape == (3, 4, 8, 8, 3) and x["pixels"].dtype == np.float32
+    np.testing.assert_array_equal(x["pixels"], y["pixels"])
+    assert sorted(x["prompt"]) == ["clip 0", "clip 1", "clip 2"]
+    assert [int(e[0, 0]) for e in x["text_embedding"]["emb"]] == [int(p[-1]) for p in x["prompt"]]

@@ -178,6 +178,7 @@ DEFAULTS = {
         "prefetch_buffer_size": 2,
         "shuffle": True,
         "cycle_length": 4,          # WebDataset shards read at once (interleaved) per process
+        "shuffle_window": 16,       # WebDataset samples shuffled together (in memory; 0/1: off)
     },
 }
 
@@ -262,6 +263,7 @@ def check_ranges(config) -> None:
                        "train.optm_warmup_steps", "train.ema_update_step_interval",
                        "data.num_workers", "data.prefetch_buffer_size"], allow_zero=True)
     _positive(config, ["data.cycle_length"])
+    _positive(config, ["data.shuffle_window"], allow_zero=True)
     for key in ("train.ema_decay", "train.train_policy.timesteps_fraction",
                 "validation.dataset.holdout_fraction"):
         if not 0.0 <= _required(config, key) <= 1.0:

@@ -12,11 +12,12 @@ Sample layouts:
 
 Stream (per process):
     shard list -> shuffle(seed), a new order each epoch -> repeat -> [process_index::count]
-    -> open cycle_length shards at once, interleaved -> decode (rng per shard + sample index)
+    -> open cycle_length shards at once, interleaved -> shuffle windows of shuffle_window samples
+    -> decode (rng per shard + sample index)
     -> [worker processes] -> drop + count bad samples -> batch
 The iterator state is grain's: per open shard the byte offset of its next sample, so a restored
 loader reads exactly the batches the uninterrupted one would. It is valid only for the same shard
-list, seed, process count, cycle_length and num_workers; a different one is refused.
+list, seed, process count, cycle_length, shuffle_window and num_workers; another is refused.
 """
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ from wfm_jax.data import media
 from wfm_jax.data.errors import BadSample, DataError
 from wfm_jax.data.loader import Loader, Shard, local_batch_size, process_shard, stack_batch
 from wfm_jax.data.tar_stream import ShardDataset, TarShardIterator, read_range
+from wfm_jax.data.window_shuffle import WindowShuffleIterDataset
 from wfm_jax.storage import s3 as s3lib
 
 MEDIA_KEYS = ("video", "videos", "images", "image")          # split layout: the pixels
@@ -265,7 +267,7 @@ class WebDatasetLoader(Loader):
 
     def __init__(self, shards: Shards, decode: Decode, batch_size: int, *, seed: int = 0,
                  shard: Shard = Shard(), shuffle: bool = True, cycle_length: int = 4,
-                 num_workers: int = 0, batch_fn=stack_batch):
+                 window: int = 0, num_workers: int = 0, batch_fn=stack_batch):
         if batch_size < 1:
             raise DataError(f"batch size must be >= 1, got {batch_size}")
         if len(shards.paths) < shard.count:
@@ -276,12 +278,15 @@ class WebDatasetLoader(Loader):
         self.skipped, self.bad_files, self._bad_in_a_row = 0, [], 0
         self._source = {"shards": shards.fingerprint(), "seed": int(seed), "shuffle": bool(shuffle),
                         "processes": shard.count, "process": shard.index,
-                        "cycle_length": int(cycle_length), "num_workers": int(num_workers)}
+                        "cycle_length": int(cycle_length), "window": int(window),
+                        "num_workers": int(num_workers)}
         ds = grain.MapDataset.source(list(shards.paths))
         if shuffle:
             ds = ds.shuffle(seed=seed)  # grain redraws the order for every repeat (epoch)
         ds = ds.repeat()[shard.index::shard.count].map(_OpenShard(shards))
         it_ds = grain.experimental.InterleaveIterDataset(ds, cycle_length=max(1, cycle_length))
+        if shuffle and window > 1:  # raw samples (bytes): decoded only when they leave
+            it_ds = WindowShuffleIterDataset(it_ds, window, seed)
         self._start(it_ds.map(decode), batch_size, batch_fn, num_workers)
 
     def state(self) -> dict:
@@ -297,7 +302,7 @@ class WebDatasetLoader(Loader):
             what = ", ".join(f"{k} {saved.get(k)} -> {self._source[k]}" for k in changed)
             raise DataError(f"cannot resume the WebDataset position: the shard stream changed "
                             f"({what}); resume with the same shards, train.seed, process count, "
-                            f"data.cycle_length and data.num_workers")
+                            f"data.cycle_length, data.shuffle_window and data.num_workers")
         super().restore(state)
 
 
@@ -311,7 +316,7 @@ def webdataset_loader_from_config(config, shard: Shard | None = None) -> WebData
                                                              shard),
                             seed=config.train.seed, shard=shard, shuffle=config.data.shuffle,
                             cycle_length=config.data.cycle_length,
-                            num_workers=config.data.num_workers)
+                            window=config.data.shuffle_window, num_workers=config.data.num_workers)
 
 
 # ----------------------------------------------------------------------------- indexed records
