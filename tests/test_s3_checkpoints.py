@@ -123,3 +123,25 @@ def test_server_killed_during_upload(tmp_path, monkeypatch):
                                                        train__resume=True)) == 2
     finally:
         server.stop()
+
+
+def test_final_mode_uploads_the_newest_at_the_end(s3_bucket, tmp_path):
+    """upload_s3="final": nothing while the run goes, the newest checkpoint and export when it
+    ends; an empty s3_prefix puts them at the top of the bucket."""
+    out = tmp_path / "out"
+    sync = s3_sync.S3Sync(_config(out, s3_bucket, train__ckpt__upload_s3="final",
+                                  train__ckpt__s3_prefix=""))
+    cfg = sync.cfg
+    for step in (2, 10):
+        _fake_step(out, step)
+        sync.checkpoint_saved(step)
+        export = out / "safetensors" / f"step_{step}"
+        export.mkdir(parents=True)
+        (export / "model.safetensors").write_bytes(b"w" * step)
+        sync.exported(step)
+    assert mirror.committed(cfg, s3_bucket, "checkpoints") == []
+    sync.finish()
+    assert mirror.committed(cfg, s3_bucket, "checkpoints") == ["10"]
+    assert mirror.committed(cfg, s3_bucket, "safetensors") == ["step_10"]
+    body = s3lib.client(cfg).get_object(Bucket=s3_bucket, Key="metrics.jsonl")["Body"].read()
+    assert body == b'{"step": 10}\n'

@@ -32,8 +32,10 @@ class S3UploadError(RuntimeError):
 
 
 def _location(config) -> tuple[str, str]:
+    """(bucket, key root): the prefix with one trailing slash, or "" for the bucket's top."""
     ck = config.train.ckpt
-    return ck.s3_bucket, ck.s3_prefix.strip("/")
+    prefix = ck.s3_prefix.strip("/")
+    return ck.s3_bucket, f"{prefix}/" if prefix else ""
 
 
 def _check_bucket(cfg, bucket: str, prefix: str) -> None:
@@ -60,31 +62,31 @@ def fetch_resume_checkpoint(config) -> int | None:
     cfg = s3lib.s3_config_from_env()
     _check_bucket(cfg, bucket, prefix)
     try:
-        steps = sorted(int(n) for n in mirror.committed(cfg, bucket, f"{prefix}/checkpoints")
+        steps = sorted(int(n) for n in mirror.committed(cfg, bucket, f"{prefix}checkpoints")
                        if n.isdigit())
     except Exception as e:
-        raise s3lib.explain(e, cfg, f"listing s3://{bucket}/{prefix}/checkpoints", bucket) from None
+        raise s3lib.explain(e, cfg, f"listing s3://{bucket}/{prefix}checkpoints", bucket) from None
     if not steps:
         return None
     step = steps[-1]
     if jax.process_index() == 0:
         try:
-            mirror.download_tree(cfg, bucket, f"{prefix}/checkpoints/{step}",
+            mirror.download_tree(cfg, bucket, f"{prefix}checkpoints/{step}",
                                  os.path.join(local, str(step)))
             client = s3lib.client(cfg)
             for name in _SIDE_FILES:
                 path = os.path.join(config.train.output_dir, name)
                 if not os.path.exists(path):
                     try:
-                        client.download_file(bucket, f"{prefix}/{name}", path)
+                        client.download_file(bucket, f"{prefix}{name}", path)
                     except Exception:  # optional copies: the checkpoint is what matters
                         pass
         except s3lib.S3Error:
             raise
         except Exception as e:
-            raise s3lib.explain(e, cfg, f"downloading s3://{bucket}/{prefix}/checkpoints/{step}",
+            raise s3lib.explain(e, cfg, f"downloading s3://{bucket}/{prefix}checkpoints/{step}",
                                 bucket) from None
-        say(f"downloaded checkpoint step {step} from s3://{bucket}/{prefix}/checkpoints/{step}")
+        say(f"downloaded checkpoint step {step} from s3://{bucket}/{prefix}checkpoints/{step}")
     if jax.process_count() > 1:
         from jax.experimental import multihost_utils
         multihost_utils.sync_global_devices("s3 resume download")
@@ -163,7 +165,7 @@ class S3Sync:
                     # pruned locally (max_keep) before its upload, or never finalized
                     say(f"skipped uploading {kind}/{name}: it is gone from {self.output_dir}")
                     continue
-                what = f"uploading {kind}/{name} to s3://{self.bucket}/{self.prefix}/{kind}/{name}"
+                what = f"uploading {kind}/{name} to s3://{self.bucket}/{self.prefix}{kind}/{name}"
                 err = e if isinstance(e, s3lib.S3Error) else s3lib.explain(e, self.cfg, what,
                                                                             self.bucket)
                 self._error = S3UploadError(f"{err}; it is not committed on S3, the local copy "
@@ -175,19 +177,19 @@ class S3Sync:
             if self._stop.is_set():
                 raise FileNotFoundError(local)
             time.sleep(0.05)
-        base = f"{self.prefix}/{kind}/{name}"
+        base = f"{self.prefix}{kind}/{name}"
         mirror.upload_tree(self.cfg, local, self.bucket, base, extra={"name": name})
         client = s3lib.client(self.cfg)
         for side in _SIDE_FILES:
             path = os.path.join(self.output_dir, side)
             if os.path.exists(path):
-                client.upload_file(path, self.bucket, f"{self.prefix}/{side}")
+                client.upload_file(path, self.bucket, f"{self.prefix}{side}")
         say(f"uploaded {kind}/{name} to s3://{self.bucket}/{base}")
         if kind == "checkpoints" and self.max_keep:
             steps = sorted(int(n) for n in mirror.committed(self.cfg, self.bucket,
-                                                            f"{self.prefix}/checkpoints")
+                                                            f"{self.prefix}checkpoints")
                            if n.isdigit())
             for old in steps[:-self.max_keep]:
-                mirror.delete_tree(self.cfg, self.bucket, f"{self.prefix}/checkpoints/{old}")
+                mirror.delete_tree(self.cfg, self.bucket, f"{self.prefix}checkpoints/{old}")
                 say(f"removed checkpoint step {old} from s3://{self.bucket}/{self.prefix}"
-                    f"/checkpoints (train.ckpt.max_keep={self.max_keep})")
+                    f"checkpoints (train.ckpt.max_keep={self.max_keep})")
