@@ -205,3 +205,12 @@ def test_world_model_split_layout_with_videos(tmp_path):
     np.testing.assert_array_equal(x["pixels"], y["pixels"])
     assert sorted(x["prompt"]) == ["clip 0", "clip 1", "clip 2"]
     assert [int(e[0, 0]) for e in x["text_embedding"]["emb"]] == [int(p[-1]) for p in x["prompt"]]
+
+
+def test_broken_shard_skipped_and_counted(tmp_path):
+    _shards.paired_shards(str(tmp_path), shards=2, per_shard=2)
+    (tmp_path / "shard_0009.tar").write_bytes(b"garbage, not a tar" * 100)
+    with _loader(str(tmp_path), batch=4, skip=True, cycle_length=3) as loader:
+        assert sorted(next(loader)["prompt"]) == ["sample 0 0", "sample 0 1", "sample 1 0",
+                                                  "sample 1 1"]
+        assert loader.skipped == 1 and "shard_0009.tar is not a tar" in loader.bad_files[0]

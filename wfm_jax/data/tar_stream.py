@@ -95,13 +95,19 @@ def read_range(url: str, start: int, length: int, cfg: s3lib.S3Config | None) ->
         return f.read(length)
 
 
+def bad_sample(url: str, index: int, message: str) -> dict:
+    """What a broken shard yields under skip_bad: decoding it raises BadSample(message)."""
+    return {"__key__": "", "__url__": url, "__index__": index, "__bad__": message}
+
+
 class TarShardIterator(grain.DatasetIterator):
     """Samples {"__key__", "__url__", "__index__", <ext>: bytes, ...} of one shard, in order;
     with `locate`, also {"__members__": {ext: (data offset, size)}} (random access later)."""
 
-    def __init__(self, url: str, cfg: s3lib.S3Config | None, locate: bool = False):
+    def __init__(self, url: str, cfg: s3lib.S3Config | None, locate: bool = False,
+                 skip_bad: bool = False):
         super().__init__()
-        self.url, self.cfg, self.locate = url, cfg, locate
+        self.url, self.cfg, self.locate, self.skip_bad = url, cfg, locate, skip_bad
         self._state = {"offset": 0, "index": 0, "eof": False}
         self._tar = None
         self._pending = None
@@ -138,6 +144,16 @@ class TarShardIterator(grain.DatasetIterator):
     def __next__(self):
         if self._state["eof"]:
             raise StopIteration
+        try:
+            return self._read_sample()
+        except DataError as e:  # not a tar / cut short: with skip_bad, one bad sample ends it
+            if not self.skip_bad:
+                raise
+            index = self._state["index"]
+            self._finish()
+            return bad_sample(self.url, index, str(e))
+
+    def _read_sample(self):
         if self._tar is None:
             self._open()
         first = self._pending or self._next_member()
@@ -188,10 +204,12 @@ class SplitShardIterator(grain.DatasetIterator):
     by sample; the fields of key `k` land under `k` ({"video": {"mp4": ...}, "metas": {...}}).
     A key whose sample names disagree is a DataError naming both."""
 
-    def __init__(self, root: str, path: str, keys: tuple, cfg: s3lib.S3Config | None):
+    def __init__(self, root: str, path: str, keys: tuple, cfg: s3lib.S3Config | None,
+                 skip_bad: bool = False):
         super().__init__()
         self.url = f"{root}/{{{','.join(keys)}}}/{path}"
-        self._its = {k: TarShardIterator(f"{root}/{k}/{path}", cfg) for k in keys}
+        self._its = {k: TarShardIterator(f"{root}/{k}/{path}", cfg, skip_bad=skip_bad)
+                     for k in keys}
 
     def __next__(self):
         parts = {}
@@ -203,6 +221,10 @@ class SplitShardIterator(grain.DatasetIterator):
                     raise DataError(f"{it.url} ends before the other keys' shards "
                                     f"(after {it.get_state()['index']} samples)") from None
                 raise
+            if "__bad__" in parts[k]:  # a broken key shard ends the whole zipped shard
+                for other in self._its.values():
+                    other._finish()
+                return parts[k]
         keys = {p["__key__"] for p in parts.values()}
         if len(keys) > 1:
             raise DataError(f"split shards disagree at sample {parts[next(iter(parts))]['__index__']}: "
@@ -228,11 +250,13 @@ class SplitShardIterator(grain.DatasetIterator):
 class ShardDataset(grain.IterDataset):
     """One shard as a grain IterDataset (paired layout: `keys` empty; split layout: the keys)."""
 
-    def __init__(self, url: str, cfg: s3lib.S3Config | None, root: str = "", keys: tuple = ()):
+    def __init__(self, url: str, cfg: s3lib.S3Config | None, root: str = "", keys: tuple = (),
+                 skip_bad: bool = False):
         super().__init__()
         self.url, self.cfg, self.root, self.keys = url, cfg, root, tuple(keys)
+        self.skip_bad = skip_bad
 
     def __iter__(self):
         if self.keys:
-            return SplitShardIterator(self.root, self.url, self.keys, self.cfg)
-        return TarShardIterator(self.url, self.cfg)
+            return SplitShardIterator(self.root, self.url, self.keys, self.cfg, self.skip_bad)
+        return TarShardIterator(self.url, self.cfg, skip_bad=self.skip_bad)

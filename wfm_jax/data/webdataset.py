@@ -221,6 +221,8 @@ class Decode:
             return _Bad(str(e))
 
     def decode(self, sample: dict) -> dict:
+        if "__bad__" in sample:  # a broken shard, skipped (skip_bad) after its good samples
+            raise BadSample(sample["__bad__"])
         where = f"shard {sample['__url__']} sample '{sample['__key__']}'"
         rng = np.random.default_rng([self.seed, zlib.crc32(sample["__url__"].encode()),
                                      sample["__index__"]])
@@ -250,14 +252,14 @@ class Decode:
 class _OpenShard:
     """Picklable: shard path -> its IterDataset."""
 
-    def __init__(self, shards: Shards):
-        self.shards = shards
+    def __init__(self, shards: Shards, skip_bad: bool):
+        self.shards, self.skip_bad = shards, skip_bad
 
     def __call__(self, path: str):
         s = self.shards
         if s.keys:
-            return ShardDataset(path, s.cfg, root=s.root, keys=s.keys)
-        return ShardDataset(s.url(path), s.cfg)
+            return ShardDataset(path, s.cfg, root=s.root, keys=s.keys, skip_bad=self.skip_bad)
+        return ShardDataset(s.url(path), s.cfg, skip_bad=self.skip_bad)
 
 
 # ----------------------------------------------------------------------------- the loader
@@ -283,7 +285,7 @@ class WebDatasetLoader(Loader):
         ds = grain.MapDataset.source(list(shards.paths))
         if shuffle:
             ds = ds.shuffle(seed=seed)  # grain redraws the order for every repeat (epoch)
-        ds = ds.repeat()[shard.index::shard.count].map(_OpenShard(shards))
+        ds = ds.repeat()[shard.index::shard.count].map(_OpenShard(shards, decode.skip_bad))
         it_ds = grain.experimental.InterleaveIterDataset(ds, cycle_length=max(1, cycle_length))
         if shuffle and window > 1:  # raw samples (bytes): decoded only when they leave
             it_ds = WindowShuffleIterDataset(it_ds, window, seed)
