@@ -214,3 +214,12 @@ def test_broken_shard_skipped_and_counted(tmp_path):
         assert sorted(next(loader)["prompt"]) == ["sample 0 0", "sample 0 1", "sample 1 0",
                                                   "sample 1 1"]
         assert loader.skipped == 1 and "shard_0009.tar is not a tar" in loader.bad_files[0]
+
+
+def test_s3_shards_with_wrong_secret_or_missing_bucket(paired, s3_server, s3_bucket, monkeypatch):
+    from wfm_jax.storage.s3 import S3Error
+    with pytest.raises(S3Error, match="bucket 'no-such-shards' does not exist"):
+        resolve_shards("s3://no-such-shards/train")
+    monkeypatch.setenv("PROD_S3_CHECKPOINT_SECRET_ACCESS_KEY", "not-the-secret")
+    with pytest.raises(S3Error, match="rejected the secret key .*PROD_S3_CHECKPOINT_SECRET_ACCESS_KEY"):
+        resolve_shards(f"s3://{s3_bucket}/train")
