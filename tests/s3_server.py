@@ -51,6 +51,7 @@ class S3Server:
     endpoint: str
     directory: str
     bucket: str
+    ports: tuple = ()
 
     @property
     def env(self) -> dict:
@@ -76,12 +77,25 @@ class S3Server:
             except subprocess.TimeoutExpired:
                 os.kill(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(5)
+        self._remove_sockets()
 
     def kill(self) -> None:
         """Die at once (SIGKILL), as a crashed server would."""
         if self.proc.poll() is None:
             os.kill(self.proc.pid, signal.SIGKILL)
             self.proc.wait(10)
+        self._remove_sockets()
+
+    def _remove_sockets(self) -> None:
+        """A killed weed leaves its gRPC unix sockets (seaweedfs-<svc>-grpc-<port>.sock) in the
+        temp dir: remove the ones of this server's own ports."""
+        import glob
+        import tempfile
+        for port in self.ports:
+            for grpc in (port, port + 10000):
+                for d in {tempfile.gettempdir(), "/tmp", self.directory}:
+                    for path in glob.glob(os.path.join(d, f"seaweedfs-*-{grpc}.sock")):
+                        os.remove(path)
 
 
 def start(directory: str, bucket: str = "wfm-test", timeout: float = 60.0) -> S3Server:
@@ -104,7 +118,7 @@ def start(directory: str, bucket: str = "wfm-test", timeout: float = 60.0) -> S3
         stdout=log, stderr=subprocess.STDOUT, cwd=directory, start_new_session=True,
         env={**os.environ, "TMPDIR": directory})  # its gRPC unix sockets land here, not in /tmp
     log.close()
-    server = S3Server(proc, f"http://127.0.0.1:{sp}", directory, bucket)
+    server = S3Server(proc, f"http://127.0.0.1:{sp}", directory, bucket, (mp, vp, fp, sp, ap))
     s3, deadline = server.client(), time.monotonic() + timeout
     while True:  # ready means a PUT works (the port opens ~1 s earlier)
         try:
