@@ -93,7 +93,7 @@ class S3Server:
         import tempfile
         for port in self.ports:
             for grpc in (port, port + 10000):
-                for d in {tempfile.gettempdir(), "/tmp", self.directory}:
+                for d in {tempfile.gettempdir(), "/tmp"}:
                     for path in glob.glob(os.path.join(d, f"seaweedfs-*-{grpc}.sock")):
                         os.remove(path)
 
@@ -115,8 +115,7 @@ def start(directory: str, bucket: str = "wfm-test", timeout: float = 60.0) -> S3
          f"-s3.port={sp}", f"-admin.port={ap}", f"-s3.config={directory}/s3.json",
          f"-s3.localSocket={directory}/s3.sock", f"-filer.localSocket={directory}/filer.sock",
          f"-bucket={bucket}"],
-        stdout=log, stderr=subprocess.STDOUT, cwd=directory, start_new_session=True,
-        env={**os.environ, "TMPDIR": directory})  # its gRPC unix sockets land here, not in /tmp
+        stdout=log, stderr=subprocess.STDOUT, cwd=directory, start_new_session=True)
     log.close()
     server = S3Server(proc, f"http://127.0.0.1:{sp}", directory, bucket, (mp, vp, fp, sp, ap))
     s3, deadline = server.client(), time.monotonic() + timeout
