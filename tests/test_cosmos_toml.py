@@ -156,3 +156,13 @@ def test_nft_recipe_trains_on_the_tiny_pipeline(tmp_path, monkeypatch):
     resolved = json.load(open(out / "config.json"))
     assert resolved["train"]["train_policy"]["type"] == "nft"
     assert resolved["train"]["train_policy"]["timesteps_fraction"] == 0.99
+
+
+@pytest.mark.parametrize("value, want", [("false", ""), ('"all"', "all"), ('"final"', "final")])
+def test_s3_upload_keys_carry_over(tmp_path, value, want):
+    """cosmos-rl's train.ckpt.upload_s3 (false | "final" | "all"), s3_bucket, s3_prefix."""
+    src = os.path.join(RECIPES, "sd35_sft.toml")
+    path = _edit(tmp_path, 'save_mode = "async"', f'save_mode = "async"\nupload_s3 = {value}\n'
+                 f's3_bucket = "runs"\ns3_prefix = "sft/a"', src=src)
+    ck = cfg.load_config(path).train.ckpt
+    assert (ck.upload_s3, ck.s3_bucket, ck.s3_prefix) == (want, "runs", "sft/a")

@@ -46,7 +46,11 @@ DEFAULTS = {
         "wandb": {"enable": False, "project": "wfm_jax", "name": "", "mode": "online"},
         "ckpt": {"save_freq": 20, "save_mode": "async", "max_keep": 5, "export_safetensors": True,
                  # newest safetensors/step_N exports kept: None = max_keep, 0 = every export
-                 "export_max_keep": placeholder(int)},
+                 "export_max_keep": placeholder(int),
+                 # mirror checkpoints and exports to s3://s3_bucket/s3_prefix/ (cosmos-rl's
+                 # keys): "" off, "final" the last ones, "all" each one; credentials from
+                 # PROD_S3_CHECKPOINT_* / AWS_* (README); resume reads the newest committed step
+                 "upload_s3": "", "s3_bucket": "", "s3_prefix": "outputs"},
         "train_policy": {
             "type": "sft",
             "dataset": {
@@ -54,6 +58,9 @@ DEFAULTS = {
                 "layout": "paired",
                 "allow_pickle": False,  # .pickle text embeddings run code when loaded
                 "build_tiny": False,    # generate the tiny shapes dataset at local_dir if absent
+                # WebDataset split layout's data keys (one tar tree each, e.g. video, metas,
+                # t5_xxl); empty: paired tars, or the key dirs found under local_dir
+                "wds_keys": (),
             },
             "mini_batch": 1,
             "mu_iterations": 1,
@@ -170,6 +177,8 @@ DEFAULTS = {
         "num_workers": 0,           # grain worker processes (0: load in the main process)
         "prefetch_buffer_size": 2,
         "shuffle": True,
+        "cycle_length": 4,          # WebDataset shards read at once (interleaved) per process
+        "shuffle_window": 16,       # WebDataset samples shuffled together (in memory; 0/1: off)
     },
 }
 
@@ -180,6 +189,7 @@ CHOICES = {
     "train.lr_schedule": ("constant", "cosine"),
     "train.wandb.mode": ("online", "offline", "disabled"),
     "train.ckpt.save_mode": ("async", "sync"),
+    "train.ckpt.upload_s3": ("", "final", "all"),
     "train.train_policy.type": ("sft", "nft", "grpo", "ddrl"),
     "train.train_policy.remote_reward.on_failure": ("raise", "drop"),
     "train.train_policy.dataset.layout": ("paired", "wfm", "prompts"),
@@ -252,6 +262,8 @@ def check_ranges(config) -> None:
     _positive(config, ["train.optm_lr", "train.optm_weight_decay", "train.optm_eps",
                        "train.optm_warmup_steps", "train.ema_update_step_interval",
                        "data.num_workers", "data.prefetch_buffer_size"], allow_zero=True)
+    _positive(config, ["data.cycle_length"])
+    _positive(config, ["data.shuffle_window"], allow_zero=True)
     for key in ("train.ema_decay", "train.train_policy.timesteps_fraction",
                 "validation.dataset.holdout_fraction"):
         if not 0.0 <= _required(config, key) <= 1.0:
@@ -269,6 +281,9 @@ def check_ranges(config) -> None:
     if export_keep is not None and export_keep < 0:
         raise ConfigError(f"config key 'train.ckpt.export_max_keep' must be >= 0 (0: keep every "
                           f"export; None: as train.ckpt.max_keep), got {export_keep}")
+    if get(config, "train.ckpt.upload_s3") and not get(config, "train.ckpt.s3_bucket"):
+        raise ConfigError("config key 'train.ckpt.upload_s3' is on but 'train.ckpt.s3_bucket' "
+                          "is empty")
     per_optimize = get(config, "train.train_policy.batch_size_per_optimize")
     if per_optimize is not None and per_optimize <= 0:
         raise ConfigError(f"config key 'train.train_policy.batch_size_per_optimize' must be > 0 "
@@ -309,6 +324,9 @@ def check_groups(config) -> None:
     if batch % group:
         raise ConfigError(f"train.train_batch_per_replica={batch} is not a multiple of "
                           f"rollout.n_generation={group}")
+    if get(config, "train.ckpt.upload_s3") and not get(config, "train.ckpt.s3_bucket"):
+        raise ConfigError("config key 'train.ckpt.upload_s3' is on but 'train.ckpt.s3_bucket' "
+                          "is empty")
     per_optimize = get(config, "train.train_policy.batch_size_per_optimize")
     if per_optimize is not None and batch % per_optimize:
         raise ConfigError(f"train.train_batch_per_replica={batch} is not a multiple of "

@@ -160,7 +160,13 @@ for _key in ("output_dir resume epoch seed train_batch_per_replica param_dtype o
 for _key in ("mini_batch mu_iterations batch_size_per_optimize kl_beta advantage_low "
              "advantage_high use_remote_reward").split():
     MAPPED[f"train.train_policy.{_key}"] = _to(f"train.train_policy.{_key}")
-for _key in "save_freq save_mode max_keep export_safetensors".split():
+def _upload_s3(value, out):
+    # cosmos-rl: False | "final" | "all"
+    out["train.ckpt.upload_s3"] = "" if value in (False, None, "") else value
+
+
+MAPPED["train.ckpt.upload_s3"] = _upload_s3
+for _key in "save_freq save_mode max_keep export_safetensors s3_bucket s3_prefix".split():
     MAPPED[f"train.ckpt.{_key}"] = _to(f"train.ckpt.{_key}")
 for _key in "enable val_before_train freq batch_size".split():
     MAPPED[f"validation.{_key}"] = _to(f"validation.{_key}")

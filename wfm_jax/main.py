@@ -33,10 +33,12 @@ def _known_errors() -> tuple[tuple[type, ...], tuple[type, ...]]:
     from wfm_jax.train.checkpoint import CheckpointError
     from wfm_jax.train.lora import LoraError
     from wfm_jax.train.metrics import NonFiniteLoss
+    from wfm_jax.storage.s3 import S3Error
     from wfm_jax.train.setup import SetupError
     bad_input = (ConfigError, SetupError, PipelineError, LoraError, ConversionError,
-                 UnsupportedModelError, CheckpointError, DataError, FileNotFoundError)
-    return bad_input, (NonFiniteLoss, RewardError)
+                 UnsupportedModelError, CheckpointError, DataError, S3Error, FileNotFoundError)
+    from wfm_jax.train.s3_sync import S3UploadError
+    return bad_input, (NonFiniteLoss, RewardError, S3UploadError)
 
 
 def train(config) -> int:
@@ -54,11 +56,13 @@ def prepare(argv: Sequence[str]):
     from wfm_jax.config import config_from_argv
     from wfm_jax.resume_config import check_resumed_config
     from wfm_jax.train.setup import check_fresh_output, checkpoint_steps, init_distributed
+    from wfm_jax.train.s3_sync import fetch_resume_checkpoint
     config = config_from_argv(argv)
     check_fresh_output(config)
+    init_distributed(config)  # before anything touches a JAX backend
+    fetch_resume_checkpoint(config)  # resume with nothing local: the newest S3 checkpoint
     if config.train.resume and checkpoint_steps(config):  # no checkpoint: nothing to keep true to
         check_resumed_config(config, os.path.join(config.train.output_dir, "config.json"))
-    init_distributed(config)  # before anything touches a JAX backend
     return config
 
 

@@ -2,7 +2,8 @@
 
 Entry points for trainers:
 - `sft_loader_from_config(config)`: batches of {"pixels", "prompt"[, "text_embedding"]} for
-  train.train_policy.dataset.layout "paired" or "wfm"; `.state()` / `.restore()` for checkpoints.
+  train.train_policy.dataset.layout "paired" or "wfm", or WebDataset tar shards (local or s3://,
+  data/webdataset.py) when dataset.local_dir holds them; `.state()` / `.restore()` for checkpoints.
 - `prompt_splits_from_config(config)` -> (train, validation) prompt records;
   `group_batcher_from_config(config, train)` -> RL batches of n_generation-sized groups;
   `eval_batches(validation, batch)` for validation passes.
@@ -17,6 +18,9 @@ from wfm_jax.data.wfm import wfm_loader, wfm_loader_from_config
 
 def sft_loader_from_config(config, shard: Shard | None = None) -> Loader:
     layout = config.train.train_policy.dataset.layout
+    from wfm_jax.data.webdataset import is_webdataset, webdataset_loader_from_config
+    if layout in ("paired", "wfm") and is_webdataset(config.train.train_policy.dataset.local_dir):
+        return webdataset_loader_from_config(config, shard)
     if layout == "paired":
         return paired_loader_from_config(config, shard)
     if layout == "wfm":

@@ -122,6 +122,10 @@ class Loader:
         ds = ds[shard.index::shard.count]
         it_ds = ds.to_iter_dataset(grain.ReadOptions(num_threads=2 if num_workers == 0 else 1,
                                                      prefetch_buffer_size=max(1, prefetch * batch_size)))
+        self._start(it_ds, batch_size, batch_fn, num_workers)
+
+    def _start(self, it_ds, batch_size: int, batch_fn, num_workers: int) -> None:
+        """Loaded elements (or _Bad) -> [worker processes] -> drop + count bad -> batches."""
         if num_workers > 0:
             _mark_flags_parsed()
             it_ds = it_ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=num_workers))

@@ -33,14 +33,16 @@ def to_signed_unit(pixels: np.ndarray) -> np.ndarray:
     return pixels.astype(np.float32) / 127.5 - 1.0
 
 
-def load_image(path: str, size_hw: tuple[int, int]) -> np.ndarray:
-    """(H, W, 3) float32 in [-1, 1]; a file PIL cannot decode is a BadSample naming it."""
+def load_image(path, size_hw: tuple[int, int], name: str | None = None) -> np.ndarray:
+    """(H, W, 3) float32 in [-1, 1] from a path or a binary file object (`name` for messages);
+    a file PIL cannot decode is a BadSample naming it."""
+    name = name or path
     try:
         with Image.open(path) as image:
             image.load()  # PIL decodes lazily: force it here so truncation is caught here
             rgb = image.convert("RGB")
     except (OSError, SyntaxError, ValueError) as e:  # UnidentifiedImageError is an OSError
-        raise BadSample(f"corrupt image {path}: {e}") from e
+        raise BadSample(f"corrupt image {name}: {e}") from e
     return to_signed_unit(np.asarray(resize_center_crop(rgb, size_hw)))
 
 
@@ -95,3 +97,24 @@ def load_video_window(path: str, size_hw: tuple[int, int], num_frames: int,
         capture.release()
     out = [np.asarray(resize_center_crop(Image.fromarray(f[:, :, ::-1]), size_hw)) for f in window]
     return to_signed_unit(np.stack(out))
+
+
+def load_image_bytes(data: bytes, size_hw: tuple[int, int], name: str) -> np.ndarray:
+    import io
+    return load_image(io.BytesIO(data), size_hw, name=name)
+
+
+def load_video_bytes(data: bytes, size_hw: tuple[int, int], num_frames: int,
+                     rng: np.random.Generator, name: str) -> np.ndarray:
+    """load_video_window on in-memory mp4 bytes (a temp file in RAM where there is one: OpenCV
+    opens videos by path); messages name `name`, not the temp file."""
+    import os
+    import tempfile
+    shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
+    with tempfile.NamedTemporaryFile(suffix=".mp4", dir=shm) as f:
+        f.write(data)
+        f.flush()
+        try:
+            return load_video_window(f.name, size_hw, num_frames, rng)
+        except BadSample as e:
+            raise BadSample(str(e).replace(f.name, name)) from None

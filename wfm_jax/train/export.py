@@ -157,6 +157,8 @@ def export_step(setup, step: int) -> str | None:
                                        setup.pipe.directory, dst)
     say(f"exported step {step} to {dst}" + (" (LoRA adapter in lora/)" if setup.lora else
                                             " (diffusers pipeline)"))
+    if getattr(setup, "s3", None) is not None:
+        setup.s3.exported(step)
     if jax.process_index() == 0:
         keep = exports_kept(config)
         removed = prune_exports(config.train.output_dir, keep)

@@ -1,6 +1,7 @@
 """DDRL (data-regularised RL, cosmos-rl's wfm trainer) for the shared RL loop (spec §4).
 
-Data: the prompts are the captions of a paired dataset (X.json + X.png, train.train_policy.dataset);
+Data: the prompts are the captions of a paired dataset (X.json + X.png, train.train_policy.dataset;
+or WebDataset shards in the paired layout, local or s3://, indexed once: data/webdataset.py);
 each global batch holds groups of `n_generation` rollouts of one data item, and, when
 data_beta > 0, that item's image is VAE-encoded to the clean latent of the data loss.
 
@@ -136,7 +137,9 @@ class DDRL:
             train_setup._primary_builds(
                 ds.local_dir, ensure_shapes_dataset,
                 "the tiny shapes dataset (train.train_policy.dataset.build_tiny)")
-        records = scan_paired(ds.local_dir)
+        from wfm_jax.data.webdataset import index_records, is_webdataset
+        records = (index_records(ds.local_dir) if is_webdataset(ds.local_dir)
+                   else scan_paired(ds.local_dir))
         if records[0].is_video:
             raise DataError(f"{ds.local_dir} holds videos; DDRL on SD3 trains on images")
         val = config.validation.dataset
@@ -158,12 +161,12 @@ class DDRL:
         """The clean latents of the chunk's data items (same VAE draw for a whole group)."""
         if not self.data_beta:
             return {}
-        from wfm_jax.data.media import load_image
+        from wfm_jax.data.webdataset import load_record_image
         records, index = batch["records"][lo:hi], np.asarray(batch["index"][lo:hi])
         loaded = {}
         for i, r in zip(index.tolist(), records):
             if i not in loaded:
-                loaded[i] = load_image(r.media_path, self.size_hw)
+                loaded[i] = load_record_image(r, self.size_hw)
         pixels = np.stack([loaded[i] for i in index.tolist()])
         pixels, ids = run.setup.global_batch((pixels, index.astype(np.int32)))
         key = jax.random.fold_in(self.vae_key, int(batch["step"]))

@@ -276,6 +276,7 @@ class TrainSetup:
     extra: dict              # restored JSON extra ({} on a fresh start)
     lora: bool
     lora_targets: list
+    s3: Any = None           # S3Sync uploading checkpoints / exports (train.ckpt.upload_s3)
 
     @property
     def is_primary(self) -> bool:
@@ -294,11 +295,17 @@ class TrainSetup:
     def save(self, step: int, data_state: dict | None = None, extra: dict | None = None,
              force: bool = False) -> bool:
         """Checkpoint `self.state` at `step` if due (train.ckpt.save_freq) or forced."""
-        return self.checkpointer.save(step, self.state, extra=extra, data_state=data_state,
-                                      force=force)
+        started = self.checkpointer.save(step, self.state, extra=extra, data_state=data_state,
+                                         force=force)
+        if self.s3 is not None and started:
+            self.s3.checkpoint_saved(step)
+        return started
 
     def close(self) -> None:
         self.checkpointer.close()
+        if self.s3 is not None:  # after the checkpointer: every step dir is final now
+            s3, self.s3 = self.s3, None
+            s3.finish()
 
 
 def build(config, *, aux_fn: Callable[[Any], dict] | None = None, pipe: SD3Pipeline | None = None,
@@ -334,6 +341,9 @@ def build(config, *, aux_fn: Callable[[Any], dict] | None = None, pipe: SD3Pipel
         if stale:
             say(f"removed {len(stale)} half-written export(s) a killed run left in "
                 f"{config.train.output_dir}/safetensors: {', '.join(stale)}")
+    from wfm_jax.train.s3_sync import S3Sync, fetch_resume_checkpoint
+    if checkpoint_dir is None:  # train.resume, nothing local: the newest committed S3 step
+        fetch_resume_checkpoint(config)
     directory = checkpoint_dir or checkpoints_path(config)
     ckpt = Checkpointer(directory, max_keep=config.train.ckpt.max_keep,
                         save_freq=config.train.ckpt.save_freq,
@@ -359,5 +369,11 @@ def build(config, *, aux_fn: Callable[[Any], dict] | None = None, pipe: SD3Pipel
     if jax.process_index() == 0:  # the run has started: now config.json may describe it
         from wfm_jax.config import save_resolved
         save_resolved(config, os.path.join(config.train.output_dir, "config.json"))
+    try:
+        uploader = S3Sync.from_config(config)
+    except BaseException:
+        ckpt.close()
+        raise
     return TrainSetup(config, mesh, rules, pipe, graphdef, frozen, param_shardings, tx, schedule,
-                      state, shardings, ckpt, int(start), data_state, extra, use_lora, targets)
+                      state, shardings, ckpt, int(start), data_state, extra, use_lora, targets,
+                      uploader)
