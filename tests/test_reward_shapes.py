@@ -116,3 +116,28 @@ def test_served_by_the_reference_server_with_extra_keys(dataset):
             res = rc.submit(images[:6], prompts[:6]).result(timeout=30)
     local = score_local("shapes_alignment", images[:6], prompts[:6])
     np.testing.assert_allclose(res.per_fn["shapes_alignment"], local["shapes_alignment"])
+
+
+def test_extra_keys_reach_the_result_and_never_the_total(dataset):
+    images, prompts = dataset
+    fns = [{"name": "shapes_alignment", "weight": 2.0, "local": True},
+           {"name": "jpeg_compressibility", "weight": 1.0, "local": True}]
+    with RewardComputer(fns) as rc:
+        res = rc.score(images[:4], prompts[:4][::-1])
+    local = score_local("shapes_alignment", images[:4], prompts[:4][::-1])
+    assert set(res.extra) == set(KEYS)  # the score key itself and jpeg's single key are not extra
+    for key in KEYS:
+        np.testing.assert_allclose(res.extra[key], local[key])
+    jpeg = score_local("jpeg_compressibility", images[:4], prompts[:4])["jpeg_compressibility"]
+    np.testing.assert_allclose(res.total, 2 * local["shapes_alignment"] + jpeg, rtol=1e-6)
+
+
+def test_extra_keys_shared_by_two_rewards_are_named_by_reward():
+    from reward_client.computer import extra_scores
+    from reward_client.combine import parse_reward_fns
+    specs = parse_reward_fns([{"name": "a"}, {"name": "b"}])
+    raw = {"a": {"a": [1, 2], "count": [0.5, 1.0], "tag": ["x", "y"]},
+           "b": {"b": [0, 0], "count": [1, 1], "colour": [0.25, 0]}}
+    out = extra_scores(specs, raw, 2, np.array([True, False]))
+    assert set(out) == {"a.count", "b.count", "colour"}  # 'tag' is not numeric: left out
+    np.testing.assert_array_equal(out["colour"], [0.25, np.nan])
