@@ -114,3 +114,6 @@ def draw_scene(scene: Scene, size: int, rng: np.random.Generator, max_tries: int
         else:
             draw.polygon([((x0 + x1) / 2, y0), (x0, y1), (x1, y1)], fill=colour)
     return image, [[round(float(v), 2) for v in b] for b in boxes]
+
+
+SPLIT_SCENES = {"train": train_scenes, "heldout": heldout_scenes, "all": all_scenes}

@@ -19,9 +19,9 @@ import tempfile
 
 import numpy as np
 
-from wfm_jax.data.shapes import Scene, all_scenes, draw_scene, heldout_scenes, train_scenes
+from wfm_jax.data.shapes import SPLIT_SCENES, Scene, draw_scene
 
-SPLITS = {"train": train_scenes, "heldout": heldout_scenes, "all": all_scenes}
+SPLITS = SPLIT_SCENES
 
 
 def sample(index: int, seed: int, size: int, scenes: list[Scene]):
