@@ -54,3 +54,13 @@ def test_build_killed_midway_leaves_nothing(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         ensure_pretrained(str(tmp_path / "dst"), QUICK, log=lambda m: None)
     assert os.listdir(tmp_path) == []
+
+
+def test_eval_scores_every_attribute_and_chance(built):
+    from wfm_jax.models.sd3.pipeline import SD3Pipeline
+    from wfm_jax.tiny_eval import score_pipeline
+    prompts = ["a red circle on a white background", "two blue squares on a black background"]
+    out = score_pipeline(SD3Pipeline.load(built), prompts, per_prompt=2, steps=2, size=QUICK.size)
+    assert out["n"] == 4
+    for key in ("shapes_alignment", "background", "colour", "count", "shape", "chance"):
+        assert 0.0 <= out[key] <= 1.0, key

@@ -17,8 +17,9 @@ from wfm_jax.data.shapes import SPLIT_SCENES
 
 def score_pipeline(pipe, prompts, *, per_prompt: int = 4, steps: int = 10, size: int = 32,
                    seed: int = 0, guidance: float = 1.0, batch: int = 48) -> dict:
-    """{"shapes_alignment": mean, "<attribute>": mean, "n": images} over `per_prompt` images
-    of each prompt (Euler ODE, CFG-free unless `guidance` > 1)."""
+    """{"shapes_alignment": mean, "<attribute>": mean, "chance": mean score against every
+    prompt of the list, "n": images} over `per_prompt` images of each prompt (Euler ODE, CFG-free unless
+    `guidance` > 1)."""
     from reward_client.local import score_local
     from wfm_jax.generate import generate
 
@@ -31,6 +32,11 @@ def score_pipeline(pipe, prompts, *, per_prompt: int = 4, steps: int = 10, size:
         pixels = (np.clip(images, 0.0, 1.0) * 255).round().astype(np.uint8)
         for key, values in score_local("shapes_alignment", pixels, chunk).items():
             scores.setdefault(key, []).extend(values.tolist())
+        # chance: the same images scored against every prompt of the list, averaged: what a
+        # model that ignored its prompt would score
+        against_all = [score_local("shapes_alignment", pixels, [p] * len(chunk))["shapes_alignment"]
+                       for p in prompts]
+        scores.setdefault("chance", []).extend(np.mean(against_all, axis=0).tolist())
     return {**{k: float(np.mean(v)) for k, v in scores.items()}, "n": len(todo)}
 
 
