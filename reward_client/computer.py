@@ -47,7 +47,7 @@ from reward_client import protocol
 from reward_client.backoff import Deadline
 from reward_client.client import RemoteRewardClient
 from reward_client.combine import (combine_scores, keyed_scores, nonfinite, parse_clip,
-                                   parse_reward_fns)
+                                   parse_reward_fns, score_keys)
 from reward_client.config import RemoteConfig, resolve_remote_config
 from reward_client.errors import (RewardConfigError, RewardError, RewardUnavailableError,
                                   RewardValueError)
@@ -68,6 +68,34 @@ class RewardResult:
     failures: list[str] = field(default_factory=list)
     uuids: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
+    # every other numeric key a reward answered (e.g. shapes_alignment's colour, count), by key
+    # (reward.key when two rewards answer the same key); NaN where a sample was dropped
+    extra: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+def extra_scores(specs, raw: Mapping[str, Mapping], batch: int, keep: np.ndarray) -> dict:
+    """The keys each reward answered beyond its score keys (logging only: never in the total);
+    keys that are not numeric per sample are left out."""
+    found: dict[tuple[str, str], np.ndarray] = {}
+    for spec in specs:
+        answer = raw.get(spec.name)
+        if not isinstance(answer, Mapping):
+            continue
+        try:
+            used = set(score_keys(spec, answer))
+        except RewardValueError:
+            used = set()
+        for key, values in answer.items():
+            if key in used:
+                continue
+            try:
+                arr = np.asarray([np.nan if v is None else v for v in values], dtype=np.float64)
+            except (TypeError, ValueError):
+                continue
+            if arr.shape == (batch,):
+                found[(spec.name, key)] = np.where(keep, arr, np.nan)
+    keys = [k for _, k in found]
+    return {(key if keys.count(key) == 1 else f"{name}.{key}"): v for (name, key), v in found.items()}
 
 
 class RewardComputer:
@@ -255,7 +283,9 @@ class RewardComputer:
         with self._lock:
             self._metrics["dropped_groups"] += dropped_groups
             self._metrics["dropped_samples"] += int((~keep).sum())
-        return RewardResult(total, per_fn_out, keep, dropped_groups, messages, list(handle.uuids), timings)
+        extra = extra_scores(self.specs, raw, batch, keep)
+        return RewardResult(total, per_fn_out, keep, dropped_groups, messages, list(handle.uuids),
+                            timings, extra)
 
     # -- accounting -----------------------------------------------------------------------------
     def metrics(self) -> dict[str, int]:

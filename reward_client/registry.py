@@ -64,6 +64,7 @@ def unregister_reward(name: str) -> None:
 def _load_builtins() -> None:
     import reward_client.local  # noqa: F401  (registers the jpeg rewards)
     import reward_client.ocr  # noqa: F401  (registers ocr; rapidocr itself loads lazily)
+    import reward_client.shapes  # noqa: F401  (registers shapes_alignment)
 
 
 def available_rewards() -> list[str]:

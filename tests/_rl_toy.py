@@ -60,3 +60,20 @@ def assert_reward_rises(m: dict) -> None:
     first, last = rewards[:5], rewards[-5:]
     se = np.sqrt(first.var(ddof=1) / 5 + last.var(ddof=1) / 5)
     assert last.mean() - first.mean() > 3 * se, (first, last)
+
+
+PROMPTS = os.path.join(RECIPES, "prompts", "tiny.txt")
+
+
+def random_model_overrides(lr: float, prompts: bool = True) -> list[str]:
+    """The tiny recipes as they were before they moved to the pretrained shapes world: these
+    trainer tests run them on the random tiny pipeline (seconds to build) with the JPEG reward,
+    the setting their reward-rise thresholds were measured with."""
+    args = ['--config.train.train_policy.remote_reward.reward_fns=[{"name": '
+            '"jpeg_compressibility", "weight": 1.0, "score_key": ""}]',
+            f"--config.train.optm_lr={lr}", "--config.validation.val_before_train=False",
+            "--config.validation.dataset.local_dir=", "--config.validation.dataset.holdout_fraction=0.25",
+            "--config.validation.batch_size=4"]
+    if prompts:
+        args.append(f"--config.train.train_policy.dataset.local_dir={PROMPTS}")
+    return args

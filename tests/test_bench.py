@@ -331,3 +331,27 @@ def test_busy_machine_withholds_ratios():
         md = report.markdown(busy)
         assert f"**Warning: machine busy ({reason}): wfm_jax / torch ratios withheld" in md
         assert "0.12x" not in md  # the step-time ratio row is blank
+
+
+def test_rl_seed_curves_reach_table_and_png(tmp_path):
+    from PIL import Image
+    from wfm_jax.bench import rl_compare
+    batch = 4
+    per_seed = {"NFT": {0: [{"step": s, "reward_mean": 0.5 + 0.01 * s} for s in range(1, 11)],
+                        1: [{"step": s, "reward_mean": 0.5 + 0.03 * s} for s in range(1, 11)]},
+                "GRPO": {0: [{"step": s, "reward_mean": 0.52} for s in range(1, 11)],
+                         1: [{"step": s, "reward_mean": 0.52} for s in range(1, 8)]}}  # stopped
+    curves = rl_compare.seed_curves(per_seed, batch)
+    assert curves["NFT"]["samples"] == [4 * s for s in range(1, 11)]
+    np.testing.assert_allclose(curves["NFT"]["mean"], [0.5 + 0.02 * s for s in range(1, 11)])
+    np.testing.assert_allclose(curves["NFT"]["std"], [0.01 * s for s in range(1, 11)])
+    assert curves["GRPO"]["steps"] == list(range(1, 8))  # only steps every seed logged
+    levels = rl_compare.default_levels(curves, rises=(0.05, 0.5))
+    assert levels == [round((0.52 + 0.52) / 2 + 0.05, 4), round(0.52 + 0.5, 4)]
+    reach = rl_compare.samples_to_reach(curves, levels)
+    # NFT's 3-step running mean 0.5 + 0.02 (s - 1) reaches 0.57 at s = 4.5 -> step 5
+    assert reach["NFT"][str(levels[0])] == 5 * batch and reach["NFT"][str(levels[1])] is None
+    assert reach["GRPO"][str(levels[0])] is None
+    assert "| 0.570 | 20 | - |" in rl_compare.reach_markdown(reach, levels)
+    png = rl_compare.plot_png(curves, str(tmp_path / "rl.png"), "t")
+    assert Image.open(png).size == (720, 440)

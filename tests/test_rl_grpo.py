@@ -241,7 +241,8 @@ def _argv(tiny_dir, out_dir, *extra):
     # mini_batch 2 per device x the 8 test devices = the whole batch of 16 in one micro-batch
     return ["--config", RECIPE, f"--config.policy.model_name_or_path={tiny_dir}",
             f"--config.train.output_dir={out_dir}", "--config.train.train_policy.mini_batch=2",
-            *extra]
+            *toy.random_model_overrides(3e-3),
+            "--config.policy.diffusers.sample.guidance_scale=4.5", *extra]  # CFG path as measured
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,7 @@ import socket
 import numpy as np
 import pytest
 
+from tests import _rl_toy as toy
 from tests._resume import assert_resumed_run_matches, kill_and_resume
 from wfm_jax import main as wmain
 
@@ -31,7 +32,7 @@ def _argv(tiny_dir, out_dir, *extra):
     # mini_batch 2 per device x the 8 test devices = the whole batch of 16 in one micro-batch
     return ["--config", RECIPE, f"--config.policy.model_name_or_path={tiny_dir}",
             f"--config.train.output_dir={out_dir}", "--config.train.train_policy.mini_batch=2",
-            *extra]
+            *toy.random_model_overrides(3e-3), *extra]
 
 
 @pytest.fixture(scope="module")

@@ -115,6 +115,8 @@ DEFAULTS = {
     "policy": {
         "model_name_or_path": "",
         "build_tiny": False,  # embedded defaults: build the tiny random pipeline there if missing
+        # tiny RL recipes: build (or rebuild an incomplete) pretrained tiny shapes pipeline there
+        "build_tiny_pretrained": False,
         "lora": {
             "enable": False,
             "r": 32,
@@ -209,6 +211,7 @@ RL_TYPES = ("nft", "grpo", "ddrl")
 
 # (path key, build key): the tiny recipes build a random model / dataset at the path when absent
 TINY_BUILDS = (("policy.model_name_or_path", "policy.build_tiny"),
+               ("policy.model_name_or_path", "policy.build_tiny_pretrained"),
                ("train.train_policy.dataset.local_dir", "train.train_policy.dataset.build_tiny"))
 
 

@@ -1,6 +1,7 @@
 """A complete tiny StableDiffusion3Pipeline directory with random weights, built offline in seconds.
 
     python -m wfm_jax.tiny DIR [--seed S] [--overwrite]
+    python -m wfm_jax.tiny --pretrained DIR   (trained on the shapes world: tiny_pretrain.py)
 
 Tests and the embedded recipe defaults use it in place of a downloaded model. It needs no torch:
 tokenizers are built from a byte-level vocab and saved by transformers, configs are written as
@@ -61,20 +62,40 @@ def byte_symbols() -> list[str]:
     return [symbols[b] for b in keep] + [symbols[b] for b in range(256) if b not in keep]
 
 
-def clip_tokenizer(pad_token: str = "<|endoftext|>"):
-    """CLIP BPE over bytes (each symbol alone and word-final) plus a few merges: 518 tokens."""
+def word_merges(words) -> list[tuple[str, str]]:
+    """BPE merges that spell each word left to right into one word-final token. Longer words'
+    chains rank first, so a shorter word's merge cannot split them (a chain's pairs all start
+    at its word's first letter, so only a word sharing that prefix could interfere)."""
+    merges = []
+    for word in sorted(dict.fromkeys(words), key=lambda w: (-len(w), w)):
+        pieces = list(word[:-1]) + [word[-1] + "</w>"]
+        left = pieces[0]
+        for right in pieces[1:]:
+            if (left, right) not in merges:
+                merges.append((left, right))
+            left += right
+    return merges
+
+
+def clip_tokenizer(pad_token: str = "<|endoftext|>", words=(), max_length: int = CLIP_MAX_LENGTH):
+    """CLIP BPE over bytes (each symbol alone and word-final) plus a few merges (518 tokens),
+    plus merges that make each of `words` short."""
     from transformers import CLIPTokenizer
 
+    merges = word_merges(words)
+    merges += [m for m in CLIP_MERGES if m not in merges]
     symbols = byte_symbols()
-    tokens = symbols + [s + "</w>" for s in symbols] + ["".join(m) for m in CLIP_MERGES]
+    tokens = symbols + [s + "</w>" for s in symbols]
+    tokens += list(dict.fromkeys("".join(m) for m in merges if "".join(m) not in tokens))
     tokens += ["<|startoftext|>", "<|endoftext|>"]
     vocab = {tok: i for i, tok in enumerate(tokens)}
-    return CLIPTokenizer(vocab=vocab, merges=list(CLIP_MERGES), pad_token=pad_token,
-                         model_max_length=CLIP_MAX_LENGTH)
+    return CLIPTokenizer(vocab=vocab, merges=merges, pad_token=pad_token,
+                         model_max_length=max_length)
 
 
-def t5_tokenizer():
-    """Unigram over special tokens, lower-case letters, digits and a few words (with scores)."""
+def t5_tokenizer(words=()):
+    """Unigram over special tokens, lower-case letters, digits and a few words (with scores),
+    plus `words` whole."""
     from transformers import T5Tokenizer
 
     pieces = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("▁", -2.0)]
@@ -82,13 +103,15 @@ def t5_tokenizer():
     pieces += [(c, -5.0 - 0.01 * i) for i, c in enumerate(chars)]
     pieces += [("▁" + c, -6.0 - 0.01 * i) for i, c in enumerate(chars)]
     pieces += [(w, -3.0 - 0.01 * i) for i, w in enumerate(T5_WORDS)]
+    pieces += [("▁" + w, -2.5) for w in words if "▁" + w not in T5_WORDS]
     return T5Tokenizer(vocab=pieces, extra_ids=T5_EXTRA_IDS)
 
 
-def tokenizers() -> dict:
+def tokenizers(words=(), clip_max_length: int = CLIP_MAX_LENGTH) -> dict:
     # "!" pads CLIP-G as in SD3, so its padding differs from EOS
-    return dict(tokenizer=clip_tokenizer(), tokenizer_2=clip_tokenizer(pad_token="!"),
-                tokenizer_3=t5_tokenizer())
+    return dict(tokenizer=clip_tokenizer(words=words, max_length=clip_max_length),
+                tokenizer_2=clip_tokenizer(pad_token="!", words=words, max_length=clip_max_length),
+                tokenizer_3=t5_tokenizer(words))
 
 
 # ----------------------------------------------------------------------------- configs
@@ -104,16 +127,21 @@ def _diffusers_config(class_name: str, **values) -> dict:
     return {"_class_name": class_name, "_diffusers_version": _diffusers_version(), **values}
 
 
-def transformer_config() -> dict:
+def transformer_config(**overrides) -> dict:
     """Every `SD3Transformer2DModel.__init__` argument, as diffusers' save_pretrained lists them."""
-    return _diffusers_config(
-        "SD3Transformer2DModel", sample_size=32, patch_size=2, in_channels=4, num_layers=2,
+    values = dict(
+        sample_size=32, patch_size=2, in_channels=4, num_layers=2,
         attention_head_dim=8, num_attention_heads=4, joint_attention_dim=T5_WIDTH,
         caption_projection_dim=32, pooled_projection_dim=2 * CLIP_PROJECTION, out_channels=4,
         pos_embed_max_size=96, dual_attention_layers=[], qk_norm=None)
+    return _diffusers_config("SD3Transformer2DModel", **{**values, **overrides})
 
 
-def vae_config() -> dict:
+def vae_config(**overrides) -> dict:
+    return {**_vae_config(), **overrides}
+
+
+def _vae_config() -> dict:
     return _diffusers_config(
         "AutoencoderKL", in_channels=3, out_channels=3, down_block_types=["DownEncoderBlock2D"],
         up_block_types=["UpDecoderBlock2D"], block_out_channels=[8], layers_per_block=1,
@@ -238,17 +266,20 @@ def random_weights(config: dict, rng: np.random.Generator) -> tuple[dict[str, np
 
 # ----------------------------------------------------------------------------- the directory
 
-def write_pipeline(directory: str, seed: int = 0) -> None:
-    """Write every file of the pipeline into `directory` (non-atomic; see build_tiny_pipeline)."""
+def write_pipeline(directory: str, seed: int = 0, *, transformer: dict | None = None,
+                   vae: dict | None = None, words=(), clip_max_length: int = CLIP_MAX_LENGTH) -> None:
+    """Write every file of the pipeline into `directory` (non-atomic; see build_tiny_pipeline).
+    transformer / vae: config overrides; words: kept whole by the tokenizers."""
     from converters.safetensors_io import save_checkpoint
 
-    toks = tokenizers()
+    toks = tokenizers(words, clip_max_length)
     for name, tok in toks.items():
         tok.save_pretrained(os.path.join(directory, name))
     for name, cfg in text_encoder_configs(toks).items():
         cfg.save_pretrained(os.path.join(directory, name))
-    write_json(transformer_config(), os.path.join(directory, "transformer", "config.json"))
-    write_json(vae_config(), os.path.join(directory, "vae", "config.json"))
+    write_json(transformer_config(**(transformer or {})),
+               os.path.join(directory, "transformer", "config.json"))
+    write_json(vae_config(**(vae or {})), os.path.join(directory, "vae", "config.json"))
     write_json(scheduler_config(), os.path.join(directory, "scheduler", "scheduler_config.json"))
     for name, (_, _, offset) in MODELS.items():
         with open(os.path.join(directory, name, "config.json")) as f:
@@ -277,10 +308,19 @@ def build_tiny_pipeline(directory: str, seed: int = 0, overwrite: bool = False) 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m wfm_jax.tiny",
                                      description=__doc__.split("\n")[0])
-    parser.add_argument("directory", help="output pipeline directory (absent or empty)")
+    parser.add_argument("directory", nargs="?", help="output pipeline directory (absent or empty)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--overwrite", action="store_true", help="replace an existing directory")
+    parser.add_argument("--pretrained", metavar="DIR",
+                        help="build (or reuse the cached) tiny pipeline SFT-trained on the shapes "
+                             "world at DIR instead (about 10 minutes on 2 CPU cores, once)")
     args = parser.parse_args(argv)
+    if args.pretrained:
+        from wfm_jax.tiny_pretrain import PretrainSettings, ensure_pretrained
+        print(ensure_pretrained(args.pretrained, PretrainSettings(seed=args.seed)))
+        return 0
+    if not args.directory:
+        parser.error("give DIR (a random pipeline) or --pretrained DIR")
     try:
         path = build_tiny_pipeline(args.directory, seed=args.seed, overwrite=args.overwrite)
     except (ValueError, OSError) as e:  # FileExistsError and PermissionError are OSErrors

@@ -1,5 +1,5 @@
 """python -m wfm_jax.bench --suite cpu|gpu [--out results.json] [--only NAME ...]
-python -m wfm_jax.bench --suite rl [--out rl.json] [--steps 20] [--seed 0] [--batch N]
+python -m wfm_jax.bench --suite rl [--out rl.json] [--steps 20] [--seeds 0,1,2] [--batch N]
 
 Runs each workload on wfm_jax and on the PyTorch diffusers (+ peft) stack, writes the JSON and a
 markdown table beside it (results.md for results.json) and prints the table. The rl suite instead
@@ -50,13 +50,18 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="torch.compile the diffusers transformer (default eager)")
     p.add_argument("--steps", type=int, default=20, help="rl suite: train.max_steps of each run")
     p.add_argument("--seed", type=int, default=0, help="rl suite: train.seed of each run")
+    p.add_argument("--seeds", default=None,
+                   help="rl suite: comma-separated seeds, each recipe run once per seed (adds "
+                        "the over-seeds PNG and samples-to-reach table); overrides --seed")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="rl suite: runs at once (curves unchanged; wall times then not comparable)")
     p.add_argument("--batch", type=int, default=None,
                    help="rl suite: global batch of each run (default: the recipes' common one)")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.tiny:
         args.suite = "tiny"
-    for name in ("repeats", "train_batch", "rollout_batch", "steps", "batch"):
+    for name in ("repeats", "train_batch", "rollout_batch", "steps", "batch", "jobs"):
         value = getattr(args, name)
         if value is not None and value < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {value}")
@@ -118,13 +123,21 @@ def main(argv=None) -> int:
 def _run_rl(args, out: str, command: str) -> int:
     from wfm_jax.bench import rl_curves
     try:
+        seeds = None
+        if args.seeds:
+            try:
+                seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
+            except ValueError:
+                raise rl_curves.RLBenchError(f"--seeds {args.seeds!r}: expected e.g. 0,1,2") from None
         result = rl_curves.run(out, steps=args.steps, seed=args.seed, batch=args.batch,
-                               command=command)
+                               command=command, seeds=seeds, jobs=args.jobs)
     except rl_curves.RLBenchError as e:
         print(f"bench: {e}", file=sys.stderr)
         return 2
+    from wfm_jax.bench import rl_compare
     print(rl_curves.markdown(result), end="")
-    print(f"wrote {out} and {os.path.splitext(out)[0]}.md")
+    print(rl_compare.reach_markdown(result["samples_to_reach"], result["levels"]), end="")
+    print(f"wrote {out}, {os.path.splitext(out)[0]}.md and {result['png']}")
     failed = [n for n, r in result["runs"].items() if r["status"] != "ok"]
     if failed:
         print(f"bench: failed runs: {', '.join(failed)} (errors in the JSON)", file=sys.stderr)

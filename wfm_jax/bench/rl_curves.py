@@ -1,7 +1,10 @@
 """The rl suite: reward against samples seen for the three tiny RL recipes (NFT, Flow-GRPO,
-DDRL) under one seed and one budget.
+DDRL) from the same pretrained tiny shapes pipeline, under one budget and one or more seeds.
 
-    python -m wfm_jax.bench --suite rl [--out outputs/bench/rl.json] [--steps 20] [--seed 0]
+    python -m wfm_jax.bench --suite rl [--out outputs/bench/rl.json] [--steps 20] [--seeds 0,1,2]
+
+With several seeds it also writes rl.png (mean and spread over seeds against samples seen) and
+a table of the samples each recipe needs to reach fixed reward levels (bench/rl_compare.py).
 
 Each recipe runs in a fresh `python -m wfm_jax.main` process (no jit cache or allocator shared
 between them) with the same train.seed, train.max_steps and global batch
@@ -161,7 +164,7 @@ def markdown(result: dict) -> str:
     lines = [f"Reward against samples seen, tiny recipes, seed {result['seed']}, "
              f"{result['steps']} steps x batch {result['batch']} ({result['batch_note']}); "
              f"{env['date']}, {env['machine']}, jax {env['jax']}. Each cell: mean "
-             f"`{REWARD_KEY}` (JPEG compressibility) over the window's steps.", "",
+             f"`{REWARD_KEY}` (the recipes' reward) over the window's steps.", "",
              "| steps | samples seen | " + " | ".join(names) + " |",
              "|---|---|" + "---|" * len(names)]
     for row in result["rows"]:
@@ -214,8 +217,12 @@ def environment() -> dict:
 
 
 def run(out: str, *, steps: int, seed: int, batch: int | None = None, command: str = "",
-        recipes: dict = RECIPES, timeout_s: float | None = None, keep: bool = False) -> dict:
-    from wfm_jax.bench import report
+        recipes: dict = RECIPES, timeout_s: float | None = None, keep: bool = False,
+        seeds: list | None = None, jobs: int = 1) -> dict:
+    """Every recipe under every seed (`seeds`, default [seed]); the tables of the first seed
+    as before, plus the over-seeds curves, the samples-to-reach table and the PNG."""
+    from wfm_jax.bench import report, rl_compare
+    seeds = list(seeds) if seeds else [seed]
     if steps < 1:
         raise RLBenchError(f"--steps must be >= 1, got {steps}")
     if batch is not None and batch < 1:
@@ -226,21 +233,44 @@ def run(out: str, *, steps: int, seed: int, batch: int | None = None, command: s
     use_batch, note = common_batch(recipe_batches(recipes), batch)
     env = environment()
     workdir = tempfile.mkdtemp(prefix="wfm_rl_bench_")
-    runs = {}
+    per_seed: dict = {name: {} for name in recipes}
+
+    def one(name: str, recipe: str, s: int):
+        print(f"rl bench: {name} ({recipe}), seed {s}, {steps} steps x batch {use_batch}...",
+              file=sys.stderr, flush=True)
+        seed_dir = os.path.join(workdir, f"seed{s}")
+        os.makedirs(seed_dir, exist_ok=True)
+        rec = run_recipe(name, recipe, seed=s, steps=steps, batch=use_batch, workdir=seed_dir,
+                         timeout_s=timeout_s)
+        print(f"rl bench: {name} seed {s} {rec['status']} in {rec['wall_s']:.0f} s",
+              file=sys.stderr, flush=True)
+        return name, s, rec
+
+    todo = [(name, recipe, s) for s in seeds for name, recipe in recipes.items()]
     try:
-        for name, recipe in recipes.items():
-            print(f"rl bench: {name} ({recipe}), {steps} steps x batch {use_batch}...",
-                  file=sys.stderr, flush=True)
-            runs[name] = run_recipe(name, recipe, seed=seed, steps=steps, batch=use_batch,
-                                    workdir=workdir, timeout_s=timeout_s)
-            print(f"rl bench: {name} {runs[name]['status']} in {runs[name]['wall_s']:.0f} s",
-                  file=sys.stderr, flush=True)
+        # jobs > 1 runs that many at once: the curves against samples seen are the same, the
+        # wall times and samples/s are not comparable then (the runs share the cores)
+        from concurrent.futures import ThreadPoolExecutor
+        with ThreadPoolExecutor(max(1, jobs)) as pool:
+            for name, s, rec in pool.map(lambda t: one(*t), todo):
+                per_seed[name][s] = rec
     finally:
         if not keep:
             shutil.rmtree(workdir, ignore_errors=True)
-    result = assemble(runs, seed=seed, steps=steps, batch=use_batch, batch_note=note, env=env,
-                      command=command)
-    md = markdown(result)
+    runs = {name: per_seed[name][seeds[0]] for name in recipes}
+    result = assemble(runs, seed=seeds[0], steps=steps, batch=use_batch, batch_note=note,
+                      env=env, command=command)
+    curves = rl_compare.seed_curves(
+        {n: {s: r["metrics"] for s, r in by.items()} for n, by in per_seed.items()}, use_batch)
+    levels = rl_compare.default_levels(curves)
+    reach = rl_compare.samples_to_reach(curves, levels)
+    result.update(seeds=seeds, jobs=jobs, seed_curves=curves, levels=levels, samples_to_reach=reach,
+                  seed_runs={n: {str(s): {k: v for k, v in r.items() if k != "log_tail"}
+                                 for s, r in by.items()} for n, by in per_seed.items()})
+    png = rl_compare.plot_png(curves, os.path.splitext(out)[0] + ".png",
+                              f"{REWARD_KEY}: mean +- std over seeds {seeds}, batch {use_batch}")
+    result["png"] = png
+    md = markdown(result) + "\n" + rl_compare.reach_markdown(reach, levels)
     report.write_json_atomic(result, out)
     report.write_text_atomic(os.path.splitext(out)[0] + ".md", md)
     return result

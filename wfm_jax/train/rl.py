@@ -70,6 +70,8 @@ def rollout_batch(run, state, batch: dict, key, timers: Timers) -> dict:
     out["per_fn"] = {name: np.concatenate([r.per_fn[name] for r in results])
                      for name in results[0].per_fn}
     out["dropped_groups"] = sum(r.dropped_groups for r in results)
+    out["extra"] = {key: np.concatenate([r.extra[key] for r in results])
+                    for key in results[0].extra}
     return out
 
 
@@ -95,13 +97,15 @@ def advantages_for(run, rollout: dict, batch: dict) -> tuple[np.ndarray, dict]:
         metrics["rollout/zero_std_ratio"] = zero_std_ratio(rewards[keep], groups[keep])
     for name, scores in rollout["per_fn"].items():
         metrics[f"train/reward_{name}_mean"] = float(np.nanmean(gather_host(scores)))
+    for key, scores in rollout.get("extra", {}).items():  # a reward's per-attribute keys
+        metrics[f"train/reward_{key}_mean"] = float(np.nanmean(gather_host(scores)))
     return mine, metrics
 
 
 def validate(run, state, step: int) -> dict:
     """Euler ODE (eval_num_steps) on the validation prompts with the evaluation weights; a
     captioned grid PNG in output_dir and in wandb."""
-    rewards, images, captions = [], [], []
+    rewards, images, captions, extra = [], [], [], {}
     for batch in run.validation_batches():
         rows = list(batch["prompt"])
         cond = run.encode(rows)
@@ -111,6 +115,8 @@ def validate(run, state, step: int) -> dict:
         res = run.rewards.submit(imgs, rows).result()
         valid = np.asarray(batch["valid"])
         rewards.append(res.total[valid])
+        for key, values in res.extra.items():
+            extra.setdefault(key, []).append(values[valid])
         images.append(imgs[valid])
         captions += [f"{p} | {r:.4g}" for p, r, v in zip(rows, res.total, valid) if v]
     if not rewards:
@@ -119,7 +125,10 @@ def validate(run, state, step: int) -> dict:
     grid = captioned_grid(np.concatenate(images), captions)
     path = save_grid(grid, f"{run.output_dir}/validation/step_{step}.png")
     run.logger.log_image("val/images", path, caption=f"step {step}", step=step)
-    return _stats("val/reward", rewards)
+    metrics = _stats("val/reward", rewards)
+    metrics.update({f"val/reward_{k}_mean": float(np.nanmean(np.concatenate(v)))
+                    for k, v in extra.items()})
+    return metrics
 
 
 def run(config) -> int:

@@ -85,6 +85,13 @@ def ensure_tiny_assets(config) -> None:
         from wfm_jax.tiny import build_tiny_pipeline
         _primary_builds(path, lambda p: build_tiny_pipeline(p, seed=0),
                         "the tiny random SD3 pipeline (policy.build_tiny)")
+    if config.policy.build_tiny_pretrained and path:
+        from wfm_jax.tiny_pretrain import ensure_pretrained
+        if jax.process_index() == 0:  # checks the cache's marker: an incomplete one is rebuilt
+            ensure_pretrained(path, log=say)
+        if jax.process_count() > 1:
+            from jax.experimental import multihost_utils
+            multihost_utils.sync_global_devices(f"build {path}")
     dataset = config.train.train_policy.dataset
     if dataset.build_tiny and dataset.local_dir:
         from wfm_jax.data.tiny_dataset import ensure_shapes_dataset

@@ -1,0 +1,119 @@
+"""`shapes_alignment`: does an image show what a shapes-world prompt asks for?
+
+The prompt is parsed with the shapes grammar (wfm_jax.data.shapes); the image is read with plain
+image analysis: every pixel goes to its nearest palette colour (the four shape colours and the
+two backgrounds), the border's majority is the background, the non-background pixels split into
+8-connected components (specks below a size floor dropped), and each component's shape is read
+from its extent (area / bounding-box area: square ~1, circle ~pi/4, triangle ~1/2).
+
+Scores in [0, 1], one per attribute, returned as extra keys like GenEval's:
+  background  1 if the border's colour is the asked background
+  colour      fraction of the foreground pixels in the asked colour (0 without a foreground)
+  count       max(0, 1 - |n - N| / N) over the n components (GenEval's partial credit)
+  shape       fraction of the components whose extent reads as the asked shape
+and `shapes_alignment`, their mean.
+
+A prompt outside the grammar is an error naming the sample (`shapes_alignment`); the
+`shapes_alignment_lenient` variant scores it 0 on every key and warns once per batch.
+"""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+
+from reward_client.errors import RewardValueError
+from reward_client.registry import register_reward
+from wfm_jax.data.shapes import BACKGROUNDS, COLOURS, PromptGrammarError, parse_prompt
+
+PALETTE_NAMES = list(COLOURS) + list(BACKGROUNDS)
+PALETTE = np.asarray([*COLOURS.values(), *BACKGROUNDS.values()], np.float32)
+N_COLOURS = len(COLOURS)
+KEYS = ("background", "colour", "count", "shape")
+# extent thresholds between the three shapes, midway between pixelated small-shape values
+SQUARE_MIN_EXTENT, CIRCLE_MIN_EXTENT = 0.88, 0.64
+MIN_AREA_AT_32 = 4  # pixels of a 32x32 image below which a component is a speck
+
+
+def classify_pixels(image: np.ndarray) -> np.ndarray:
+    """[H, W] index into PALETTE_NAMES of each pixel's nearest palette colour."""
+    d = ((image[..., None, :].astype(np.float32) - PALETTE) ** 2).sum(-1)
+    return d.argmin(-1)
+
+
+def shape_of(extent: float) -> str:
+    if extent >= SQUARE_MIN_EXTENT:
+        return "square"
+    return "circle" if extent >= CIRCLE_MIN_EXTENT else "triangle"
+
+
+def analyse(image: np.ndarray) -> dict:
+    """What the image shows: background, foreground colour fractions, components' shapes."""
+    import cv2
+
+    labels = classify_pixels(image)
+    border = np.concatenate([labels[0], labels[-1], labels[1:-1, 0], labels[1:-1, -1]])
+    background = PALETTE_NAMES[int(np.bincount(border, minlength=len(PALETTE)).argmax())]
+    foreground = labels < N_COLOURS
+    fractions = np.bincount(labels[foreground], minlength=N_COLOURS)[:N_COLOURS]
+    fractions = fractions / max(int(foreground.sum()), 1)
+    n, comp, stats, _ = cv2.connectedComponentsWithStats(foreground.astype(np.uint8), connectivity=8)
+    min_area = max(2, MIN_AREA_AT_32 * image.shape[0] * image.shape[1] // 1024)
+    shapes = []
+    for i in range(1, n):
+        w, h, area = stats[i, cv2.CC_STAT_WIDTH], stats[i, cv2.CC_STAT_HEIGHT], stats[i, cv2.CC_STAT_AREA]
+        if area >= min_area:
+            shapes.append(shape_of(area / float(w * h)))
+    return {"background": background, "colour_fractions": dict(zip(COLOURS, fractions.tolist())),
+            "foreground": int(foreground.sum()), "shapes": shapes}
+
+
+def score_image(image: np.ndarray, prompt: str) -> dict[str, float]:
+    """Per-attribute scores and their mean for one uint8 [H, W, 3] image (PromptGrammarError
+    for a prompt outside the grammar)."""
+    scene = parse_prompt(prompt)
+    seen = analyse(image)
+    n = len(seen["shapes"])
+    scores = {
+        "background": float(seen["background"] == scene.background),
+        "colour": float(seen["colour_fractions"][scene.colour]) if seen["foreground"] else 0.0,
+        "count": max(0.0, 1.0 - abs(n - scene.count) / scene.count),
+        "shape": sum(s == scene.shape for s in seen["shapes"]) / n if n else 0.0,
+    }
+    scores["shapes_alignment"] = float(np.mean([scores[k] for k in KEYS]))
+    return scores
+
+
+def _score_batch(images, prompts, *, lenient: bool) -> dict[str, np.ndarray]:
+    images = np.asarray(images)
+    if images.ndim != 4 or images.shape[-1] != 3:
+        raise RewardValueError(f"shapes_alignment: images of shape {images.shape}, expected [N, H, W, 3]")
+    out = {k: np.zeros(len(prompts)) for k in (*KEYS, "shapes_alignment")}
+    unparsed = []
+    for i, (image, prompt) in enumerate(zip(images, prompts)):
+        try:
+            scores = score_image(image, prompt)
+        except PromptGrammarError as e:
+            if not lenient:
+                raise RewardValueError(f"shapes_alignment: sample {i}: {e} (use "
+                                       "shapes_alignment_lenient to score such prompts 0)") from None
+            unparsed.append(i)
+            continue
+        for k, v in scores.items():
+            out[k][i] = v
+    if unparsed:
+        warnings.warn(f"shapes_alignment_lenient: {len(unparsed)} prompt(s) outside the shapes "
+                      f"grammar scored 0 (samples {unparsed[:8]})", stacklevel=2)
+    return out
+
+
+@register_reward("shapes_alignment")
+def shapes_alignment(images, prompts, extras):
+    return _score_batch(images, prompts, lenient=False)
+
+
+@register_reward("shapes_alignment_lenient")
+def shapes_alignment_lenient(images, prompts, extras):
+    out = _score_batch(images, prompts, lenient=True)
+    out["shapes_alignment_lenient"] = out.pop("shapes_alignment")
+    return out

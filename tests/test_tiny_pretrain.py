@@ -1,0 +1,66 @@
+"""The pretrained tiny pipeline's build and cache, at the seconds-long QUICK settings (the real
+build's quality is measured by `python -m wfm_jax.tiny_eval`, not here): a complete build is
+reused, a half-written or foreign directory is rebuilt, a build killed midway leaves nothing."""
+import json
+import os
+
+import pytest
+
+from wfm_jax import tiny_pretrain
+from wfm_jax.tiny_pretrain import MARKER, QUICK, ensure_pretrained, is_built
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("pre") / "shapes_sd3")
+    ensure_pretrained(path, QUICK, log=lambda m: None)
+    return path
+
+
+def test_complete_build_is_loadable_and_reused(built):
+    from wfm_jax.models.sd3.pipeline import SD3Pipeline
+    marker = json.load(open(os.path.join(built, MARKER)))
+    assert marker["complete"] and marker["settings"]["sft_steps"] == QUICK.sft_steps
+    assert not os.path.exists(os.path.join(built, ".work"))
+    pipe = SD3Pipeline.load(built)
+    assert pipe.latent_shape(1, QUICK.size, QUICK.size) == (1, 4, QUICK.size // 2, QUICK.size // 2)
+    # the grammar's words are single tokens: every prompt fits the 16-token CLIP window
+    assert len(pipe.tokenizers[0]("three yellow triangles on a white background")["input_ids"]) == 9
+    said = []
+    assert ensure_pretrained(built, QUICK, log=said.append) == built and said == []
+
+
+def test_half_written_cache_is_rebuilt_not_loaded(built, tmp_path):
+    import shutil
+    partial = str(tmp_path / "partial")
+    shutil.copytree(built, partial)
+    os.remove(os.path.join(partial, MARKER))  # as if killed before the marker
+    assert not is_built(partial, QUICK)
+    said = []
+    ensure_pretrained(partial, QUICK, log=said.append)
+    assert "rebuilding" in said[0] and is_built(partial, QUICK)
+    # other settings: also rebuilt
+    assert not is_built(partial, tiny_pretrain.PretrainSettings())
+
+
+def test_build_killed_midway_leaves_nothing(tmp_path, monkeypatch):
+    import wfm_jax.tiny_vae
+
+    def killed(*a, **k):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(wfm_jax.tiny_vae, "fit_vae", killed)
+    with pytest.raises(KeyboardInterrupt):
+        ensure_pretrained(str(tmp_path / "dst"), QUICK, log=lambda m: None)
+    assert os.listdir(tmp_path) == []
+
+
+def test_eval_scores_every_attribute_and_chance(built):
+    from wfm_jax.models.sd3.pipeline import SD3Pipeline
+    from wfm_jax.tiny_eval import score_pipeline
+    prompts = ["a red circle on a white background", "two blue squares on a black background"]
+    out = score_pipeline(SD3Pipeline.load(built), prompts, per_prompt=2, steps=2, size=QUICK.size)
+    assert out["n"] == 4
+    for key in ("shapes_alignment", "background", "colour", "count", "shape", "chance"):
+        assert 0.0 <= out[key] <= 1.0, key

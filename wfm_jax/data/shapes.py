@@ -1,0 +1,119 @@
+"""The shapes world: its prompt grammar, the parse of a prompt back into attributes, and the
+drawing of one scene. The dataset (tiny_dataset.py) and the `shapes_alignment` reward share it.
+
+Grammar:  "a {colour} {shape} on a {background} background"
+          "{two|three} {colour} {shape}s on a {background} background"
+"""
+from __future__ import annotations
+
+import itertools
+import re
+from dataclasses import dataclass
+
+import numpy as np
+from PIL import Image, ImageDraw
+
+COLOURS = {"red": (220, 40, 40), "green": (40, 180, 60), "blue": (40, 70, 220),
+           "yellow": (235, 210, 40)}
+BACKGROUNDS = {"white": (245, 245, 245), "black": (15, 15, 15)}
+SHAPES = ("circle", "square", "triangle")
+COUNT_WORDS = {1: "a", 2: "two", 3: "three"}
+
+_PATTERN = re.compile(
+    r"^\s*(?P<count>a|an|one|two|three)\s+(?P<colour>\w+)\s+(?P<shape>\w+?)(?P<plural>s?)"
+    r"\s+on\s+an?\s+(?P<background>\w+)\s+background\s*\.?\s*$", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class Scene:
+    colour: str
+    shape: str
+    count: int
+    background: str
+
+    @property
+    def prompt(self) -> str:
+        noun = self.shape if self.count == 1 else self.shape + "s"
+        return f"{COUNT_WORDS[self.count]} {self.colour} {noun} on a {self.background} background"
+
+
+class PromptGrammarError(ValueError):
+    """A prompt the shapes grammar does not produce."""
+
+
+def parse_prompt(prompt: str) -> Scene:
+    """The scene a prompt asks for; PromptGrammarError (naming the part) if outside the grammar."""
+    m = _PATTERN.match(prompt)
+    if not m:
+        raise PromptGrammarError(f"prompt {prompt!r} is not '<a|two|three> <colour> <shape>[s] on a "
+                                 "<background> background'")
+    words = {k: m.group(k).lower() for k in ("count", "colour", "shape", "background")}
+    count = {"a": 1, "an": 1, "one": 1, "two": 2, "three": 3}[words["count"]]
+    for key, allowed in (("colour", COLOURS), ("shape", SHAPES), ("background", BACKGROUNDS)):
+        if words[key] not in allowed:
+            raise PromptGrammarError(f"prompt {prompt!r}: unknown {key} {words[key]!r} "
+                                     f"(known: {', '.join(allowed)})")
+    if (count > 1) != bool(m.group("plural")):
+        raise PromptGrammarError(f"prompt {prompt!r}: count and plural disagree")
+    return Scene(words["colour"], words["shape"], count, words["background"])
+
+
+def all_scenes() -> list[Scene]:
+    """Every scene of the grammar (72), in a fixed order."""
+    return [Scene(c, s, n, b) for n, c, s, b in
+            itertools.product(COUNT_WORDS, COLOURS, SHAPES, BACKGROUNDS)]
+
+
+def heldout_scenes() -> list[Scene]:
+    """Scenes the pretraining never sees (12 of 72): each colour with one shape and background it
+    is never drawn with alone or in groups, so following them needs composition, not recall."""
+    held = []
+    for i, colour in enumerate(COLOURS):
+        shape = SHAPES[i % len(SHAPES)]
+        background = list(BACKGROUNDS)[i % len(BACKGROUNDS)]
+        held += [Scene(colour, shape, n, background) for n in COUNT_WORDS]
+    return held
+
+
+def train_scenes() -> list[Scene]:
+    held = set(heldout_scenes())
+    return [s for s in all_scenes() if s not in held]
+
+
+def _layout(count: int, size: int, rng: np.random.Generator, max_tries: int):
+    """Boxes (x0, y0, x1, y1) of `count` squares-around-shapes that neither overlap nor touch
+    (a gap of 2 px keeps them separate components), inside the image; a layout that runs out of
+    room starts again."""
+    # one shape is large; two or three share the canvas
+    lo, hi = {1: (0.22, 0.34), 2: (0.13, 0.19), 3: (0.11, 0.15)}[count]
+    for _ in range(max_tries):
+        boxes = []
+        for _ in range(50):
+            half = size * rng.uniform(lo, hi)
+            cx, cy = rng.uniform(half + 1, size - half - 1, size=2)
+            box = (cx - half, cy - half, cx + half, cy + half)
+            if not any(box[0] < b[2] + 2 and b[0] < box[2] + 2 and box[1] < b[3] + 2
+                       and b[1] < box[3] + 2 for b in boxes):
+                boxes.append(box)
+                if len(boxes) == count:
+                    return boxes
+    raise RuntimeError(f"could not place {count} shapes on {size}x{size} px")
+
+
+def draw_scene(scene: Scene, size: int, rng: np.random.Generator, max_tries: int = 100):
+    """(PIL image, boxes [x0, y0, x1, y1] per shape)."""
+    image = Image.new("RGB", (size, size), BACKGROUNDS[scene.background])
+    draw = ImageDraw.Draw(image)
+    colour = COLOURS[scene.colour]
+    boxes = _layout(scene.count, size, rng, max_tries)
+    for x0, y0, x1, y1 in boxes:
+        if scene.shape == "circle":
+            draw.ellipse((x0, y0, x1, y1), fill=colour)
+        elif scene.shape == "square":
+            draw.rectangle((x0, y0, x1, y1), fill=colour)
+        else:
+            draw.polygon([((x0 + x1) / 2, y0), (x0, y1), (x1, y1)], fill=colour)
+    return image, [[round(float(v), 2) for v in b] for b in boxes]
+
+
+SPLIT_SCENES = {"train": train_scenes, "heldout": heldout_scenes, "all": all_scenes}
