@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from wfm_jax import xla_flags
 from wfm_jax.mesh import mesh_jit, mesh_of
 from wfm_jax.models.sd3.pipeline import SD3Pipeline, decode_latents
 from wfm_jax.sampling.samplers import sample
@@ -127,6 +128,7 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    xla_flags.apply()  # before jax starts its backend
     try:
         prompts = read_prompts(args)
         latents = None
