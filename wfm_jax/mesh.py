@@ -229,7 +229,9 @@ class MeshJit:
             return self.jitted.lower(*args, **kwargs)
 
     def compiles(self) -> int:
-        """Programs compiled so far (1 after the first call when nothing recompiles)."""
+        """Entries in jit's dispatch cache: at least one per program compiled, but an entry can
+        be added without a compile (count XLA compiles with jax.monitoring's
+        /jax/core/compile/backend_compile_duration events, as tests/test_no_recompile.py)."""
         return self.jitted._cache_size()
 
 
