@@ -201,6 +201,12 @@ def _normal(key, shape, sharding):
     return jax.lax.with_sharding_constraint(jax.random.normal(key, shape, jnp.float32), sharding)
 
 
+def pixels_to_uint8(pixels):
+    """[0, 1] float pixels -> uint8 on the device, rounded as image_grid.to_uint8 does: the
+    blocking fetch of each rollout chunk's images moves 4x fewer bytes."""
+    return jnp.round(jnp.clip(pixels.astype(jnp.float32), 0.0, 1.0) * 255).astype(jnp.uint8)
+
+
 def _compile(run: RLRun) -> dict:
     """The jitted rollout, update and evaluation functions of this run."""
     s, algo, cfg = run.setup, run.algo, run.config
@@ -223,7 +229,7 @@ def _compile(run: RLRun) -> dict:
     @on_mesh(out_shardings=(row_sharding, row_sharding))
     def rollout(state, frozen, vae_state, latents, cond, key, inputs):
         fields = algo.rollout(make_velocity(graphdef, frozen), state, latents, cond, key, **inputs)
-        return fields, decode(vae_state, algo.final_latents(fields))
+        return fields, pixels_to_uint8(decode(vae_state, algo.final_latents(fields)))
 
     @on_mesh(out_shardings=row_sharding)
     def evaluate(state, frozen, vae_state, latents, cond, uncond):
