@@ -59,6 +59,9 @@ def get_config():
     s.edm_sigma_max = 200.0
     s.edm_rho = 7.0
     s.deterministic_sampling = False
+    # full fine-tune: weights, moments, EMA and the reference copy sharded over every device
+    c.policy.parallelism.data = 1
+    c.policy.parallelism.fsdp = -1
     c.validation.enable = True
     c.validation.freq = 100
     c.validation.batch_size = 16

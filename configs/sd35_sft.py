@@ -36,9 +36,9 @@ def get_config():
     d.weighting_scheme = "logit_normal"
     d.logit_mean = 0.0
     d.logit_std = 1.0
-    # fits one 80 GB GPU (~50 GB of weights, moments, EMA and grads); on N devices shard them
-    # with --config.policy.parallelism.fsdp=N
-    c.policy.parallelism.data = -1
-    c.policy.parallelism.fsdp = 1
+    # FSDP over every device: replicated, the fp32 weights, moments, EMA and grads alone are
+    # ~37 GB per device. Several hosts: --config.policy.parallelism.data=HOSTS with fsdp=-1.
+    c.policy.parallelism.data = 1
+    c.policy.parallelism.fsdp = -1
     c.policy.remat = "dots"
     return c

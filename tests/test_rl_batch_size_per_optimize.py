@@ -80,19 +80,26 @@ class MeanOfRows:
         return state
 
 
-def compiled_update(algo, cfg, tx):
+def compiled_update(algo, cfg, tx, state):
     vae = nnx.Linear(1, 1, rngs=nnx.Rngs(0))  # the update never decodes
-    setup = types.SimpleNamespace(graphdef=None, frozen=None, tx=tx,
+    mesh = _mesh()
+    rep = NamedSharding(mesh, P())
+    setup = types.SimpleNamespace(graphdef=None, frozen=None, tx=tx, mesh=mesh, rules=None,
+                                  batch_sharding=lambda: NamedSharding(mesh, P("data")),
+                                  shardings=jax.tree.map(lambda _: rep, state),
                                   pipe=types.SimpleNamespace(vae=vae, vae_config=None, shift=3.0))
     run = types.SimpleNamespace(setup=setup, algo=algo, config=cfg, micro_batches=MICRO,
                                 mu_iterations=MU, optimize_chunks=CHUNKS, row_shards=SHARDS)
     return rl_setup._compile(run)["update"]
 
 
+def _mesh():
+    return Mesh(np.asarray(jax.devices()[:8]).reshape(SHARDS, 4), ("data", "context"))
+
+
 @pytest.fixture(scope="module")
 def batch():
-    mesh = Mesh(np.asarray(jax.devices()[:8]).reshape(SHARDS, 4), ("data", "context"))
-    rows = NamedSharding(mesh, P("data"))
+    rows = NamedSharding(_mesh(), P("data"))
     x = np.random.default_rng(0).normal(size=(BATCH, DIM)).astype(np.float32)
     data = {"x": jax.device_put(x, rows),
             "row": jax.device_put(np.arange(BATCH, dtype=np.float32), rows)}
@@ -108,8 +115,8 @@ def test_one_update_per_chunk_of_a_fresh_permutation_each_epoch(batch, keeps_old
     _, lr_at = make_tx(cfg)
     tx = optax.scale_by_schedule(lambda count: -lr_at(count))  # params -= lr(count) x grad
     algo = MeanOfRows(keeps_old)
-    update = compiled_update(algo, cfg, tx)
     state = TrainState.create({"w": jnp.zeros((DIM,), jnp.float32)}, tx, jax.random.key(0))
+    update = compiled_update(algo, cfg, tx, state)
     metrics = []
     for step in range(LOOP_STEPS):
         state, m = update(state, None, data, jax.random.key(10 + step), jnp.float32(0.0), {})

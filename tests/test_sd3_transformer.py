@@ -31,6 +31,8 @@ VARIANTS = {
     "plain": {},
     "qk_rms": dict(qk_norm="rms_norm"),
     "dual": dict(dual_attention_layers=(0,), qk_norm="rms_norm"),
+    # SD3.5-M layout in small: scanned runs of dual and plain blocks, then the last block
+    "dual_scanned": dict(num_layers=6, dual_attention_layers=(0, 1, 2), qk_norm="rms_norm"),
 }
 BATCH, HEIGHT, WIDTH, TEXT_LEN = 2, 8, 12, 5  # 4x6 patches, cropped from the 24x24 table
 TIMESTEPS = np.array([37.25, 812.9], np.float32)  # non-integer, far apart
@@ -214,16 +216,35 @@ def _eqns(jaxpr):
 
 @pytest.mark.parametrize("remat", ["none", "full", "dots"])
 def test_remat_checkpoints_each_block_with_its_policy(remat):
-    config = {**BASE, "num_layers": 3}
+    # blocks 0-2 are alike (one scan), block 3 is the context_pre_only last one
+    config = {**BASE, "num_layers": 4}
     model = nnx.eval_shape(lambda: SD3Transformer(config, rngs=nnx.Rngs(0), remat=remat))
+    assert model.block_groups() == [[0, 1, 2], [3]]
     graph, state = nnx.split(model)
     jaxpr = jax.make_jaxpr(lambda s, *a: nnx.merge(graph, s)(*a))(state, *_inputs()).jaxpr
+    scans = [e for e in jaxpr.eqns if e.primitive.name == "scan"]
+    assert len(scans) == 1 and scans[0].params["length"] == 3
     checkpoints = [e for e in _eqns(jaxpr) if e.primitive.name in ("checkpoint", "remat2")]
+    in_scan = [e for e in _eqns(scans[0].params["jaxpr"].jaxpr)
+               if e.primitive.name in ("checkpoint", "remat2")]
     if remat == "none":
         assert not checkpoints
-    else:
-        assert len(checkpoints) == config["num_layers"]
+    else:  # the policy sits inside the scanned body, once, and on the last block
+        assert len(checkpoints) == 2 and len(in_scan) == 1
         assert all(e.params["policy"] is REMAT_POLICIES[remat] for e in checkpoints)
+
+
+def test_sd35_medium_groups_and_scan_matches_unrolled():
+    sd35m = dict(num_layers=24, dual_attention_layers=tuple(range(13)), qk_norm="rms_norm")
+    model = nnx.eval_shape(lambda: SD3Transformer({**BASE, **sd35m}, rngs=nnx.Rngs(0)))
+    assert model.block_groups() == [list(range(13)), list(range(13, 23)), [23]]
+    config = {**BASE, "num_layers": 5, "dual_attention_layers": (0, 1), "qk_norm": "rms_norm"}
+    outs = []
+    for scan in (True, False):
+        model = SD3Transformer(config, rngs=nnx.Rngs(0), scan_layers=scan)
+        assert len(model.block_groups()) == (3 if scan else 5)
+        outs.append(np.asarray(model(*_inputs())))
+    np.testing.assert_allclose(outs[0], outs[1], rtol=1e-6, atol=1e-6)
 
 
 def test_remat_runs_inside_a_scan_and_matches_no_remat():
@@ -261,3 +282,28 @@ def test_bad_options_and_inputs_fail_clearly():
     too_big = np.zeros((1, 4, 2 * 25, 8), np.float32)  # 25 patches > pos_embed_max_size 24
     with pytest.raises(ValueError, match="pos_embed_max_size"):
         jax.eval_shape(lambda s: nnx.merge(graph, s)(too_big, text[:1], pooled[:1], t[:1]), state)
+
+
+def test_lora_trains_through_the_scanned_blocks():
+    """LoRA adapters in scanned blocks: the same loss and adapter gradients as unrolled, and
+    every block's adapters get their own gradient."""
+    from wfm_jax.train.lora import attach_lora
+    config = {**BASE, "num_layers": 4}
+    latents, text, pooled, t = _inputs()
+    results = []
+    for scan in (True, False):
+        model = SD3Transformer(config, rngs=nnx.Rngs(0), scan_layers=scan)
+        attach_lora(model, ["attn.to_q", "ff.net.2"], 4, 8, seed=3)
+        for _, var in nnx.state(model, nnx.LoRAParam).flat_state():  # B != 0: a real gradient
+            var.set_value(var.get_value() + 0.01)
+        graph, lora, rest = nnx.split(model, nnx.LoRAParam, ...)
+        loss = lambda p: jnp.sum(nnx.merge(graph, p, rest)(latents, text, pooled, t) ** 2)
+        results.append(jax.jit(jax.value_and_grad(loss))(lora))
+    (v_scan, g_scan), (v_loop, g_loop) = results
+    np.testing.assert_allclose(v_scan, v_loop, rtol=1e-6)
+    flat = dict(g_scan.flat_state())
+    assert ("transformer_blocks", 2, "attn", "to_q", "lora_b") in flat
+    for (path, a), (_, b) in zip(g_scan.flat_state(), g_loop.flat_state()):
+        a, b = np.asarray(a.get_value()), np.asarray(b.get_value())
+        assert np.abs(a).max() > 0, path
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6 * np.abs(b).max())

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from wfm_jax.config_schema import default_config
 from wfm_jax.train import rl_setup
@@ -73,12 +74,17 @@ def test_rl_updates_follow_a_cosine_over_all_optimizer_updates(mu, accum):
     tx, _ = make_tx(cfg)
     algo = ConstantGradient()
     vae = nnx.Linear(1, 1, rngs=nnx.Rngs(0))  # the update never decodes
-    setup = types.SimpleNamespace(graphdef=None, frozen=None, tx=tx,
+    state = TrainState.create({"w": jnp.zeros((4,), jnp.float32)}, tx, jax.random.key(0))
+    # the update jit runs under its mesh with fixed shardings: a one-device mesh here
+    mesh = Mesh(np.asarray(jax.devices()[:1]), ("data",))
+    rep = NamedSharding(mesh, P())
+    setup = types.SimpleNamespace(graphdef=None, frozen=None, tx=tx, mesh=mesh, rules=None,
+                                  batch_sharding=lambda: NamedSharding(mesh, P("data")),
+                                  shardings=jax.tree.map(lambda _: rep, state),
                                   pipe=types.SimpleNamespace(vae=vae, vae_config=None, shift=3.0))
     run = types.SimpleNamespace(setup=setup, algo=algo, config=cfg, micro_batches=1,
                                 mu_iterations=mu, optimize_chunks=1, row_shards=1)
     update = rl_setup._compile(run)["update"]
-    state = TrainState.create({"w": jnp.zeros((4,), jnp.float32)}, tx, jax.random.key(0))
     data = {"x": jnp.zeros((2, 1), jnp.float32)}
     for step in range(LOOP_STEPS):
         state, _ = update(state, None, data, jax.random.key(step), jnp.float32(0.0), {})

@@ -20,6 +20,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from wfm_jax import xla_flags
+from wfm_jax.mesh import mesh_jit, mesh_of
 from wfm_jax.models.sd3.pipeline import SD3Pipeline, decode_latents
 from wfm_jax.sampling.samplers import sample
 from wfm_jax.sampling.schedule import flow_sigmas
@@ -53,7 +55,7 @@ def generate(pipe, prompts: Sequence[str], *, steps: int, guidance: float, heigh
     graphdef, state = nnx.split(pipe.transformer)
     vae_def, vae_state = nnx.split(pipe.vae)
 
-    @jax.jit
+    @mesh_jit(mesh=mesh_of(state))
     def run(state, vae_state, x, cond, uncond):
         transformer = nnx.merge(graphdef, state)
         velocity = lambda x, t, c: transformer(x, c["prompt_embeds"], c["pooled_projections"], t)
@@ -126,6 +128,7 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    xla_flags.apply()  # before jax starts its backend
     try:
         prompts = read_prompts(args)
         latents = None

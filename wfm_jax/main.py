@@ -72,6 +72,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from wfm_jax.usage import usage_text
         print(usage_text(), file=sys.stdout if argv else sys.stderr)
         return 0 if argv else EXIT_BAD_INPUT
+    from wfm_jax import xla_flags
+    xla_flags.apply()  # before jax starts its backend
     try:
         bad_input, failed = _known_errors()
     except ImportError as e:  # a broken install: still one line

@@ -209,6 +209,50 @@ def param_shardings(model: nnx.Module, mesh, rules: Rules | None = None,
     return out
 
 
+class MeshJit:
+    """`jax.jit(fn, **jit_kwargs)` whose every trace (first call, `lower`) runs under
+    `jax.set_mesh(mesh)` and `use_rules(rules)`: the models' activation constraints (batch over
+    data x fsdp, sequence over context) only act under a mesh, so a step traced outside it
+    silently computes every sample whole on every context device."""
+
+    def __init__(self, fn, mesh, rules: Rules | None = None, **jit_kwargs):
+        self.mesh = mesh
+        self.rules = tuple(rules if rules is not None else active_rules())
+        self.jitted = jax.jit(fn, **jit_kwargs)
+
+    def __call__(self, *args, **kwargs):
+        with jax.set_mesh(self.mesh), use_rules(self.rules):
+            return self.jitted(*args, **kwargs)
+
+    def lower(self, *args, **kwargs):
+        with jax.set_mesh(self.mesh), use_rules(self.rules):
+            return self.jitted.lower(*args, **kwargs)
+
+    def compiles(self) -> int:
+        """Entries in jit's dispatch cache: at least one per program compiled, but an entry can
+        be added without a compile (count XLA compiles with jax.monitoring's
+        /jax/core/compile/backend_compile_duration events, as tests/test_no_recompile.py)."""
+        return self.jitted._cache_size()
+
+
+def mesh_of(tree) -> jax.sharding.Mesh:
+    """The mesh the arrays of `tree` live on (their NamedSharding's), else a one-device mesh on
+    the first array's device: a model loaded without a mesh still runs under one."""
+    leaves = [x for x in jax.tree.leaves(tree) if isinstance(x, jax.Array)]
+    for x in leaves:
+        if isinstance(x.sharding, NamedSharding):
+            return x.sharding.mesh
+    device = next(iter(leaves[0].devices())) if leaves else jax.devices()[0]
+    return make_mesh(devices=[device])
+
+
+def mesh_jit(fn=None, *, mesh, rules: Rules | None = None, **jit_kwargs):
+    """MeshJit as a function or a decorator (`@mesh_jit(mesh=m, donate_argnums=0)`)."""
+    if fn is None:
+        return lambda f: MeshJit(f, mesh, rules, **jit_kwargs)
+    return MeshJit(fn, mesh, rules, **jit_kwargs)
+
+
 def constrain(x: jax.Array, axes: Sequence[str | None], rules: Rules | None = None) -> jax.Array:
     """Sharding constraint on an activation by logical names; a no-op outside a mesh."""
     mesh = jax.sharding.get_abstract_mesh()

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from wfm_jax.mesh import make_mesh, mesh_jit
 from wfm_jax.bench import devices, flops, inputs, timing, weights
 from wfm_jax.bench.train_step import resolved_attention, xla_plan_bytes
 from wfm_jax.models.sd3.pipeline import decode_latents
@@ -30,7 +31,7 @@ def make_rollout(t_graph, v_graph, vae_config: dict, sigmas):
                      cond={"prompt_embeds": prompt_embeds, "pooled_projections": pooled})
         return decode_latents(nnx.merge(v_graph, v_state), vae_config, out.latents)
 
-    return jax.jit(rollout)
+    return mesh_jit(rollout, mesh=make_mesh(devices=jax.local_devices()[:1]))
 
 
 def run(suite, options, peak_flops: float | None) -> dict:

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from wfm_jax.algorithms.sft import flow_matching_loss, noisy_latents
+from wfm_jax.mesh import make_mesh, mesh_jit
 from wfm_jax.bench import devices, flops, inputs, timing, weights
 from wfm_jax.bench.suites import LORA_TARGETS, OPTIM
 from wfm_jax.models.layers.embeddings import Buffer
@@ -54,7 +55,8 @@ def make_step(graphdef, tx):
         params, opt_state, _ = apply_gradients(tx, params, opt_state, grads)
         return params, opt_state, loss
 
-    return jax.jit(step, donate_argnums=(0, 1))
+    # one device, but under a mesh as training runs: the activation constraints are traced
+    return mesh_jit(step, mesh=make_mesh(devices=jax.local_devices()[:1]), donate_argnums=(0, 1))
 
 
 def optimizer(mode: str):

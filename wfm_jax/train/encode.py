@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from wfm_jax.mesh import mesh_jit
 from wfm_jax.models.sd3.pipeline import SD3Pipeline, encode_tokens
 from wfm_jax.models.vae.autoencoder_kl import scale_latents
 
@@ -38,8 +39,9 @@ def _text_fn(graphdef, joint_attention_dim: int, max_len: int, out_sharding):
     def encode(state, ids):
         return encode_tokens(nnx.merge(graphdef, state), ids, joint_attention_dim, max_len)
 
-    kw = {} if out_sharding is None else {"out_shardings": (out_sharding, out_sharding)}
-    return jax.jit(encode, **kw)
+    if out_sharding is None:
+        return jax.jit(encode)
+    return mesh_jit(encode, mesh=out_sharding.mesh, out_shardings=(out_sharding, out_sharding))
 
 
 @functools.lru_cache(maxsize=8)
@@ -53,8 +55,9 @@ def _visual_fn(graphdef, vae_config_items: tuple, out_sharding):
         z = dist.mean.astype(jnp.float32) + dist.std.astype(jnp.float32) * eps
         return scale_latents(z, vae_config)
 
-    kw = {} if out_sharding is None else {"out_shardings": out_sharding}
-    return jax.jit(encode, **kw)
+    if out_sharding is None:
+        return jax.jit(encode)
+    return mesh_jit(encode, mesh=out_sharding.mesh, out_shardings=out_sharding)
 
 
 def _hashable(value):

@@ -19,7 +19,7 @@ from reward_client.computer import RewardComputer
 from wfm_jax.data.groups import eval_batches, group_batcher_from_config
 from wfm_jax.data.loader import process_shard
 from wfm_jax.data.prompts import prompt_splits_from_config
-from wfm_jax.mesh import mesh_size_for
+from wfm_jax.mesh import mesh_jit, mesh_size_for
 from wfm_jax.models.sd3.pipeline import decode_latents
 from wfm_jax.sampling.samplers import sample
 from wfm_jax.sampling.schedule import flow_sigmas
@@ -201,6 +201,12 @@ def _normal(key, shape, sharding):
     return jax.lax.with_sharding_constraint(jax.random.normal(key, shape, jnp.float32), sharding)
 
 
+def pixels_to_uint8(pixels):
+    """[0, 1] float pixels -> uint8 on the device, rounded as image_grid.to_uint8 does: the
+    blocking fetch of each rollout chunk's images moves 4x fewer bytes."""
+    return jnp.round(jnp.clip(pixels.astype(jnp.float32), 0.0, 1.0) * 255).astype(jnp.uint8)
+
+
 def _compile(run: RLRun) -> dict:
     """The jitted rollout, update and evaluation functions of this run."""
     s, algo, cfg = run.setup, run.algo, run.config
@@ -214,12 +220,18 @@ def _compile(run: RLRun) -> dict:
     def decode(vae_state, latents):
         return decode_latents(nnx.merge(vae_def, vae_state), vae_config, latents)
 
-    @jax.jit
+    # Every jit traces under the mesh (the models' activation constraints act only there) and
+    # returns fixed shardings: the updated state comes back exactly as it went in, so step 2
+    # compiles nothing.
+    row_sharding, rep = s.batch_sharding(), train_setup.replicated(s.mesh)
+    on_mesh = functools.partial(mesh_jit, mesh=s.mesh, rules=s.rules)
+
+    @on_mesh(out_shardings=(row_sharding, row_sharding))
     def rollout(state, frozen, vae_state, latents, cond, key, inputs):
         fields = algo.rollout(make_velocity(graphdef, frozen), state, latents, cond, key, **inputs)
-        return fields, decode(vae_state, algo.final_latents(fields))
+        return fields, pixels_to_uint8(decode(vae_state, algo.final_latents(fields)))
 
-    @jax.jit
+    @on_mesh(out_shardings=row_sharding)
     def evaluate(state, frozen, vae_state, latents, cond, uncond):
         params = state.params if state.ema is None else state.ema
         velocity = make_velocity(graphdef, frozen)
@@ -232,7 +244,7 @@ def _compile(run: RLRun) -> dict:
     shards = run.row_shards  # devices the batch rows are split over
     keeps_old = getattr(algo, "keeps_old", False)
 
-    @functools.partial(jax.jit, donate_argnums=(0,))
+    @on_mesh(donate_argnums=(0,), out_shardings=(s.shardings, rep))
     def update(state, frozen, data, key, eta, shared):
         velocity = make_velocity(graphdef, frozen)
         ref_params = state.aux.get("ref")

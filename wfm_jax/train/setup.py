@@ -116,6 +116,7 @@ def load_pipeline(config, mesh=None, rules=None) -> SD3Pipeline:
             path, dtype=DTYPES[config.train.compute_dtype],
             param_dtype=DTYPES[config.train.param_dtype], mesh=mesh, rules=rules,
             text_dtype=DTYPES[config.train.compute_dtype],
+            frozen_param_dtype=DTYPES[config.train.compute_dtype],
             transformer_options=dict(attention_impl=config.policy.attention_impl,
                                      remat=config.policy.remat))
     except (PipelineError, FileNotFoundError) as e:

@@ -24,7 +24,7 @@ import numpy as np
 from wfm_jax.algorithms import sft as sft_loss
 from wfm_jax.data import sft_loader_from_config
 from wfm_jax.data.errors import DataError
-from wfm_jax.mesh import check_batch
+from wfm_jax.mesh import check_batch, mesh_jit
 from wfm_jax.sampling.schedule import training_table
 from wfm_jax.train import preempt, setup as setup_lib
 from wfm_jax.train.encode import TextEncoder, VisualEncoder, local_sample_ids, per_sample_normal
@@ -104,10 +104,10 @@ def _build_train_step(setup, shift, scheme, logit_mean, logit_std, mode_scale) -
 
     rep = setup_lib.replicated(setup.mesh)
     data = setup.batch_sharding()
-    return jax.jit(step, donate_argnums=0,
-                   in_shardings=(setup.shardings, _shardings_of(setup.frozen), data, data, data,
-                                 data),
-                   out_shardings=(setup.shardings, {"loss": rep, "grad_norm": rep}))
+    return mesh_jit(step, mesh=setup.mesh, rules=setup.rules, donate_argnums=0,
+                    in_shardings=(setup.shardings, _shardings_of(setup.frozen), data, data, data,
+                                  data),
+                    out_shardings=(setup.shardings, {"loss": rep, "grad_norm": rep}))
 
 
 def _check_batch(batch: dict) -> None:

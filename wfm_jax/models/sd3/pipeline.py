@@ -67,9 +67,13 @@ class SD3Pipeline:
     # ---------------------------------------------------------------- construction
     @classmethod
     def load(cls, directory: str, *, dtype=None, param_dtype=jnp.float32, mesh=None, rules=None,
-             text_dtype=None, transformer_options: dict | None = None) -> "SD3Pipeline":
+             text_dtype=None, frozen_param_dtype=None,
+             transformer_options: dict | None = None) -> "SD3Pipeline":
         """Load every component of a local diffusers SD3 pipeline dir straight onto `mesh`.
-        transformer_options go to the transformer's constructor (attention_impl, remat)."""
+        transformer_options go to the transformer's constructor (attention_impl, remat).
+        frozen_param_dtype (default param_dtype): the weights of the VAE and text encoders,
+        which training never updates: the compute dtype there, not fp32 master copies (T5-XXL
+        alone is 19 GB in fp32)."""
         info = read_model_index(directory)
         for name in ("transformer", "vae", "scheduler", "text_encoder", "text_encoder_2",
                      "tokenizer", "tokenizer_2"):
@@ -78,11 +82,13 @@ class SD3Pipeline:
         kw = dict(param_dtype=param_dtype, mesh=mesh, rules=rules)
         transformer, t_cfg = load_model(directory, component="transformer", dtype=dtype, **kw,
                                         **(transformer_options or {}))
-        vae, v_cfg = load_model(directory, component="vae", dtype=None, **kw)
+        frozen = dict(kw, param_dtype=frozen_param_dtype or param_dtype)
+        vae, v_cfg = load_model(directory, component="vae", dtype=None, **frozen)
         encoders, tokenizers = [], []
         for enc, tok in zip(_TEXT, _TOKENIZERS):
             if _present(info, directory, enc):
-                encoders.append(load_model(directory, component=enc, dtype=text_dtype, **kw)[0])
+                encoders.append(load_model(directory, component=enc, dtype=text_dtype,
+                                           **frozen)[0])
                 tokenizers.append(_load_tokenizer(directory, tok, info[tok]))
             else:
                 encoders.append(None)

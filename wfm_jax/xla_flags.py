@@ -1,0 +1,46 @@
+"""XLA flags for overlapping FSDP communication with compute on NVIDIA GPUs.
+
+The latency-hiding scheduler and async collectives let XLA issue the next block's all-gather
+(and the previous block's reduce-scatter) while the current block computes, instead of leaving
+the collectives exposed; combine thresholds batch small collectives into large ones; pipelined
+collectives and while-loop double buffering do the same across iterations of the scanned block
+stacks. These are the settings MaxText / MaxDiffusion run with. Only `xla_gpu_*` flags: other
+platforms ignore them.
+
+Applied by the entry points (train, generate, bench) before jax starts its backend. A flag
+already in XLA_FLAGS is left as the user set it; WFM_JAX_XLA_DEFAULTS=0 adds none of them.
+"""
+from __future__ import annotations
+
+import os
+from typing import MutableMapping
+
+GPU_DEFAULTS = (
+    "--xla_gpu_enable_latency_hiding_scheduler=true",
+    "--xla_gpu_enable_highest_priority_async_stream=true",
+    "--xla_gpu_enable_pipelined_all_gather=true",
+    "--xla_gpu_enable_pipelined_reduce_scatter=true",
+    "--xla_gpu_enable_pipelined_all_reduce=true",
+    "--xla_gpu_enable_while_loop_double_buffering=true",
+    "--xla_gpu_all_gather_combine_threshold_bytes=134217728",
+    "--xla_gpu_reduce_scatter_combine_threshold_bytes=134217728",
+    "--xla_gpu_all_reduce_combine_threshold_bytes=134217728",
+)
+
+
+def _name(flag: str) -> str:
+    return flag.split("=", 1)[0]
+
+
+def with_defaults(xla_flags: str) -> str:
+    """`xla_flags` plus each default whose flag name it does not already set."""
+    present = {_name(f) for f in xla_flags.split()}
+    added = [f for f in GPU_DEFAULTS if _name(f) not in present]
+    return " ".join([xla_flags.strip()] + added).strip()
+
+
+def apply(environ: MutableMapping[str, str] = os.environ) -> None:
+    """Set XLA_FLAGS in `environ` to with_defaults(...) unless WFM_JAX_XLA_DEFAULTS=0."""
+    if environ.get("WFM_JAX_XLA_DEFAULTS", "1") == "0":
+        return
+    environ["XLA_FLAGS"] = with_defaults(environ.get("XLA_FLAGS", ""))
