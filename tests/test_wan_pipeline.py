@@ -19,6 +19,7 @@ import torch
 import transformers
 from diffusers import (AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline,
                        WanTransformer3DModel)
+from flax import nnx
 
 from wfm_jax.models.family import PipelineError, families, family_class, load_pipeline
 from wfm_jax.models.wan.pipeline import WanPipeline as JaxWanPipeline
@@ -150,6 +151,12 @@ def test_encode_prompt_matches_diffusers(pipes):
     lens = pipe.tokenize(PROMPTS, MAX_LEN)["attention_mask"].sum(1)
     assert lens[0] < lens[1] < lens[2] == MAX_LEN  # padded by different amounts; truncated
     assert not got[0, lens[0]:].any() and np.abs(got[0, :lens[0]]).min() > 0
+    # the jitted path trainers take: the encoder split into (graphdef, state), ids as arrays
+    graphdef, state = nnx.split(pipe.text_encoders[0])
+    ids = pipe.tokenize(PROMPTS, MAX_LEN)
+    jitted = jax.jit(lambda st, ids: pipe.encode_text_with((nnx.merge(graphdef, st),), ids,
+                                                           MAX_LEN))(state, ids)
+    np.testing.assert_allclose(np.asarray(jitted["encoder_hidden_states"]), got, atol=1e-6)
     err = float(np.max(np.abs(got - want.numpy())))
     print(f"wan encode_prompt max abs err {err:.3g} (max |x| {np.abs(got).max():.3g})")
     assert err <= ATOL
