@@ -15,13 +15,11 @@ import torch
 from flax import nnx
 
 from wfm_jax import tiny
+from wfm_jax.config_schema import WAN_LORA_TARGETS  # spec video_models.md §5.5
 from wfm_jax.models.loading import load_model
 from wfm_jax.train import lora as lora_lib
 from wfm_jax.train.export import LORA_WEIGHT_NAME, export_full_pipeline, export_lora
 
-# spec video_models.md §5.5: the Cosmos list's analogue for Wan (self- and cross-attention
-# projections, both FFN linears)
-WAN_LORA_TARGETS = ("to_q", "to_k", "to_v", "to_out.0", "ffn.net.0.proj", "ffn.net.2")
 ATOL = 1e-4
 
 
