@@ -187,6 +187,9 @@ def test_failed_build_leaves_nothing_and_cli(tmp_path, monkeypatch, capsys):
     assert _files(str(target)) == before and os.listdir(tmp_path) == ["cli"]
     with pytest.raises(ValueError, match="unknown tiny pipeline family 'sana'"):
         tiny.build_tiny_pipeline(str(tmp_path / "x"), family="sana")
+    with pytest.raises(SystemExit):  # the pretrained shapes pipeline is an SD3 one
+        tiny.main(["--family", "wan", "--pretrained", str(tmp_path / "p")])
+    assert "SD3 shapes-world pipeline only" in capsys.readouterr().err
     assert os.listdir(tmp_path) == ["cli"]
 
 

@@ -81,3 +81,11 @@ def test_tiny_recipe_builds_a_wan_pipeline_and_video_data(name, tmp_path):
                                         d.train_frames, np.random.default_rng(0))
         assert video.shape == (d.train_frames, 32, 32, 3)
         assert np.abs(video[1] - video[0]).max() > 0.5  # the shapes move
+
+
+def test_video_dataset_refuses_negative_frames(tmp_path):
+    from wfm_jax.data.tiny_dataset import build_shapes_dataset
+
+    with pytest.raises(ValueError, match="frames must be >= 0"):
+        build_shapes_dataset(str(tmp_path / "clips"), count=2, frames=-1)
+    assert os.listdir(tmp_path) == []
