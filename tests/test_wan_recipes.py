@@ -60,7 +60,7 @@ def test_lora_targets_address_the_released_1_3b_model():
 
 
 @pytest.mark.parametrize("name", TINY)
-def test_tiny_recipe_builds_a_wan_pipeline_and_video_data(name, tmp_path):
+def test_tiny_recipe_builds_a_wan_pipeline_and_video_data(name, tmp_path, capsys):
     from wfm_jax.data import media
     from wfm_jax.train.setup import ensure_tiny_assets
 
@@ -71,6 +71,7 @@ def test_tiny_recipe_builds_a_wan_pipeline_and_video_data(name, tmp_path):
                       ("train.train_policy.dataset.build_tiny", "True")]
     c = _load(name, overrides)
     ensure_tiny_assets(c)
+    assert "building the tiny random Wan pipeline" in capsys.readouterr().out
     with open(tmp_path / "wan" / "model_index.json") as f:
         assert json.load(f)["_class_name"] == "WanPipeline"
     if name == "tiny_wan_sft":
