@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from wfm_jax import mesh
 from wfm_jax.models.cosmos.attention import CosmosAttention
 from wfm_jax.models.layers.linear import Linear
 from wfm_jax.models.layers.norms import LayerNorm
@@ -47,7 +48,9 @@ class AdaLayerNormLoRA(nnx.Module):
         """x (B, S, D); e (B, F, D) and temb (B, F, 3D) fp32 -> (modulated x in `dtype`,
         gate (B, F, D) fp32 or None for chunks=2)."""
         mod = self.linear_2(self.linear_1(jax.nn.silu(e)))
-        mod = mod + temb[..., : mod.shape[-1]]
+        # whole vectors per sample: linear_2's output is split over fsdp, and chunking a split
+        # axis makes GSPMD replicate it anyway (with a warning); it is B * F * 3D floats
+        mod = mesh.constrain(mod + temb[..., : mod.shape[-1]], ("act_batch", None, None))
         parts = jnp.split(mod, self.chunks, axis=-1)
         shift, scale = parts[0], parts[1]
         y = self.norm(_frames(x, e.shape[1]).astype(jnp.float32))
