@@ -434,6 +434,8 @@ def test_bad_options_and_inputs_fail_clearly():
         run(padding_mask=np.zeros((3, 1, 8, 8), np.float32))
     with pytest.raises(ValueError, match="attention_mask"):
         run(attention_mask=np.ones((2, TEXT_LEN), bool))
+    with pytest.raises(ValueError, match="fps must be None or a Python number"):
+        run(fps=jnp.asarray(16.0))
     with pytest.raises(ValueError, match="not divisible by patch_size"):
         run(x=np.zeros((2, 4, 4, 7, 6), np.float32),
             condition_mask=np.zeros((2, 1, 4, 7, 6), np.float32))

@@ -12,6 +12,7 @@ modulation, norms, RoPE and the gated residual sums in fp32.
 from __future__ import annotations
 
 import math
+import numbers
 import warnings
 
 import jax
@@ -167,7 +168,7 @@ class CosmosTransformer(nnx.Module):
                              "every text token (they pass none)")
         if block_controlnet_hidden_states is not None:
             raise ValueError("block_controlnet_hidden_states (Cosmos-Transfer) is not supported")
-        if fps is not None and not isinstance(fps, (int, float)):
+        if fps is not None and not isinstance(fps, numbers.Real):
             raise ValueError(f"fps must be None or a Python number (it shapes the RoPE tables), "
                              f"got {type(fps).__name__}")
         x = self._input(hidden_states, condition_mask, padding_mask)
