@@ -426,6 +426,8 @@ def test_bad_options_and_inputs_fail_clearly():
     assert run().shape == (2, 4, 4, 8, 6)
     with pytest.raises(ValueError, match="in_channels=5"):
         run(condition_mask=None)
+    with pytest.raises(ValueError, match="condition_mask must have shape"):
+        run(condition_mask=np.zeros((2, 1, 1, 8, 6), np.float32))
     with pytest.raises(ValueError, match=r"\[B, 1, T, 1, 1\]"):
         run(t=np.zeros((2, 1, 3, 1, 1), np.float32))
     with pytest.raises(ValueError, match="batch size 2"):

@@ -139,12 +139,15 @@ class CosmosTransformer(nnx.Module):
         b, c, t, h, w = x.shape
         parts = [x]
         if condition_mask is not None:
-            parts.append(jnp.asarray(condition_mask).astype(self.dtype))
-        channels = sum(p.shape[1] for p in parts)
-        if channels != self.in_channels:
+            cond = jnp.asarray(condition_mask).astype(self.dtype)
+            if cond.shape != (b, 1, t, h, w):
+                raise ValueError(f"condition_mask must have shape [B, 1, T, H, W] = "
+                                 f"{(b, 1, t, h, w)}, got {cond.shape}")
+            parts.append(cond)
+        if c + len(parts) - 1 != self.in_channels:
             raise ValueError(f"hidden_states ({c} channels) and condition_mask "
-                             f"({channels - c}) give {channels} channels; the model takes "
-                             f"in_channels={self.in_channels} (latent + condition mask)")
+                             f"({len(parts) - 1}) give {c + len(parts) - 1} channels; the model "
+                             f"takes in_channels={self.in_channels} (latent + condition mask)")
         if self.concat_padding_mask:
             # diffusers requires it; every pipeline passes zeros (no padding), the default here
             pad = (jnp.zeros((1, 1, h, w), self.dtype) if padding_mask is None
