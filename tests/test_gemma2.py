@@ -229,3 +229,46 @@ def test_config_errors_are_one_line():
     assert Gemma2Config.from_dict({"rope_theta": 500.0}).rope_theta == 500.0
     assert Gemma2Config.from_dict(
         {"rope_parameters": {"rope_type": "default", "rope_theta": 7.0}}).rope_theta == 7.0
+
+
+def _toy_gemma_tokenizer():
+    """spec §4.3's toy tokenizer: specials, byte fallback, single characters, no merges."""
+    vocab = {"<pad>": 0, "<eos>": 1, "<bos>": 2, "<unk>": 3}
+    vocab.update({f"<0x{i:02X}>": 4 + i for i in range(256)})
+    for ch in "abcdefghijklmnopqrstuvwxyz▁.,:\n":
+        vocab.setdefault(ch, len(vocab))
+    tok = transformers.GemmaTokenizer(vocab=vocab, merges=[])
+    tok.padding_side = "right"
+    return tok
+
+
+@pytest.mark.parametrize("chi", [None, ["give the image details:", "be exact"]],
+                         ids=["plain", "chi"])
+def test_sana_prompt_embeds_match_pipeline_encode_prompt(chi):
+    """SanaPipeline.encode_prompt (tokenise, optional CHI prefix, Gemma2, select tokens) vs the
+    same tokenisation fed to our Gemma2Model and select_sana_tokens."""
+    from diffusers import SanaPipeline
+    tok = _toy_gemma_tokenizer()
+    cfg = dict(CONFIGS["spec"], vocab_size=len(tok))
+    torch_model = _torch_model(cfg)
+    pipe = SanaPipeline(tokenizer=tok, text_encoder=torch_model, vae=None, transformer=None,
+                        scheduler=None)
+    prompts, max_len = ["a cat", "a dog sits on a mat by the door"], 8
+    with torch.no_grad():
+        want, want_mask, _, _ = pipe.encode_prompt(prompts, do_classifier_free_guidance=False,
+                                                   device="cpu", max_sequence_length=max_len,
+                                                   complex_human_instruction=chi)
+    # the pipeline's tokenisation (_get_gemma_prompt_embeds; prompts are already lower-case)
+    total = max_len
+    if chi:
+        prefix = "\n".join(chi)
+        prompts = [prefix + p for p in prompts]
+        total = len(tok.encode(prefix)) + max_len - 2
+    tokens = tok(prompts, padding="max_length", max_length=total, truncation=True,
+                 add_special_tokens=True, return_tensors="np")
+    ids, mask = jnp.asarray(tokens.input_ids), jnp.asarray(tokens.attention_mask)
+    got, got_mask = select_sana_tokens(
+        _apply(_jax_model(cfg, _numpy_state(torch_model)), ids, mask), mask, max_len)
+    assert want_mask.numpy().min() == 0  # the short prompt is padded: the mask matters
+    np.testing.assert_array_equal(np.asarray(got_mask), want_mask.numpy())
+    np.testing.assert_allclose(np.asarray(got), want.numpy(), rtol=0, atol=ATOL)
