@@ -114,6 +114,21 @@ def test_parity_with_transformers(pair, padded):
     np.testing.assert_allclose(got, want, rtol=0, atol=ATOL)
 
 
+def test_fully_masked_rows_match_transformers(pair):
+    """Left padding and an all-padding row leave query rows with no visible key: transformers
+    adds the dtype's minimum, which makes those rows uniform; so must we."""
+    cfg, torch_model, jax_model = pair
+    ids, mask = _tokens(3, 1)
+    mask[1] = 0
+    mask[1, 4:9] = 1
+    mask[2] = 0
+    with torch.no_grad():
+        want = torch_model(torch.from_numpy(ids), attention_mask=torch.from_numpy(mask))
+    got = np.asarray(_apply(jax_model, jnp.asarray(ids), jnp.asarray(mask)))
+    assert np.all(np.isfinite(got))
+    np.testing.assert_allclose(got, want.last_hidden_state.numpy(), rtol=0, atol=ATOL)
+
+
 def test_padding_mask_bites(pair):
     """The padded parity above means something only if the mask changes the output: it must
     change the padded positions (they stop reading padding keys) and leave real tokens alone."""
