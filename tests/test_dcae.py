@@ -265,7 +265,8 @@ def test_sharded_on_mesh_matches_diffusers():
         want = vae.decode(vae.encode(x).latent).sample.numpy()
     run = jitted(model, lambda m, x: m.decode(m.encode(x)))
     with jax.set_mesh(mesh):
-        xs = jax.device_put(jnp.asarray(x.numpy()), jax.NamedSharding(mesh, jax.P(("data", "fsdp"))))
+        batch = jax.NamedSharding(mesh, jax.P(("data", "fsdp")))
+        xs = jax.device_put(jnp.asarray(x.numpy()), batch)
         got = run(xs)
     assert not got.sharding.is_fully_replicated  # the batch stays split across devices
     np.testing.assert_allclose(np.asarray(got), want, rtol=0, atol=ATOL)

@@ -82,7 +82,7 @@ class Gemma2Config:
 
 
 class GemmaRMSNorm(nnx.Module):
-    """x / rms(x) * (1 + w), computed in fp32, returned in x's dtype (w is stored as zeros at init)."""
+    """x / rms(x) * (1 + w), computed in fp32, returned in x's dtype (w starts at zero)."""
 
     def __init__(self, dim: int, *, eps: float, param_dtype=jnp.float32):
         self.eps = eps
