@@ -304,9 +304,11 @@ def test_sharded_forward_matches_diffusers():
     shardings = param_shardings(model, mesh)
     for path, var in nnx.to_flat_state(state):
         var.set_value(jax.device_put(var.get_value(), shardings[".".join(map(str, path))]))
+    # batch 4 (the case twice) so it divides data x fsdp
+    inputs = {k: np.concatenate([v, v]) if np.ndim(v) else v for k, v in case["inputs"].items()}
     with jax.set_mesh(mesh):
-        got = np.asarray(jax.jit(lambda s, kw: nnx.merge(graph, s)(**kw))(state, case["inputs"]))
-    err = float(np.max(np.abs(got - case["want"])))
+        got = np.asarray(jax.jit(lambda s, kw: nnx.merge(graph, s)(**kw))(state, inputs))
+    err = float(np.max(np.abs(got - np.concatenate([case["want"]] * 2))))
     assert err <= S.ATOL, err
 
 

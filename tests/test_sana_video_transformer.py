@@ -252,6 +252,7 @@ def test_remat_checkpoints_each_block_with_its_policy(remat):
         assert all(e.params["policy"] is REMAT_POLICIES[remat] for e in checkpoints)
 
 
+@pytest.mark.slow  # ~20 s; the sharded-gradient test below covers remat on 8 devices too
 def test_remat_matches_no_remat_values_and_grads():
     case = _case("tiny")
     inputs = case["inputs"]
@@ -310,7 +311,83 @@ def test_sharded_forward_matches_diffusers():
     shardings = param_shardings(model, mesh)
     for path, var in nnx.to_flat_state(state):
         var.set_value(jax.device_put(var.get_value(), shardings[".".join(map(str, path))]))
+    # batch 4 (the case twice) so it divides data x fsdp
+    inputs = {k: np.concatenate([v, v]) if np.ndim(v) else v for k, v in case["inputs"].items()}
     with jax.set_mesh(mesh):
-        got = np.asarray(jax.jit(lambda s, kw: nnx.merge(graph, s)(**kw))(state, case["inputs"]))
-    err = float(np.max(np.abs(got - case["want"])))
+        got = np.asarray(jax.jit(lambda s, kw: nnx.merge(graph, s)(**kw))(state, inputs))
+    err = float(np.max(np.abs(got - np.concatenate([case["want"]] * 2))))
     assert err <= S.ATOL, err
+
+
+@pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (host) devices")
+@pytest.mark.parametrize("rope", [False, True])
+def test_context_parallel_linear_attention_equals_unsplit(rope):
+    """Tokens split over context (and batch over data x fsdp): one psum of the state and key sum
+    gives the unsplit result; the model takes this path under such a mesh (jaxpr: a shard_map
+    whose psums carry the local (B/4, H, d, d) state and (B/4, H, d) key sum, nothing else), and
+    keeps the plain one without a mesh."""
+    from wfm_jax.mesh import make_mesh
+    from wfm_jax.models.sana.linear_attention import (context_parallel_linear_attention,
+                                                      sequence_split)
+    rng = np.random.default_rng(4)
+    grid, d = (2, 3, 4), 12
+    q, k, v = (rng.standard_normal((4, 24, 2, d)).astype(np.float32) for _ in range(3))
+    q, k = np.maximum(q, 0), np.maximum(k, 0)
+    tables = tuple(jnp.asarray(t) for t in rope_tables(d, grid, 32)) if rope else None
+    want = np.asarray(linear_attention(q, k, v, tables))
+    mesh = make_mesh(data=2, fsdp=2, context=2)
+    with jax.set_mesh(mesh):
+        assert sequence_split(24, 4, 2) == ("context",)
+        assert sequence_split(23, 4, 2) is None  # uneven: GSPMD's plain einsums instead
+        fn = jax.jit(lambda *a: context_parallel_linear_attention(*a, seq_axes=("context",)))
+        got = np.asarray(fn(q, k, v, tables))
+        loss = lambda f: lambda *a: jnp.sum(f(*a, tables) ** 2)
+        split = jax.jit(jax.grad(loss(lambda *a: context_parallel_linear_attention(
+            *a, seq_axes=("context",))), argnums=(0, 1, 2)))(q, k, v)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    whole = jax.grad(loss(linear_attention), argnums=(0, 1, 2))(q, k, v)
+    for a, b in zip(split, whole):  # and the same gradients (training under context parallel)
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)
+    assert sequence_split(24, 4, 2) is None  # no mesh
+    case = _case("tiny")
+    graph, state = nnx.split(_model(case))
+    inputs = {k_: np.concatenate([v_, v_]) if np.ndim(v_) else v_
+              for k_, v_ in case["inputs"].items()}
+    with jax.set_mesh(mesh):
+        jaxpr = jax.make_jaxpr(lambda s, kw: nnx.merge(graph, s)(**kw))(state, inputs).jaxpr
+    maps = [e for e in S.eqns(jaxpr) if e.primitive.name == "shard_map"]
+    assert len(maps) == BASE["num_layers"]
+    psums = [e for e in S.eqns(jaxpr) if e.primitive.name in ("psum", "psum_invariant")]
+    assert sorted(tuple(v_.aval.shape) for e in psums for v_ in e.outvars) == sorted(
+        [(1, 2, 12, 12), (1, 2, 12)] * BASE["num_layers"])
+
+
+@pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (host) devices")
+def test_sharded_remat_gradients_match_unsharded():
+    """A training step's gradients under (data=2, fsdp=2, context=2) with remat equal the plain
+    ones. (This caught XLA mis-partitioning a grouped conv's kernel gradient: the depthwise conv
+    is written as shifted products for that reason.)"""
+    from wfm_jax.mesh import make_mesh, param_shardings
+    case = _case("tiny")
+    inputs = {k: np.concatenate([v, v]) if np.ndim(v) else v for k, v in case["inputs"].items()}
+
+    def value_and_grad(remat, mesh):
+        model = _model(case, remat=remat)
+        graph, state = nnx.split(model)
+        loss = lambda s: jnp.sum(nnx.merge(graph, s)(**inputs) ** 2)
+        if mesh is None:
+            return jax.jit(jax.value_and_grad(loss))(state)
+        shardings = param_shardings(model, mesh)
+        for path, var in nnx.to_flat_state(state):
+            var.set_value(jax.device_put(var.get_value(), shardings[".".join(map(str, path))]))
+        with jax.set_mesh(mesh):
+            return jax.jit(jax.value_and_grad(loss))(state)
+
+    (v0, g0) = value_and_grad("none", None)
+    (v1, g1) = value_and_grad("full", make_mesh(data=2, fsdp=2, context=2))
+    np.testing.assert_allclose(v1, v0, rtol=1e-5)
+    flat0, flat1 = dict(nnx.to_flat_state(g0)), dict(nnx.to_flat_state(g1))
+    for key, b in flat0.items():
+        a, b = np.asarray(flat1[key].get_value()), np.asarray(b.get_value())
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5 * float(np.abs(b).max()) + 1e-7,
+                                   err_msg=".".join(map(str, key)))

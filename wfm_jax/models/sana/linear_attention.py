@@ -12,15 +12,21 @@ division are fp32 whatever the compute dtype, as diffusers casts them. The modul
 `attention_mask` does not exist: diffusers ignores it.
 
 Sums over the sequence are the only cross-token operations, so a sequence split over `context`
-needs just an all-reduce of the (d x d) state and the key sum (GSPMD inserts it for the einsums
-below; `context_parallel_linear_attention` spells it out with shard_map).
+needs just an all-reduce of the (d x d) state and the key sum, no ring:
+`context_parallel_linear_attention` does that with shard_map, and the module uses it whenever a
+mesh splits the tokens (the rest of the block stays with GSPMD).
 """
 from __future__ import annotations
+
+import math
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.sharding import PartitionSpec as P
 
+from wfm_jax import mesh
+from wfm_jax.models.layers.attention import QKV_AXES
 from wfm_jax.models.layers.linear import Linear
 from wfm_jax.models.layers.norms import RMSNorm
 from wfm_jax.models.wan.rope import apply_rope
@@ -59,6 +65,46 @@ def linear_attention(q, k, v, rope=None):
     return read_state(kv_state(k_rot, v), key_sum(k), q, q_rot, rotated=True)
 
 
+def _local(q, k, v, *rope, seq_axes):
+    """One shard of the tokens: partial state and key sum, summed over the sequence shards."""
+    q, k, v = (t.astype(jnp.float32) for t in (q, k, v))
+    k_num = apply_rope(k, *rope) if rope else k
+    state = jax.lax.psum(kv_state(k_num, v), seq_axes)
+    ksum = jax.lax.psum(key_sum(k), seq_axes)
+    return read_state(state, ksum, q, apply_rope(q, *rope) if rope else None, rotated=bool(rope))
+
+
+def sequence_split(n_tokens: int, batch: int, heads: int):
+    """The mesh axes that split the tokens (act_seq) under the active mesh and rules, when the
+    batch, tokens and heads divide their shards; None (no split, no mesh, or uneven: GSPMD then
+    partitions the plain einsums, with the same sums)."""
+    m = jax.sharding.get_abstract_mesh()
+    if m is None or m.empty:
+        return None
+    rules = dict(mesh.active_rules())
+    seq = tuple(a for a in mesh.mesh_axes_of(rules.get("act_seq")) if m.shape[a] > 1)
+    if not seq:
+        return None
+    sizes = [math.prod(m.shape[a] for a in mesh.mesh_axes_of(rules.get(name)))
+             for name in ("act_batch", "act_seq", "act_heads")]
+    if batch % sizes[0] or n_tokens % sizes[1] or heads % sizes[2]:
+        return None
+    return seq
+
+
+def context_parallel_linear_attention(q, k, v, rope=None, *, seq_axes):
+    """`linear_attention` with the tokens split over the mesh axes `seq_axes` (shard_map under
+    the active mesh; q, k, v laid out by QKV_AXES, the RoPE rows split like the tokens): each
+    shard sums its part of the state and the key sum, one psum of those two small tensors, then
+    each shard reads its own queries."""
+    spec = mesh.logical_to_spec(QKV_AXES)
+    tables = tuple(rope or ())
+    fn = jax.shard_map(lambda *a: _local(*a, seq_axes=seq_axes),
+                       in_specs=(spec, spec, spec) + (P(spec[1], None),) * len(tables),
+                       out_specs=spec)
+    return fn(q, k, v, *tables)
+
+
 class SanaLinearAttention(nnx.Module):
     """diffusers `Attention` with a Sana linear processor; module names as diffusers' (to_q,
     to_k, to_v, to_out.0, norm_q, norm_k) so checkpoints and LoRA targets map one-to-one.
@@ -86,5 +132,11 @@ class SanaLinearAttention(nnx.Module):
         if self.norm_q is not None:
             q, k = self.norm_q(q), self.norm_k(k)
         q, k = jax.nn.relu(self._heads(q)), jax.nn.relu(self._heads(k))
-        out = linear_attention(q, k, self._heads(v), rope)
+        v = self._heads(v)
+        seq_axes = sequence_split(x.shape[1], x.shape[0], self.heads)
+        if seq_axes is None:
+            out = linear_attention(q, k, v, rope)
+        else:
+            q, k, v = (mesh.constrain(t, QKV_AXES) for t in (q, k, v))
+            out = context_parallel_linear_attention(q, k, v, rope, seq_axes=seq_axes)
         return self.to_out[0](out.reshape(*x.shape[:2], -1).astype(x.dtype))
