@@ -132,8 +132,8 @@ def test_bf16_compute_close_to_fp32_and_to_diffusers_bf16(tmp_path):
 
 
 def test_rope_linear_attention_equals_its_quadratic_form():
-    """Numerator with rotated q, k; normaliser with the un-rotated ones (SanaLinearAttnProcessor3_0):
-    out_n = sum_m (Rq_n . Rk_m) v_m / (sum_m q_n . k_m + 1e-15)."""
+    """Numerator with rotated q, k; normaliser with the un-rotated ones (diffusers'
+    SanaLinearAttnProcessor3_0): out_n = sum_m (Rq_n . Rk_m) v_m / (sum_m q_n . k_m + 1e-15)."""
     rng = np.random.default_rng(3)
     grid, d = (2, 3, 2), 12
     q, k, v = (rng.standard_normal((2, 12, 3, d)).astype(np.float32) for _ in range(3))
