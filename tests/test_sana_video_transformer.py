@@ -362,6 +362,7 @@ def test_context_parallel_linear_attention_equals_unsplit(rope):
         [(1, 2, 12, 12), (1, 2, 12)] * BASE["num_layers"])
 
 
+@pytest.mark.slow  # two backward compiles, 17-27 s on the shared 2-core box
 @pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (host) devices")
 def test_sharded_remat_gradients_match_unsharded():
     """A training step's gradients under (data=2, fsdp=2, context=2) with remat equal the plain
