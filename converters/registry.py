@@ -20,6 +20,7 @@ _PROVIDERS = (
     "converters.t5",
     "converters.wan_transformer",
     "converters.cosmos_transformer",
+    "converters.qwen2_5_vl",
 )
 
 
