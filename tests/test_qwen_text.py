@@ -366,3 +366,47 @@ def test_token_ids_refuse_a_tokenizer_that_does_not_pad(tokenizer):
 
     with pytest.raises(ValueError, match="expected max_sequence_length 512"):
         te.prompt_token_ids(NoPad(), "a cat")
+
+
+def test_load_text_tower_reads_only_the_text(pair, tmp_path):
+    """From a pipeline dir's text_encoder/ (sharded over fsdp=8) and from a converted state dir:
+    the text tower alone, numbers equal to the full model's; other classes are one line."""
+    from converters.cli import main
+    from converters.registry import UnsupportedModelError
+    from wfm_jax.mesh import make_mesh
+    from wfm_jax.models.text.qwen2_5_vl import QwenTextModel
+    from wfm_jax.models.text.qwen_loading import load_text_tower
+    config, torch_model, jax_model = pair
+    pipe = tmp_path / "pipe"
+    torch_model.save_pretrained(pipe / "text_encoder")
+    (pipe / "model_index.json").write_text(json.dumps({
+        "_class_name": "Cosmos2_5_PredictBasePipeline",
+        "text_encoder": ["transformers", "Qwen2_5_VLForConditionalGeneration"]}))
+    ids = jnp.asarray(_ids(config, 2, np.random.default_rng(6)))
+    want = _apply(jax_model, ids)
+    tower, _ = load_text_tower(str(pipe), mesh=make_mesh(fsdp=8))
+    assert isinstance(tower, QwenTextModel)
+    assert not nnx.state(tower, Passthrough).flat_state()
+    kernel = tower.layers[0].mlp.gate_proj.kernel[...]
+    assert len(kernel.sharding.device_set) == 8
+    state = {".".join(map(str, p)): np.asarray(v.get_value())
+             for p, v in nnx.state(jax_model.language_model, nnx.Variable).flat_state()}
+    got = {".".join(map(str, p)): np.asarray(v.get_value())
+           for p, v in nnx.state(tower, nnx.Variable).flat_state()}
+    assert set(got) == set(state)
+    for key, value in state.items():
+        np.testing.assert_array_equal(got[key], value, err_msg=key)
+    for g, w in zip(_apply(tower, ids), want):  # sharded matmuls may reorder sums
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), atol=1e-6, rtol=0)
+
+    assert main(["to-jax", str(pipe / "text_encoder"), str(tmp_path / "state")]) == 0
+    tower, _ = load_text_tower(str(tmp_path / "state"), param_dtype=jnp.bfloat16)
+    assert tower.embed_tokens[...].dtype == jnp.bfloat16
+    for p, v in nnx.state(tower, nnx.Variable).flat_state():
+        key = ".".join(map(str, p))
+        np.testing.assert_array_equal(np.asarray(v.get_value()), state[key].astype(ml_dtypes.bfloat16))
+
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "config.json").write_text(json.dumps({"architectures": ["T5EncoderModel"]}))
+    with pytest.raises(UnsupportedModelError, match="'T5EncoderModel', not a Qwen2_5_VL"):
+        load_text_tower(str(tmp_path / "other"))
