@@ -147,6 +147,23 @@ def test_bf16_compute_tracks_fp32(pair):
     assert err < 0.05 * np.max(np.abs(ref)), err
 
 
+def test_rms_norm_rounds_like_transformers_in_bf16():
+    """Normalise in fp32, round to bf16, then scale in bf16: Qwen2_5_VLRMSNorm's order."""
+    from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLRMSNorm
+    from wfm_jax.models.text.qwen2_5_vl import QwenRMSNorm
+    rng = np.random.default_rng(7)
+    x = torch.from_numpy(rng.normal(size=(4, 64)).astype(np.float32)).to(torch.bfloat16)
+    ref = Qwen2_5_VLRMSNorm(64, eps=1e-6).to(torch.bfloat16)
+    with torch.no_grad():
+        ref.weight.copy_(torch.from_numpy(rng.normal(size=64).astype(np.float32)))
+        want = _numpy(ref(x)).astype(np.float32)
+    norm = QwenRMSNorm(64, eps=1e-6, param_dtype=jnp.bfloat16)
+    norm.scale.set_value(jnp.asarray(_numpy(ref.weight)))
+    got = norm(jnp.asarray(_numpy(x)))
+    assert got.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(got, np.float32), want)
+
+
 def test_sharded_forward_matches_single_device(pair):
     """8-device data x fsdp x context mesh: activation constraints apply, numbers do not move."""
     config, _, jax_model = pair
@@ -277,7 +294,7 @@ def test_cli_round_trip_and_load_model(pair, tokenizer, tmp_path):
     """`python -m converters to-jax | to-diffusers` on a bf16 save is bit-exact; load_model reads
     the text encoder of a checkpoint that has its visual tower, with the same numbers."""
     from converters.cli import main
-    from wfm_jax.models.loading import load_model
+    from wfm_jax.models.loading import export_diffusers, load_model
     config, torch_model, jax_model = pair
     src = tmp_path / "src"
     copy.deepcopy(torch_model).to(torch.bfloat16).save_pretrained(src)  # the fixture stays fp32
@@ -293,10 +310,17 @@ def test_cli_round_trip_and_load_model(pair, tokenizer, tmp_path):
 
     fp32 = tmp_path / "fp32"
     torch_model.save_pretrained(fp32)
-    loaded, _ = load_model(str(fp32))
+    loaded, loaded_config = load_model(str(fp32))
     ids = jnp.asarray(_ids(config, 2, np.random.default_rng(5)))
     for g, w in zip(_apply(loaded, ids), _apply(jax_model, ids)):
         np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+    # the family's export path writes the whole checkpoint back, visual tower included
+    export_diffusers(loaded, loaded_config, str(tmp_path / "export"))
+    want = {k: v() for k, v in open_checkpoint(str(fp32)).items()}
+    got = {k: v() for k, v in open_checkpoint(str(tmp_path / "export")).items()}
+    assert set(got) == set(want)
+    for key, value in want.items():
+        assert got[key].dtype == value.dtype and got[key].tobytes() == value.tobytes(), key
 
 
 def test_bad_keys_are_named(pair, tmp_path):
