@@ -217,13 +217,18 @@ def _diffusers_embeds(torch_model, tokenizer, prompts, max_len):
     return embeds, ids, kwargs
 
 
-def test_token_ids_equal_diffusers(pair, tokenizer):
+def test_token_ids_equal_diffusers(pair, tokenizer, tmp_path):
     _, torch_model, _ = pair
     _, want, kwargs = _diffusers_embeds(torch_model, tokenizer, PROMPTS, MAX_LEN)
     assert set(kwargs) == {"output_hidden_states"}  # no attention mask, as the docs say
     got = te.prompt_token_ids(tokenizer, PROMPTS, MAX_LEN)
     assert got.shape == (2, MAX_LEN) and got.dtype == np.int32
     np.testing.assert_array_equal(got, want.numpy())
+    tokenizer.save_pretrained(tmp_path / "tokenizer")  # as a pipeline dir holds it
+    reloaded = te.load_tokenizer(str(tmp_path))
+    np.testing.assert_array_equal(te.prompt_token_ids(reloaded, PROMPTS, MAX_LEN), got)
+    with pytest.raises(FileNotFoundError, match="no tokenizer/ in pipeline directory"):
+        te.load_tokenizer(str(tmp_path / "tokenizer"))
     pad = tokenizer.pad_token_id
     assert got[0, -1] == pad and got[1, -1] != pad  # one padded, one truncated
     im_start = tokenizer.convert_tokens_to_ids("<|im_start|>")

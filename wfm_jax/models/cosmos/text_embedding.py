@@ -8,6 +8,7 @@ the embedding is jittable (`reason1_embedding`).
 """
 from __future__ import annotations
 
+import os
 from typing import Sequence
 
 import jax
@@ -23,6 +24,15 @@ def conversation(prompt: str) -> list[dict]:
     """The chat diffusers templates for one prompt (system instruction, then the user's text)."""
     return [{"role": "system", "content": [{"type": "text", "text": SYSTEM_PROMPT}]},
             {"role": "user", "content": [{"type": "text", "text": prompt}]}]
+
+
+def load_tokenizer(pipeline_dir: str, subfolder: str = "tokenizer"):
+    """The pipeline's transformers tokenizer (Qwen2.5-VL's, with its chat template), offline."""
+    from transformers import AutoTokenizer
+    path = os.path.join(pipeline_dir, subfolder)
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"no {subfolder}/ in pipeline directory {pipeline_dir}")
+    return AutoTokenizer.from_pretrained(path, local_files_only=True)
 
 
 def prompt_token_ids(tokenizer, prompts: str | Sequence[str],
@@ -66,5 +76,6 @@ def reason1_embedding(encoder, input_ids: jax.Array, dtype=None) -> jax.Array:
     return normalize_hidden_states(encoder(input_ids), dtype)
 
 
-__all__ = ["SYSTEM_PROMPT", "MAX_SEQUENCE_LENGTH", "conversation", "prompt_token_ids",
+__all__ = ["SYSTEM_PROMPT", "MAX_SEQUENCE_LENGTH", "conversation", "load_tokenizer",
+           "prompt_token_ids",
            "normalize_hidden_states", "reason1_embedding"]
