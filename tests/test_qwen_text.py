@@ -346,8 +346,9 @@ def test_bad_keys_are_named(pair, tmp_path):
         convert_to_jax(table, _loaders(dict(state, **{victim: np.zeros((3, 5), np.float32)})),
                        shapes)
     # transformers' in-memory layout (model.language_model.*, model.visual.*) is not a checkpoint
-    renamed = {k.replace("model.", "model.language_model.", 1).replace("visual.", "model.visual.", 1)
-               if k != "lm_head.weight" else k: v for k, v in state.items()}
+    in_memory = lambda k: (k if k == "lm_head.weight" else k.replace(
+        "model.", "model.language_model.", 1).replace("visual.", "model.visual.", 1))
+    renamed = {in_memory(k): v for k, v in state.items()}
     with pytest.raises(ConversionError, match="unexpected keys: model.language_model"):
         convert_to_jax(table, _loaders(renamed))
     # every table path is a model variable and the other way round
@@ -433,9 +434,11 @@ def test_load_text_tower_reads_only_the_text(pair, tmp_path):
     assert tower.embed_tokens[...].dtype == jnp.bfloat16
     for p, v in nnx.state(tower, nnx.Variable).flat_state():
         key = ".".join(map(str, p))
-        np.testing.assert_array_equal(np.asarray(v.get_value()), state[key].astype(ml_dtypes.bfloat16))
+        np.testing.assert_array_equal(np.asarray(v.get_value()),
+                                      state[key].astype(ml_dtypes.bfloat16))
 
     (tmp_path / "other").mkdir()
-    (tmp_path / "other" / "config.json").write_text(json.dumps({"architectures": ["T5EncoderModel"]}))
+    (tmp_path / "other" / "config.json").write_text(
+        json.dumps({"architectures": ["T5EncoderModel"]}))
     with pytest.raises(UnsupportedModelError, match="'T5EncoderModel', not a Qwen2_5_VL"):
         load_text_tower(str(tmp_path / "other"))

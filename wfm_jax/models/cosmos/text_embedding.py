@@ -1,7 +1,8 @@
-"""Cosmos-Predict2.5's prompt embedding (diffusers `Cosmos2_5_PredictBasePipeline._get_prompt_embeds`):
-the chat-templated prompt through the Qwen2.5-VL (Cosmos-Reason1) text tower with no attention
-mask, each hidden state after the embeddings normalised over the hidden dim, all concatenated
-(num_hidden_layers * hidden_size wide: 28 * 3584 = 100352 for Reason1-7B).
+"""Cosmos-Predict2.5's prompt embedding (diffusers'
+`Cosmos2_5_PredictBasePipeline._get_prompt_embeds`): the chat-templated prompt through the
+Qwen2.5-VL (Cosmos-Reason1) text tower with no attention mask, each hidden state after the
+embeddings normalised over the hidden dim, all concatenated (num_hidden_layers * hidden_size
+wide: 28 * 3584 = 100352 for Reason1-7B).
 
 Token ids are built on the host with the pipeline's transformers tokenizer (`prompt_token_ids`);
 the embedding is jittable (`reason1_embedding`).

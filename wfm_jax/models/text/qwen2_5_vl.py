@@ -63,7 +63,8 @@ class QwenTextConfig:
         rope = text.get("rope_parameters") or text.get("rope_scaling") or {}
         kind = rope.get("rope_type", rope.get("type", "default"))
         if kind not in ("default", "mrope"):  # transformers maps "mrope" to "default"
-            raise ValueError(f"unsupported Qwen2.5-VL rope_type {kind!r}; supported: default, mrope")
+            raise ValueError(f"unsupported Qwen2.5-VL rope_type {kind!r}; "
+                             f"supported: default, mrope")
         kw["rope_theta"] = float(rope.get("rope_theta", text.get("rope_theta", 1e6)))
         layer_types = text.get("layer_types") or []
         if text.get("use_sliding_window") or "sliding_attention" in layer_types:
@@ -243,7 +244,8 @@ def passthrough_shapes(config: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
             shapes[f"{p}.mlp.{proj}.bias"] = shape[:1]
     merged = h * m * m
     shapes.update({"visual.merger.ln_q.weight": (h,),
-                   "visual.merger.mlp.0.weight": (merged, merged), "visual.merger.mlp.0.bias": (merged,),
+                   "visual.merger.mlp.0.weight": (merged, merged),
+                   "visual.merger.mlp.0.bias": (merged,),
                    "visual.merger.mlp.2.weight": (v["out_hidden_size"], merged),
                    "visual.merger.mlp.2.bias": (v["out_hidden_size"],)})
     text = QwenTextConfig.from_dict(config)
@@ -274,7 +276,8 @@ class Qwen2_5_VLEncoder(nnx.Module):
                  param_dtype=jnp.float32):
         self.language_model = QwenTextModel(QwenTextConfig.from_dict(config), rngs=rngs,
                                             dtype=dtype, param_dtype=param_dtype)
-        axes = lambda key, shape: ("vocab", "embed") if key == "lm_head.weight" else (None,) * len(shape)
+        axes = lambda key, shape: (("vocab", "embed") if key == "lm_head.weight"
+                                   else (None,) * len(shape))  # the vision tower: replicated
         self.passthrough = _nested({
             key: param(jnp.zeros(shape, param_dtype), axes(key, shape), Passthrough)
             for key, shape in passthrough_shapes(config).items()})
