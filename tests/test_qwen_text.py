@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 
 import jax
 import jax.numpy as jnp
@@ -19,6 +20,7 @@ from converters import qwen2_5_vl as qwen_conv
 from converters.registry import spec_for
 from converters.safetensors_io import open_checkpoint, save_checkpoint
 from converters.table import ConversionError, convert_to_diffusers, convert_to_jax
+from wfm_jax.models.loading import check_against_model
 from wfm_jax.mesh import MESH_AXES
 from wfm_jax.models.cosmos import text_embedding as te
 from wfm_jax.models.state import flat_params
@@ -377,11 +379,17 @@ def test_released_legacy_config_and_bad_configs():
     shapes = passthrough_shapes(legacy)
     assert shapes["visual.merger.mlp.0.weight"] == (5120, 5120)
     assert shapes["lm_head.weight"] == (152064, 3584)
-    with torch.device("meta"):  # the real vision tower's tensors, built on meta: no memory
-        visual = transformers.Qwen2_5_VLForConditionalGeneration(
-            transformers.Qwen2_5_VLConfig(**legacy)).model.visual
-    assert {f"visual.{k}": tuple(v.shape) for k, v in visual.state_dict().items()} == {
-        k: v for k, v in shapes.items() if k.startswith("visual.")}
+    with torch.device("meta"):  # the released model's tensors, built on meta: no memory
+        full = transformers.Qwen2_5_VLForConditionalGeneration(
+            transformers.Qwen2_5_VLConfig(**legacy))
+    # in-memory names -> the checkpoint's (what save_pretrained writes)
+    stored = {re.sub(r"^model\.(language_model|visual)\.",
+                     lambda m: "model." if m.group(1) == "language_model" else "visual.", k):
+              (tuple(v.shape), "BF16") for k, v in full.state_dict().items()}
+    assert {k: v[0] for k, v in stored.items() if not k.startswith("model.")} == shapes
+    # the whole table against the abstract 7B model: keys, paths and every shape
+    check_against_model(qwen_conv.build_table(legacy), stored,
+                        nnx.eval_shape(lambda: make_model(legacy, rngs=nnx.Rngs(0))))
 
     with pytest.raises(ValueError, match="unsupported Qwen2.5-VL rope_type 'yarn'"):
         QwenTextConfig.from_dict(dict(legacy, rope_scaling={"type": "yarn", "factor": 4.0}))
