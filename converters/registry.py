@@ -21,6 +21,7 @@ _PROVIDERS = (
     "converters.wan_transformer",
     "converters.cosmos_transformer",
     "converters.sana_transformer",
+    "converters.qwen2_5_vl",
 )
 
 
