@@ -114,6 +114,8 @@ DEFAULTS = {
     },
     "policy": {
         "model_name_or_path": "",
+        # the recipe's model family (models.family.families()): the pipeline dir must hold one
+        "family": "sd3",
         "build_tiny": False,  # embedded defaults: build the tiny random pipeline there if missing
         # tiny RL recipes: build (or rebuild an incomplete) pretrained tiny shapes pipeline there
         "build_tiny_pretrained": False,
@@ -246,6 +248,15 @@ def _positive(config, keys, allow_zero=False):
         value = _required(config, key)
         if value < 0 or (value == 0 and not allow_zero):
             raise ConfigError(f"config key '{key}' must be {'>= 0' if allow_zero else '> 0'}, got {value}")
+
+
+@register_check
+def check_family(config) -> None:
+    from wfm_jax.models.family import families
+    known = families()
+    if config.policy.family not in known:
+        raise ConfigError(f"config key 'policy.family' = {config.policy.family!r} is not one of "
+                          f"{sorted(known)}")
 
 
 @register_check

@@ -64,6 +64,15 @@ def families() -> dict[str, str]:
     return {cls.family: name for name, cls in _FAMILIES.items()}
 
 
+def family_named(name: str) -> type["PipelineFamily"]:
+    """The class of the recipe family `name` ("sd3", "wan", ...); PipelineError naming the
+    known ones."""
+    known = families()
+    if name not in known:
+        raise PipelineError(f"unknown model family {name!r}; known: {', '.join(sorted(known))}")
+    return _FAMILIES[known[name]]
+
+
 def read_model_index(directory: str) -> dict:
     """model_index.json of a local pipeline dir (PipelineError when there is none)."""
     if not os.path.isdir(directory):
@@ -120,6 +129,11 @@ class PipelineFamily(abc.ABC):
     family: ClassVar[str]             # the recipes' name for it: "sd3", "wan", ...
     is_video: ClassVar[bool] = False
     lora_prefix: ClassVar[str] = "transformer"  # key prefix of exported LoRA weights
+    # what `generate` uses when the user names none (diffusers' pipeline defaults)
+    default_sampler: ClassVar[str] = "euler"
+    default_steps: ClassVar[int] = 28
+    default_guidance: ClassVar[float] = 4.5
+    default_frames: ClassVar[int | None] = None  # video families: generate's --frames default
 
     directory: str
     transformer: Any
@@ -142,6 +156,15 @@ class PipelineFamily(abc.ABC):
         """Hashable identity of everything the *_with methods read from self."""
         return (type(self).__name__, hashable(self.transformer_config),
                 hashable(self.vae_config), hashable(self.scheduler_config))
+
+    def shell(self) -> "PipelineFamily":
+        """A copy without the NNX modules, for closures of compiled functions: the *_with
+        methods read only configs (and tokenizers) from self, and a cached jit must not keep
+        a model's weights alive."""
+        import copy
+        out = copy.copy(self)
+        out.transformer, out.vae, out.text_encoders = None, None, ()
+        return out
 
     # ------------------------------------------------------------------ geometry
     @property
@@ -215,6 +238,7 @@ class PipelineFamily(abc.ABC):
         return self.normalize_latents(z.astype(jnp.float32))
 
     # ------------------------------------------------------------------ export
-    def export_components(self) -> tuple[str, ...]:
+    @classmethod
+    def export_components(cls) -> tuple[str, ...]:
         """The components a full fine-tune rewrites (the rest are copied unchanged)."""
         return ("transformer",)

@@ -39,7 +39,7 @@ from wfm_jax.data.errors import DataError
 from wfm_jax.sampling import steps as S
 from wfm_jax.sampling.samplers import sample
 from wfm_jax.sampling.schedule import edm_churn_eta, edm_sigmas
-from wfm_jax.train.rl_grpo import cfg_velocity
+from wfm_jax.train.rl_grpo import cfg_velocity, guide_of
 
 F32 = jnp.float32
 Velocity = Callable[[Any, jax.Array, jax.Array, Any], jax.Array]
@@ -191,7 +191,8 @@ class DDRL:
         k_steps, k_sde = jax.random.split(key)
         out = sample(lambda x, t, c: velocity(state.params, x, t, c), latents * self.sigma_max,
                      self.sigmas, k_sde, method="edm", cond=cond, uncond=uncond,
-                     cfg_scale=self.guidance, return_trajectory=True, **self.churn)
+                     cfg_scale=self.guidance, guide=guide_of(velocity), return_trajectory=True,
+                     **self.churn)
         steps = self.draw_steps(k_steps)
         prev = jnp.maximum(steps - 1, 0)
         b = latents.shape[0]
