@@ -133,7 +133,9 @@ class PipelineFamily(abc.ABC):
     default_sampler: ClassVar[str] = "euler"
     default_steps: ClassVar[int] = 28
     default_guidance: ClassVar[float] = 4.5
+    default_max_sequence_length: ClassVar[int] = 256
     default_frames: ClassVar[int | None] = None  # video families: generate's --frames default
+    default_fps: ClassVar[float] = 16.0          # video families: the mp4's frame rate
 
     directory: str
     transformer: Any
