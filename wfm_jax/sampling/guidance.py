@@ -1,7 +1,7 @@
 """Classifier-free guidance with the conditional and unconditional branch in ONE forward (spec §2).
 
 `cond` and `uncond` are pytrees of arrays with a leading batch axis (e.g. a dict with
-"prompt_embeds" and "pooled_projections"). Leaves of `uncond` with batch 1 (one empty negative
+"prompt_embeds" and "pooled_projections" for SD3). Leaves of `uncond` with batch 1 (one empty negative
 prompt) are broadcast to the batch. The combined batch is [uncond; cond], diffusers' order.
 """
 

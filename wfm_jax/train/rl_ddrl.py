@@ -141,7 +141,7 @@ class DDRL:
         records = (index_records(ds.local_dir) if is_webdataset(ds.local_dir)
                    else scan_paired(ds.local_dir))
         if records[0].is_video:
-            raise DataError(f"{ds.local_dir} holds videos; DDRL on SD3 trains on images")
+            raise DataError(f"{ds.local_dir} holds videos; DDRL's data term loads images only")
         val = config.validation.dataset
         if val.local_dir:
             return records, (scan_paired(val.local_dir) if os.path.isdir(val.local_dir)
