@@ -1,8 +1,8 @@
-"""Supervised fine-tuning (rectified flow) of a family's transformer (models.family): LoRA or full.
+"""Supervised fine-tuning (rectified flow) of a model family's transformer: LoRA or full.
 
 One optimizer step = train.grad_accum_steps micro-steps; each micro-step takes one global batch
-(train.train_batch_per_replica images or clips over all processes), encodes prompts and images in their
-own gradient-free jits, and runs one jitted train step (donated state, explicit shardings):
+(train.train_batch_per_replica images or clips over all processes), encodes prompts and pixels
+in their own gradient-free jits, and runs one jitted train step (donated state, explicit shardings):
 
     t ~ policy.diffusers.weighting_scheme through the scheduler shift (algorithms/sft.py)
     x_t = (1 - sigma) x0 + sigma eps;  loss = mean w(sigma) ||v(x_t, 1000 sigma) - (eps - x0)||^2
@@ -55,8 +55,8 @@ def _step_key(setup, loss_args: tuple) -> tuple:
              t.ema_enable, t.ema_decay, t.ema_update_step_interval)
     state_leaves, state_def = jax.tree.flatten(setup.shardings)
     frozen_leaves, frozen_def = jax.tree.flatten(_shardings_of(setup.frozen))
-    return (setup.graphdef, setup.pipe.static_key(), optim, loss_args, tuple(state_leaves), state_def,
-            tuple(frozen_leaves), frozen_def, setup.batch_sharding())
+    return (setup.graphdef, setup.pipe.static_key(), optim, loss_args, tuple(state_leaves),
+            state_def, tuple(frozen_leaves), frozen_def, setup.batch_sharding())
 
 
 def _shardings_of(tree):
