@@ -65,7 +65,8 @@ class FakeVideo(PipelineFamily):
         return {"ids": np.array([[len(p)] for p in prompts], np.int32)}
 
     def encode_text_with(self, text_encoders, ids, max_sequence_length):
-        return {"context": jnp.asarray(ids["ids"], jnp.float32)[:, :, None] * text_encoders[0].w[...]}
+        ids = jnp.asarray(ids["ids"], jnp.float32)
+        return {"context": ids[:, :, None] * text_encoders[0].w[...]}
 
     def cond_from_embedding(self, embedding):
         return {"context": np.asarray(embedding["context"], np.float32)}
@@ -92,7 +93,8 @@ class FakeVideo(PipelineFamily):
 def _decode(xp, latents, gain):
     """Latents -> clips (B, T, H, W, 3) in [0, 1], with numpy (the reference) or jax.numpy."""
     z = latents / 2.0 + 0.25
-    z = xp.repeat(xp.repeat(xp.repeat(z, 8, -1), 8, -2), 4, 2)[:, :, :(latents.shape[2] - 1) * 4 + 1]
+    frames = (latents.shape[2] - 1) * 4 + 1
+    z = xp.repeat(xp.repeat(xp.repeat(z, 8, -1), 8, -2), 4, 2)[:, :, :frames]
     x = xp.concatenate([z, z.mean(1, keepdims=True)], axis=1) / gain
     return xp.clip(xp.transpose(x, (0, 2, 3, 4, 1)) / 2 + 0.5, 0.0, 1.0).astype(xp.float32)
 
@@ -266,3 +268,35 @@ def test_generate_frames_on_an_image_family_is_one_line(tiny_dir, tmp_path, caps
                         "--out", str(tmp_path / "x.png")])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and "--frames applies to video families" in err[0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("guidance", [1.0, 5.0])
+def test_generate_cli_matches_diffusers_wan(tmp_path, guidance):
+    # the same CLI that runs SD3 runs Wan: UniPC by default, one batched CFG forward
+    from tests.test_wan_pipeline import (FRAMES as T, HEIGHT, MAX_LEN, PIPELINE_ATOL, WIDTH,
+                                         _torch_pipeline)
+    from wfm_jax import generate
+    torch_pipe = _torch_pipeline()
+    model = str(tmp_path / "wan")
+    torch_pipe.save_pretrained(model)
+    prompts, steps = ["a red cat", "the dog on a photo"], 3
+    latents = np.random.default_rng(3).standard_normal(
+        (2, 4, (T - 1) // 4 + 1, HEIGHT // 8, WIDTH // 8)).astype(np.float32)
+    np.save(tmp_path / "init.npy", latents)
+    import torch
+    want = torch_pipe(prompts, negative_prompt="blue", height=HEIGHT, width=WIDTH, num_frames=T,
+                      num_inference_steps=steps, guidance_scale=guidance,
+                      latents=torch.from_numpy(latents), output_type="np",
+                      max_sequence_length=MAX_LEN).frames
+    rc = generate.main(["--model", model, *sum([["--prompt", p] for p in prompts], []),
+                        "--negative-prompt", "blue", "--steps", str(steps), "--guidance",
+                        str(guidance), "--height", str(HEIGHT), "--width", str(WIDTH),
+                        "--frames", str(T), "--max-sequence-length", str(MAX_LEN),
+                        "--latents", str(tmp_path / "init.npy"),
+                        "--out", str(tmp_path / "w.mp4"), "--save-array", str(tmp_path / "w.npy")])
+    assert rc == 0
+    got = np.load(tmp_path / "w.npy")
+    assert got.shape == want.shape == (2, T, HEIGHT, WIDTH, 3)
+    assert np.abs(got - want).max() <= PIPELINE_ATOL
+    assert os.path.isfile(tmp_path / "w.mp4") and os.path.isfile(tmp_path / "w_1.mp4")

@@ -41,21 +41,26 @@ def encode_prompts(pipe, prompts: Sequence[str], max_sequence_length: int) -> di
     return encoder({k: jnp.asarray(v) for k, v in encoder.tokenize(prompts).items()})
 
 
-def schedule(sampler: str, steps: int, shift: float):
-    """(sigmas, timesteps or None) of `sampler` as its diffusers scheduler sets them."""
+def schedule(pipe, sampler: str, steps: int):
+    """(sigmas, timesteps or None) of `sampler` as its diffusers scheduler sets them: the
+    family's own for its default solver, else the scheduler's defaults at the family's shift."""
+    if sampler == pipe.default_solver:
+        return pipe.sampler_schedule(steps)
     if sampler == "euler":
-        return flow_sigmas(steps, shift)[0], None
+        return flow_sigmas(steps, pipe.shift)[0], None
     if sampler == "unipc":
-        return unipc_flow_schedule(steps, shift)
+        return unipc_flow_schedule(steps, pipe.shift)
     raise ValueError(f"unknown sampler {sampler!r}; choose one of {SAMPLERS}")
 
 
 def generate(pipe, prompts: Sequence[str], *, steps: int, guidance: float, height: int, width: int,
              seed: int = 0, latents=None, negative_prompt: str = "",
              max_sequence_length: int = 256, frames: int | None = None,
-             sampler: str = "euler") -> np.ndarray:
+             sampler: str | None = None) -> np.ndarray:
     """Pixels (B, H, W, 3) (or (B, T, H, W, 3) for a video family) float32 in [0, 1] for
-    `prompts`, as the family's diffusers pipeline gives with output_type="np"."""
+    `prompts`, as the family's diffusers pipeline gives with output_type="np". sampler: one of
+    SAMPLERS, default the family's."""
+    sampler = sampler or pipe.default_solver
     shape = pipe.latent_shape(len(prompts), height, width, frames=frames)
     if latents is None:
         latents = jax.random.normal(jax.random.key(seed), shape, jnp.float32)
@@ -66,7 +71,7 @@ def generate(pipe, prompts: Sequence[str], *, steps: int, guidance: float, heigh
     uncond = None
     if guidance > 1:  # diffusers: do_classifier_free_guidance = guidance_scale > 1
         uncond = encode_prompts(pipe, [negative_prompt] * len(prompts), max_sequence_length)
-    sigmas, timesteps = schedule(sampler, steps, pipe.shift)
+    sigmas, timesteps = schedule(pipe, sampler, steps)
 
     graphdef, state = nnx.split(pipe.transformer)
     vae_def, vae_state = nnx.split(pipe.vae)
@@ -187,7 +192,7 @@ def main(argv=None) -> int:
                           negative_prompt=args.negative_prompt,
                           max_sequence_length=(args.max_sequence_length
                                                or pipe.default_max_sequence_length),
-                          frames=frames, sampler=args.sampler or pipe.default_sampler)
+                          frames=frames, sampler=args.sampler)
         written = save_outputs(images, out, args.save_array, fps=pipe.default_fps)
     except (ValueError, FileNotFoundError, KeyError) as e:  # PipelineError is a ValueError
         print(f"error: {e}", file=sys.stderr)

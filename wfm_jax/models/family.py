@@ -130,7 +130,7 @@ class PipelineFamily(abc.ABC):
     is_video: ClassVar[bool] = False
     lora_prefix: ClassVar[str] = "transformer"  # key prefix of exported LoRA weights
     # what `generate` uses when the user names none (diffusers' pipeline defaults)
-    default_sampler: ClassVar[str] = "euler"
+    default_solver: ClassVar[str] = "euler"  # sampling.samplers method; see sampler_schedule
     default_steps: ClassVar[int] = 28
     default_guidance: ClassVar[float] = 4.5
     default_max_sequence_length: ClassVar[int] = 256
@@ -174,6 +174,12 @@ class PipelineFamily(abc.ABC):
         """The flow-matching scheduler's timestep shift."""
         return float(self.scheduler_config.get("shift", self.scheduler_config.get("flow_shift",
                                                                                   1.0)))
+
+    def sampler_schedule(self, num_steps: int) -> tuple[np.ndarray, np.ndarray | None]:
+        """(sigmas (N+1,), timesteps (N,) or None = 1000 sigma) of `default_solver` as the
+        family's diffusers scheduler sets them; here FlowMatchEulerDiscreteScheduler's."""
+        from wfm_jax.sampling.schedule import flow_sigmas
+        return flow_sigmas(num_steps, self.shift)[0], None
 
     @abc.abstractmethod
     def latent_shape(self, batch: int, height: int, width: int,

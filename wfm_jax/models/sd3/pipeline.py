@@ -51,7 +51,7 @@ class SD3Pipeline(PipelineFamily):
     pipeline_class = PIPELINE_CLASS
     family = "sd3"
     # generate's defaults: diffusers' SD3.5 pipeline (28 Euler steps, guidance 4.5 in the docs)
-    default_sampler = "euler"
+    default_solver = "euler"
     default_steps = 28
     default_guidance = 4.5
 
