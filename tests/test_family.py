@@ -160,16 +160,15 @@ def test_config_rejects_an_unknown_family():
 def test_is_video_must_match_the_family(fake_family):
     from wfm_jax.config_schema import default_config
     from wfm_jax.train import setup as setup_lib
-    from wfm_jax.train.sft import check_video_flag
     config = default_config()
     config.policy.diffusers.is_video = True
     with pytest.raises(setup_lib.SetupError, match="the 'sd3' family .* is an image model"):
-        check_video_flag(config)
+        setup_lib.check_video_flag(config)
     config.policy.family = "fakevid"
-    check_video_flag(config)
+    setup_lib.check_video_flag(config)
     config.policy.diffusers.is_video = False
     with pytest.raises(setup_lib.SetupError, match="is a video model"):
-        check_video_flag(config)
+        setup_lib.check_video_flag(config)
 
 
 def test_sd3_through_load_pipeline_is_sd3pipeline_load(tiny_dir):

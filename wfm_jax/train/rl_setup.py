@@ -421,6 +421,7 @@ def build(config) -> RLRun:
             f"available: {sorted(ALGORITHMS)}")
     # the model first: without it nothing else matters (a missing model dir was once reported
     # as a missing reward service), then the data, then the rewards
+    train_setup.check_video_flag(config)
     train_setup.ensure_tiny_assets(config)
     train_setup.check_model_dir(config)
     records_fn = getattr(algo_cls, "records", None)

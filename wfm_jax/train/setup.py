@@ -110,6 +110,19 @@ def check_model_dir(config) -> str:
     return path
 
 
+def check_video_flag(config) -> None:
+    """policy.diffusers.is_video must say what the recipe's family is (before any loading)."""
+    try:
+        cls = family_lib.family_named(config.policy.family)
+    except family_lib.PipelineError as e:
+        raise SetupError(f"policy.family: {e}") from e
+    if bool(config.policy.diffusers.is_video) != cls.is_video:
+        raise SetupError(
+            f"policy.diffusers.is_video={bool(config.policy.diffusers.is_video)}: the "
+            f"{cls.family!r} family ({cls.pipeline_class}) is "
+            f"{'a video' if cls.is_video else 'an image'} model")
+
+
 def load_pipeline(config, mesh=None, rules=None) -> PipelineFamily:
     """The pipeline in policy.model_name_or_path, which must be of the recipe's policy.family
     (one line naming its class otherwise)."""

@@ -25,7 +25,6 @@ from wfm_jax.algorithms import sft as sft_loss
 from wfm_jax.data import sft_loader_from_config
 from wfm_jax.data.errors import DataError
 from wfm_jax.mesh import check_batch, mesh_jit
-from wfm_jax.models import family as family_lib
 from wfm_jax.sampling.schedule import training_table
 from wfm_jax.train import preempt, setup as setup_lib
 from wfm_jax.train.encode import TextEncoder, VisualEncoder, local_sample_ids, per_sample_normal
@@ -121,25 +120,12 @@ def _check_batch(batch: dict, is_video: bool) -> None:
                         f"match the model family)")
 
 
-def check_video_flag(config) -> None:
-    """policy.diffusers.is_video must say what the recipe's family is (before any loading)."""
-    try:
-        cls = family_lib.family_named(config.policy.family)
-    except family_lib.PipelineError as e:
-        raise setup_lib.SetupError(f"policy.family: {e}") from e
-    if bool(config.policy.diffusers.is_video) != cls.is_video:
-        raise setup_lib.SetupError(
-            f"policy.diffusers.is_video={bool(config.policy.diffusers.is_video)}: the "
-            f"{cls.family!r} family ({cls.pipeline_class}) is "
-            f"{'a video' if cls.is_video else 'an image'} model")
-
-
 class SFTTrainer:
     """Owns the setup, data, encoders and step; `run()` trains to train.max_steps."""
 
     def __init__(self, config, *, on_step: Callable[[int, dict], None] | None = None):
         self.config, self.on_step = config, on_step
-        check_video_flag(config)
+        setup_lib.check_video_flag(config)
         # data problems (missing dir, JSON without "prompt") surface before the model loads
         setup_lib.init_distributed(config)
         setup_lib.ensure_tiny_assets(config)
