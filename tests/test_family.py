@@ -299,3 +299,38 @@ def test_generate_cli_matches_diffusers_wan(tmp_path, guidance):
     assert got.shape == want.shape == (2, T, HEIGHT, WIDTH, 3)
     assert np.abs(got - want).max() <= PIPELINE_ATOL
     assert os.path.isfile(tmp_path / "w.mp4") and os.path.isfile(tmp_path / "w_1.mp4")
+
+
+def test_nft_rolls_out_with_unipc():
+    # Wan's scheduler as NFT's rollout solver: its own sigmas, diffusers' truncated timesteps
+    from wfm_jax.config import validate
+    from wfm_jax.config_schema import default_config
+    from wfm_jax.sampling.samplers import sample
+    from wfm_jax.sampling.schedule import unipc_flow_schedule
+    from wfm_jax.train.rl_nft import NFT
+    config = default_config()
+    config.train.train_policy.type = "nft"
+    config.policy.diffusers.sample.solver = "unipc"
+    config.policy.diffusers.sample.num_steps = 4
+    config.rollout.n_generation = 8
+    validate(config)
+    algo = NFT(config, 3.0)
+    seen = []
+
+    def velocity(params, x, t, cond):
+        seen.append(t)
+        return params * x + cond * t[:, None, None, None, None] / 1000.0
+
+    latents = jax.random.normal(jax.random.key(0), (2, 2, 2, 2, 2))
+    state = type("S", (), {"aux": {"old": jnp.float32(0.3)}})()
+    cond = jnp.ones((2, 1, 1, 1, 1))
+    got = algo.rollout(velocity, state, latents, cond, None)["x0"]
+    sigmas, timesteps = unipc_flow_schedule(4, 3.0)
+    want = sample(lambda x, t, c: velocity(0.3, x, t, c), latents, sigmas, method="unipc",
+                  cond=cond, timesteps=timesteps).latents
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    euler = sample(lambda x, t, c: velocity(0.3, x, t, c), latents, algo.sigmas, method="euler",
+                   cond=cond).latents
+    assert np.abs(np.asarray(got) - np.asarray(euler)).max() > 1e-3
+    np.testing.assert_array_equal(np.asarray(algo.rollout_timesteps), timesteps)
+    assert np.all(timesteps == np.floor(timesteps))

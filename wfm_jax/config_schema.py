@@ -201,8 +201,9 @@ CHOICES = {
     "policy.diffusers.weighting_scheme": ("logit_normal", "mode", "uniform", "none", "sigma_sqrt",
                                           "cosmap"),
     "policy.diffusers.weight_copy_decay_type": (0, 1, 2),
+    # unipc: NFT's rollout only (Wan's scheduler); Flow-GRPO and DDRL check their own below
     "policy.diffusers.sample.solver": ("flow", "euler", "sde", "cps", "dance", "ddim", "dpm1", "dpm2",
-                                       "edm"),
+                                       "edm", "unipc"),
     "policy.remat": ("none", "full", "dots"),
     "policy.attention_impl": ("auto", "xla", "cudnn"),
 }
