@@ -19,6 +19,7 @@ _PROVIDERS = (
     "converters.clip",
     "converters.t5",
     "converters.wan_transformer",
+    "converters.cosmos_transformer",
 )
 
 

@@ -20,6 +20,9 @@ SD3_LORA_TARGETS = (
     "attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0",
     "attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj", "attn.to_add_out",
 )
+# Wan2.1 (no cosmos-rl recipe exists): the analogue of its Cosmos-Predict2.5 NFT list, the self-
+# and cross-attention projections and both FFN linears (spec video_models.md §5.5)
+WAN_LORA_TARGETS = ("to_q", "to_k", "to_v", "to_out.0", "ffn.net.0.proj", "ffn.net.2")
 
 DEFAULTS = {
     "train": {

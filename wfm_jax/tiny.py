@@ -1,6 +1,7 @@
 """A complete tiny StableDiffusion3Pipeline directory with random weights, built offline in seconds.
 
     python -m wfm_jax.tiny DIR [--seed S] [--overwrite]
+    python -m wfm_jax.tiny --family wan DIR   (a tiny WanPipeline instead: wfm_jax.tiny_wan)
     python -m wfm_jax.tiny --pretrained DIR   (trained on the shapes world: tiny_pretrain.py)
 
 Tests and the embedded recipe defaults use it in place of a downloaded model. It needs no torch:
@@ -234,7 +235,7 @@ def _draw(path: str, transform: str, shapes: dict, rng: np.random.Generator) -> 
         fan_in = math.prod(shapes[kernel][:-1])  # (in, out) or HWIO
         return rng.uniform(-1.0, 1.0, shape).astype(np.float32) / np.float32(math.sqrt(fan_in))
     noise = rng.standard_normal(shape, dtype=np.float32)
-    if leaf == "scale":
+    if leaf in ("scale", "gamma"):  # gamma: the Wan VAE's RMS-norm weight
         return 1.0 + 0.1 * noise
     if leaf == "bias":
         return 0.1 * noise
@@ -289,10 +290,17 @@ def write_pipeline(directory: str, seed: int = 0, *, transformer: dict | None = 
     write_json(model_index(), os.path.join(directory, "model_index.json"))
 
 
-def build_tiny_pipeline(directory: str, seed: int = 0, overwrite: bool = False) -> str:
-    """Write the tiny pipeline to `directory` (must be absent or empty unless overwrite)."""
+FAMILIES = ("sd3", "wan")  # the recipes' policy.family names
+
+
+def build_tiny_pipeline(directory: str, seed: int = 0, overwrite: bool = False,
+                        family: str = "sd3") -> str:
+    """Write the tiny pipeline of `family` to `directory` (must be absent or empty unless
+    overwrite)."""
     from converters.atomic import atomic_directory
 
+    if family not in FAMILIES:
+        raise ValueError(f"unknown tiny pipeline family {family!r}; choose one of {list(FAMILIES)}")
     if seed < 0:  # numpy seeds are non-negative
         raise ValueError(f"seed must be >= 0, got {seed}")
     directory = os.path.abspath(directory)
@@ -300,8 +308,12 @@ def build_tiny_pipeline(directory: str, seed: int = 0, overwrite: bool = False) 
         raise FileExistsError(f"{directory} is a file, not a pipeline directory")
     if os.path.isdir(directory) and os.listdir(directory) and not overwrite:
         raise FileExistsError(f"{directory} exists and is not empty (pass overwrite to replace it)")
+    if family == "wan":
+        from wfm_jax.tiny_wan import write_pipeline as write
+    else:
+        write = write_pipeline
     with atomic_directory(directory) as tmp:
-        write_pipeline(tmp, seed)
+        write(tmp, seed)
     return directory
 
 
@@ -311,18 +323,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("directory", nargs="?", help="output pipeline directory (absent or empty)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--overwrite", action="store_true", help="replace an existing directory")
+    parser.add_argument("--family", choices=FAMILIES, default="sd3",
+                        help="which pipeline: sd3 (StableDiffusion3Pipeline, the default) or wan "
+                             "(WanPipeline)")
     parser.add_argument("--pretrained", metavar="DIR",
                         help="build (or reuse the cached) tiny pipeline SFT-trained on the shapes "
                              "world at DIR instead (about 10 minutes on 2 CPU cores, once)")
     args = parser.parse_args(argv)
     if args.pretrained:
+        if args.family != "sd3":
+            parser.error("--pretrained builds the SD3 shapes-world pipeline only")
         from wfm_jax.tiny_pretrain import PretrainSettings, ensure_pretrained
         print(ensure_pretrained(args.pretrained, PretrainSettings(seed=args.seed)))
         return 0
     if not args.directory:
         parser.error("give DIR (a random pipeline) or --pretrained DIR")
     try:
-        path = build_tiny_pipeline(args.directory, seed=args.seed, overwrite=args.overwrite)
+        path = build_tiny_pipeline(args.directory, seed=args.seed, overwrite=args.overwrite,
+                                   family=args.family)
     except (ValueError, OSError) as e:  # FileExistsError and PermissionError are OSErrors
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -5,7 +5,8 @@ dotted path equals a target or ends with "." + target ("attn.to_q" hits
 "transformer_blocks.3.attn.to_q", not "transformer_blocks.3.attn2.to_q"). wfm_jax keeps
 diffusers' module names, so the same list addresses the same layers in both frameworks.
 
-Export keys are what `StableDiffusion3Pipeline.load_lora_weights` reads:
+Export keys are what `StableDiffusion3Pipeline.load_lora_weights` and
+`WanPipeline.load_lora_weights` read (both adapt the module named by the prefix, "transformer"):
 "transformer.<path>.lora_A.weight" (r, in) and "transformer.<path>.lora_B.weight" (out, r), with
 the peft `LoraConfig` (r, lora_alpha, target_modules, ...) in the safetensors header under
 "lora_adapter_metadata" (keys prefixed "transformer."), so the scale alpha / r survives.

@@ -84,8 +84,10 @@ def ensure_tiny_assets(config) -> None:
     path = config.policy.model_name_or_path
     if config.policy.build_tiny and path:
         from wfm_jax.tiny import build_tiny_pipeline
-        _primary_builds(path, lambda p: build_tiny_pipeline(p, seed=0),
-                        "the tiny random SD3 pipeline (policy.build_tiny)")
+        family = config.policy.family
+        name = {"sd3": "SD3", "wan": "Wan"}.get(family, family)
+        _primary_builds(path, lambda p: build_tiny_pipeline(p, seed=0, family=family),
+                        f"the tiny random {name} pipeline (policy.build_tiny)")
     if config.policy.build_tiny_pretrained and path:
         from wfm_jax.tiny_pretrain import ensure_pretrained
         if jax.process_index() == 0:  # checks the cache's marker: an incomplete one is rebuilt
@@ -96,7 +98,9 @@ def ensure_tiny_assets(config) -> None:
     dataset = config.train.train_policy.dataset
     if dataset.build_tiny and dataset.local_dir:
         from wfm_jax.data.tiny_dataset import ensure_shapes_dataset
-        _primary_builds(dataset.local_dir, ensure_shapes_dataset,
+        # video recipes: clips of the moving shapes, as many frames as a training window
+        frames = config.policy.diffusers.train_frames if config.policy.diffusers.is_video else 0
+        _primary_builds(dataset.local_dir, lambda p: ensure_shapes_dataset(p, frames=frames),
                         "the tiny shapes dataset (train.train_policy.dataset.build_tiny)")
 
 
