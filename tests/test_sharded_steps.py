@@ -3,8 +3,6 @@ the SFT step splits the token sequence over `context` and each device's FLOPs ha
 context=2 (read from XLA's cost analysis and the lowered program, not timed)."""
 from __future__ import annotations
 
-import types
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -15,6 +13,7 @@ from tests import _tiny_sd3
 from wfm_jax import mesh as wmesh
 from wfm_jax.config_schema import default_config
 from wfm_jax.models.loading import model_shardings
+from wfm_jax.models.sd3.pipeline import SD3Pipeline
 from wfm_jax.models.sd3.transformer import SD3Transformer
 from wfm_jax.train import setup as setup_lib, sft
 
@@ -35,7 +34,8 @@ def _lowered_sft_step(tmp_path, monkeypatch, sizes: dict, n_devices: int):
     config = default_config()
     config.train.output_dir = str(tmp_path / f"out{n_devices}")
     config.train.compute_dtype = "float32"
-    setup = setup_lib.build(config, pipe=types.SimpleNamespace(transformer=_placed_model(mesh)))
+    pipe = SD3Pipeline("", _placed_model(mesh), None, (), (), _tiny_sd3.CONFIG, {}, {})
+    setup = setup_lib.build(config, pipe=pipe)
     try:
         step = sft.make_train_step(setup, 3.0, "logit_normal", 0.0, 1.0, 1.29)
         cfg = _tiny_sd3.CONFIG
@@ -43,8 +43,9 @@ def _lowered_sft_step(tmp_path, monkeypatch, sizes: dict, n_devices: int):
         arg = lambda shape, dtype=jnp.float32: jax.ShapeDtypeStruct(shape, dtype, sharding=rows)
         return step.lower(setup.state, setup.frozen,
                           arg((BATCH, cfg["in_channels"], LATENT, LATENT)),
-                          arg((BATCH, TEXT, cfg["joint_attention_dim"])),
-                          arg((BATCH, cfg["pooled_projection_dim"])), arg((BATCH,), jnp.int32))
+                          {"prompt_embeds": arg((BATCH, TEXT, cfg["joint_attention_dim"])),
+                           "pooled_projections": arg((BATCH, cfg["pooled_projection_dim"]))},
+                          arg((BATCH,), jnp.int32))
     finally:
         setup.close()
 

@@ -204,8 +204,9 @@ CHOICES = {
     "policy.diffusers.weighting_scheme": ("logit_normal", "mode", "uniform", "none", "sigma_sqrt",
                                           "cosmap"),
     "policy.diffusers.weight_copy_decay_type": (0, 1, 2),
+    # unipc: NFT's rollout only (Wan's scheduler); Flow-GRPO and DDRL check their own below
     "policy.diffusers.sample.solver": ("flow", "euler", "sde", "cps", "dance", "ddim", "dpm1", "dpm2",
-                                       "edm"),
+                                       "edm", "unipc"),
     "policy.remat": ("none", "full", "dots"),
     "policy.attention_impl": ("auto", "xla", "cudnn"),
 }
@@ -251,6 +252,15 @@ def _positive(config, keys, allow_zero=False):
         value = _required(config, key)
         if value < 0 or (value == 0 and not allow_zero):
             raise ConfigError(f"config key '{key}' must be {'>= 0' if allow_zero else '> 0'}, got {value}")
+
+
+@register_check
+def check_family(config) -> None:
+    from wfm_jax.models.family import families
+    known = families()
+    if config.policy.family not in known:
+        raise ConfigError(f"config key 'policy.family' = {config.policy.family!r} is not one of "
+                          f"{sorted(known)}")
 
 
 @register_check

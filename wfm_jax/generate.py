@@ -1,11 +1,16 @@
-"""Text-to-image with a local diffusers SD3 pipeline, in JAX.
+"""Text-to-image / text-to-video with a local diffusers pipeline of any supported family, in JAX.
 
     python -m wfm_jax.generate --model DIR --prompt "a cat" --steps 28 --guidance 4.5 \
         --height 512 --width 512 --seed 0 --out cat.png [--latents init.npy] [--save-array x.npy]
+    python -m wfm_jax.generate --model WAN_DIR --prompt "a cat" --frames 17 --out cat.mp4
 
-`--latents` takes initial latents in diffusers layout (B, C, h, w), so a diffusers run can be
-reproduced exactly; `--save-array` writes float pixels (B, H, W, C) in [0, 1] like diffusers'
-`output_type="np"`. Several prompts are laid out as a grid in the PNG.
+The family comes from the dir's model_index.json (models.family); --steps, --guidance,
+--sampler, --max-sequence-length and --frames default to the family's (diffusers' pipeline
+defaults). `--latents` takes initial latents in diffusers layout ((B, C, h, w), or
+(B, C, T', h, w) for video), so a diffusers run can be reproduced exactly; `--save-array` writes
+float pixels (B, H, W, C) or (B, T, H, W, C) in [0, 1] like diffusers' `output_type="np"`.
+Several prompts are laid out as a grid in the PNG (images) or one .mp4 per prompt (video: the
+first at --out, the others at OUT_1.mp4, ...).
 """
 from __future__ import annotations
 
@@ -22,47 +27,63 @@ from flax import nnx
 
 from wfm_jax import xla_flags
 from wfm_jax.mesh import mesh_jit, mesh_of
-from wfm_jax.models.sd3.pipeline import SD3Pipeline, decode_latents
+from wfm_jax.models.family import load_pipeline
 from wfm_jax.sampling.samplers import sample
-from wfm_jax.sampling.schedule import flow_sigmas
+from wfm_jax.sampling.schedule import flow_sigmas, unipc_flow_schedule
 from wfm_jax.train.encode import TextEncoder
 
+SAMPLERS = ("euler", "unipc")  # the deterministic flow samplers diffusers' pipelines run
 
-def encode_prompts(pipe, prompts: Sequence[str], max_sequence_length: int):
+
+def encode_prompts(pipe, prompts: Sequence[str], max_sequence_length: int) -> dict:
+    """The family's conditioning dict for `prompts`."""
     encoder = TextEncoder(pipe, max_sequence_length)
     return encoder({k: jnp.asarray(v) for k, v in encoder.tokenize(prompts).items()})
 
 
+def schedule(pipe, sampler: str, steps: int):
+    """(sigmas, timesteps or None) of `sampler` as its diffusers scheduler sets them: the
+    family's own for its default solver, else the scheduler's defaults at the family's shift."""
+    if sampler == pipe.default_solver:
+        return pipe.sampler_schedule(steps)
+    if sampler == "euler":
+        return flow_sigmas(steps, pipe.shift)[0], None
+    if sampler == "unipc":
+        return unipc_flow_schedule(steps, pipe.shift)
+    raise ValueError(f"unknown sampler {sampler!r}; choose one of {SAMPLERS}")
+
+
 def generate(pipe, prompts: Sequence[str], *, steps: int, guidance: float, height: int, width: int,
              seed: int = 0, latents=None, negative_prompt: str = "",
-             max_sequence_length: int = 256) -> np.ndarray:
-    """Pixels (B, H, W, 3) float32 in [0, 1] for `prompts`, as StableDiffusion3Pipeline gives."""
-    shape = pipe.latent_shape(len(prompts), height, width)
+             max_sequence_length: int = 256, frames: int | None = None,
+             sampler: str | None = None) -> np.ndarray:
+    """Pixels (B, H, W, 3) (or (B, T, H, W, 3) for a video family) float32 in [0, 1] for
+    `prompts`, as the family's diffusers pipeline gives with output_type="np". sampler: one of
+    SAMPLERS, default the family's."""
+    sampler = sampler or pipe.default_solver
+    shape = pipe.latent_shape(len(prompts), height, width, frames=frames)
     if latents is None:
         latents = jax.random.normal(jax.random.key(seed), shape, jnp.float32)
     elif tuple(latents.shape) != shape:
         raise ValueError(f"--latents has shape {tuple(latents.shape)}; expected {shape} "
-                         f"(B, C, h, w) for {len(prompts)} prompt(s) at {height}x{width}")
-    embeds, pooled = encode_prompts(pipe, prompts, max_sequence_length)
-    cond = {"prompt_embeds": embeds, "pooled_projections": pooled}
+                         f"(diffusers layout) for {len(prompts)} prompt(s) at {height}x{width}")
+    cond = encode_prompts(pipe, prompts, max_sequence_length)
     uncond = None
     if guidance > 1:  # diffusers: do_classifier_free_guidance = guidance_scale > 1
-        neg_embeds, neg_pooled = encode_prompts(pipe, [negative_prompt] * len(prompts),
-                                                max_sequence_length)
-        uncond = {"prompt_embeds": neg_embeds, "pooled_projections": neg_pooled}
-    sigmas, _ = flow_sigmas(steps, pipe.shift)
+        uncond = encode_prompts(pipe, [negative_prompt] * len(prompts), max_sequence_length)
+    sigmas, timesteps = schedule(pipe, sampler, steps)
 
     graphdef, state = nnx.split(pipe.transformer)
     vae_def, vae_state = nnx.split(pipe.vae)
+    family = pipe.shell()
 
     @mesh_jit(mesh=mesh_of(state))
     def run(state, vae_state, x, cond, uncond):
         transformer = nnx.merge(graphdef, state)
-        velocity = lambda x, t, c: transformer(x, c["prompt_embeds"], c["pooled_projections"], t)
-        out = sample(velocity, x, sigmas, method="euler", cond=cond, uncond=uncond,
-                     cfg_scale=guidance)
-        pipe_vae = nnx.merge(vae_def, vae_state)
-        return decode_latents(pipe_vae, pipe.vae_config, out.latents)
+        velocity = lambda x, t, c: family.velocity_with(transformer, x, t, c)
+        out = sample(velocity, x, sigmas, method=sampler, cond=cond, uncond=uncond,
+                     cfg_scale=guidance, timesteps=timesteps, guide=family.guide)
+        return family.decode_with(nnx.merge(vae_def, vae_state), out.latents)
 
     return np.asarray(run(state, vae_state, jnp.asarray(latents, jnp.float32), cond, uncond))
 
@@ -80,8 +101,18 @@ def to_grid(images: np.ndarray) -> np.ndarray:
     return grid
 
 
-def save_outputs(images: np.ndarray, out: str | None, save_array: str | None) -> None:
+def clip_paths(out: str, count: int) -> list[str]:
+    """One .mp4 per prompt: OUT.mp4, OUT_1.mp4, ..."""
+    stem = out[:-4] if out.endswith(".mp4") else out
+    return [f"{stem}.mp4"] + [f"{stem}_{i}.mp4" for i in range(1, count)]
+
+
+def save_outputs(images: np.ndarray, out: str | None, save_array: str | None,
+                 fps: float = 16.0) -> list[str]:
+    """Writes the array and the PNG grid (images) or the mp4 clips (video); returns the paths."""
     from PIL import Image
+    from wfm_jax.media_out import write_mp4
+    written = []
     for path in (out, save_array):
         if path and os.path.dirname(path):
             os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -89,10 +120,15 @@ def save_outputs(images: np.ndarray, out: str | None, save_array: str | None) ->
         tmp = save_array + ".tmp.npy"
         np.save(tmp, images.astype(np.float32))
         os.replace(tmp, save_array)
-    if out:
+    if out and images.ndim == 5:
+        written += [write_mp4(p, clip, fps) for p, clip in zip(clip_paths(out, len(images)),
+                                                                images)]
+    elif out:
         tmp = out + ".tmp.png"
         Image.fromarray(to_grid(images)).save(tmp, format="PNG")
         os.replace(tmp, out)
+        written.append(out)
+    return written + ([save_array] if save_array else [])
 
 
 def read_prompts(args) -> list[str]:
@@ -110,19 +146,23 @@ def read_prompts(args) -> list[str]:
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="python -m wfm_jax.generate", description=__doc__.split("\n")[0])
-    p.add_argument("--model", required=True, help="local diffusers StableDiffusion3Pipeline dir")
+    p.add_argument("--model", required=True,
+                   help="local diffusers pipeline dir of a supported family (model_index.json)")
     p.add_argument("--prompt", action="append", help="a prompt (repeat for several)")
     p.add_argument("--prompts-file", help="one prompt per line")
     p.add_argument("--negative-prompt", default="")
-    p.add_argument("--steps", type=int, default=28)
-    p.add_argument("--guidance", type=float, default=4.5)
+    p.add_argument("--steps", type=int, help="default: the family's (SD3: 28)")
+    p.add_argument("--guidance", type=float, help="default: the family's (SD3: 4.5)")
+    p.add_argument("--sampler", choices=SAMPLERS, help="default: the family's (SD3: euler)")
     p.add_argument("--height", type=int, default=512)
     p.add_argument("--width", type=int, default=512)
+    p.add_argument("--frames", type=int, help="video families: frames to generate "
+                                              "(default: the family's)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-sequence-length", type=int, default=256)
-    p.add_argument("--latents", help=".npy initial latents (B, C, h, w), diffusers layout")
-    p.add_argument("--out", default="out.png")
-    p.add_argument("--save-array", help=".npy path for float pixels (B, H, W, C) in [0, 1]")
+    p.add_argument("--max-sequence-length", type=int, help="default: the family's (SD3: 256)")
+    p.add_argument("--latents", help=".npy initial latents, diffusers layout")
+    p.add_argument("--out", help="PNG grid (images) or .mp4 (video); default out.png / out.mp4")
+    p.add_argument("--save-array", help=".npy path for float pixels (B, [T,] H, W, C) in [0, 1]")
     return p.parse_args(argv)
 
 
@@ -137,17 +177,27 @@ def main(argv=None) -> int:
                 latents = np.load(args.latents)
             except (OSError, ValueError) as e:
                 raise ValueError(f"cannot read --latents {args.latents}: {e}")
-        pipe = SD3Pipeline.load(args.model)
-        pipe.latent_shape(len(prompts), args.height, args.width)  # fail before compiling
-        images = generate(pipe, prompts, steps=args.steps, guidance=args.guidance,
+        pipe = load_pipeline(args.model)
+        if args.frames is not None and not pipe.is_video:
+            raise ValueError(f"--frames applies to video families; {args.model} holds a "
+                             f"{pipe.pipeline_class} (images)")
+        frames = (args.frames or pipe.default_frames) if pipe.is_video else None
+        pipe.latent_shape(len(prompts), args.height, args.width, frames=frames)  # fail early
+        out = args.out or ("out.mp4" if pipe.is_video else "out.png")
+        images = generate(pipe, prompts,
+                          steps=args.steps or pipe.default_steps,
+                          guidance=(pipe.default_guidance if args.guidance is None
+                                    else args.guidance),
                           height=args.height, width=args.width, seed=args.seed, latents=latents,
                           negative_prompt=args.negative_prompt,
-                          max_sequence_length=args.max_sequence_length)
-        save_outputs(images, args.out, args.save_array)
-    except (ValueError, FileNotFoundError, KeyError) as e:
+                          max_sequence_length=(args.max_sequence_length
+                                               or pipe.default_max_sequence_length),
+                          frames=frames, sampler=args.sampler)
+        written = save_outputs(images, out, args.save_array, fps=pipe.default_fps)
+    except (ValueError, FileNotFoundError, KeyError) as e:  # PipelineError is a ValueError
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(f"wrote {args.out}" + (f" and {args.save_array}" if args.save_array else ""))
+    print(f"wrote {' and '.join(written)}")
     return 0
 
 

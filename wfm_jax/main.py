@@ -29,7 +29,7 @@ def _known_errors() -> tuple[tuple[type, ...], tuple[type, ...]]:
     from reward_client.errors import RewardError
     from wfm_jax.config import ConfigError
     from wfm_jax.data.errors import DataError
-    from wfm_jax.models.sd3.pipeline import PipelineError
+    from wfm_jax.models.family import PipelineError
     from wfm_jax.train.checkpoint import CheckpointError
     from wfm_jax.train.lora import LoraError
     from wfm_jax.train.metrics import NonFiniteLoss

@@ -64,6 +64,15 @@ def families() -> dict[str, str]:
     return {cls.family: name for name, cls in _FAMILIES.items()}
 
 
+def family_named(name: str) -> type["PipelineFamily"]:
+    """The class of the recipe family `name` ("sd3", "wan", ...); PipelineError naming the
+    known ones."""
+    known = families()
+    if name not in known:
+        raise PipelineError(f"unknown model family {name!r}; known: {', '.join(sorted(known))}")
+    return _FAMILIES[known[name]]
+
+
 def read_model_index(directory: str) -> dict:
     """model_index.json of a local pipeline dir (PipelineError when there is none)."""
     if not os.path.isdir(directory):
@@ -120,6 +129,13 @@ class PipelineFamily(abc.ABC):
     family: ClassVar[str]             # the recipes' name for it: "sd3", "wan", ...
     is_video: ClassVar[bool] = False
     lora_prefix: ClassVar[str] = "transformer"  # key prefix of exported LoRA weights
+    # what `generate` uses when the user names none (diffusers' pipeline defaults)
+    default_solver: ClassVar[str] = "euler"  # sampling.samplers method; see sampler_schedule
+    default_steps: ClassVar[int] = 28
+    default_guidance: ClassVar[float] = 4.5
+    default_max_sequence_length: ClassVar[int] = 256
+    default_frames: ClassVar[int | None] = None  # video families: generate's --frames default
+    default_fps: ClassVar[float] = 16.0          # video families: the mp4's frame rate
 
     directory: str
     transformer: Any
@@ -143,12 +159,27 @@ class PipelineFamily(abc.ABC):
         return (type(self).__name__, hashable(self.transformer_config),
                 hashable(self.vae_config), hashable(self.scheduler_config))
 
+    def shell(self) -> "PipelineFamily":
+        """A copy without the NNX modules, for closures of compiled functions: the *_with
+        methods read only configs (and tokenizers) from self, and a cached jit must not keep
+        a model's weights alive."""
+        import copy
+        out = copy.copy(self)
+        out.transformer, out.vae, out.text_encoders = None, None, ()
+        return out
+
     # ------------------------------------------------------------------ geometry
     @property
     def shift(self) -> float:
         """The flow-matching scheduler's timestep shift."""
         return float(self.scheduler_config.get("shift", self.scheduler_config.get("flow_shift",
                                                                                   1.0)))
+
+    def sampler_schedule(self, num_steps: int) -> tuple[np.ndarray, np.ndarray | None]:
+        """(sigmas (N+1,), timesteps (N,) or None = 1000 sigma) of `default_solver` as the
+        family's diffusers scheduler sets them; here FlowMatchEulerDiscreteScheduler's."""
+        from wfm_jax.sampling.schedule import flow_sigmas
+        return flow_sigmas(num_steps, self.shift)[0], None
 
     @abc.abstractmethod
     def latent_shape(self, batch: int, height: int, width: int,
@@ -215,6 +246,7 @@ class PipelineFamily(abc.ABC):
         return self.normalize_latents(z.astype(jnp.float32))
 
     # ------------------------------------------------------------------ export
-    def export_components(self) -> tuple[str, ...]:
+    @classmethod
+    def export_components(cls) -> tuple[str, ...]:
         """The components a full fine-tune rewrites (the rest are copied unchanged)."""
         return ("transformer",)

@@ -1,7 +1,7 @@
 """Classifier-free guidance with the conditional and unconditional branch in ONE forward (spec §2).
 
 `cond` and `uncond` are pytrees of arrays with a leading batch axis (e.g. a dict with
-"prompt_embeds" and "pooled_projections"). Leaves of `uncond` with batch 1 (one empty negative
+"prompt_embeds" and "pooled_projections" for SD3). Leaves of `uncond` with batch 1 (one empty negative
 prompt) are broadcast to the batch. The combined batch is [uncond; cond], diffusers' order.
 """
 
@@ -35,11 +35,19 @@ def concat_cond(cond, uncond):
     return jax.tree.map(cat, cond, uncond)
 
 
-def guided_velocity(velocity_fn, x, timesteps, cond, uncond=None, cfg_scale=1.0, detach_uncond=False):
-    """v = v_u + g (v_c - v_u) from one batched call of velocity_fn(x, timesteps, cond), fp32.
+def cfg_combine(v_cond, v_uncond, cfg_scale):
+    """diffusers' classifier-free guidance: v_u + g (v_c - v_u) (the default `guide`)."""
+    return v_uncond + jnp.asarray(cfg_scale, jnp.float32) * (v_cond - v_uncond)
+
+
+def guided_velocity(velocity_fn, x, timesteps, cond, uncond=None, cfg_scale=1.0, detach_uncond=False,
+                    guide=None):
+    """v = guide(v_c, v_u, g) from one batched call of velocity_fn(x, timesteps, cond), fp32.
 
     timesteps: (B,) float32 (sigma * 1000). detach_uncond stops gradients through the
     unconditional half (Flow-GRPO training recomputes CFG with the uncond branch detached).
+    guide(v_cond, v_uncond, scale): the model family's CFG form (PipelineFamily.guide); None is
+    diffusers' v_u + g (v_c - v_u).
     """
     if not uses_cfg(uncond, cfg_scale):
         return velocity_fn(x, timesteps, cond).astype(jnp.float32)
@@ -52,4 +60,4 @@ def guided_velocity(velocity_fn, x, timesteps, cond, uncond=None, cfg_scale=1.0,
     v_u, v_c = v[:b], v[b:]
     if detach_uncond:
         v_u = jax.lax.stop_gradient(v_u)
-    return v_u + jnp.asarray(cfg_scale, jnp.float32) * (v_c - v_u)
+    return (guide or cfg_combine)(v_c, v_u, cfg_scale)

@@ -105,6 +105,7 @@ def sample(
     timesteps: Any = None,
     unipc_solver_type: str = "bh2",
     return_trajectory: bool = False,
+    guide: Optional[Callable] = None,
 ) -> SampleOutput:
     """Run `len(sigmas) - 1` denoising steps from `latents` (fp32) and return a SampleOutput.
 
@@ -114,6 +115,7 @@ def sample(
     key: PRNG key, required by the stochastic methods.
     timesteps: (N,) what the model sees at step i (flow methods); default sigma_i * timestep_scale
     (never rounded). Wan feeds diffusers' int64-truncated values (schedule.unipc_flow_schedule).
+    guide(v_cond, v_uncond, scale): the family's CFG form (guidance.guided_velocity).
     """
     if method not in METHODS:
         raise ValueError(f"unknown sampler method {method!r}; choose one of {METHODS}")
@@ -134,7 +136,7 @@ def sample(
     }
     if key is not None:
         xs["key"] = jax.random.split(key, n)
-    velocity = _velocity_closure(velocity_fn, cond, uncond, cfg_scale)
+    velocity = _velocity_closure(velocity_fn, cond, uncond, cfg_scale, guide)
     scale = jnp.asarray(timestep_scale, F32)
     if method == "edm":
         if timesteps is not None:
@@ -172,11 +174,11 @@ def sample(
     )
 
 
-def _velocity_closure(velocity_fn, cond, uncond, cfg_scale):
+def _velocity_closure(velocity_fn, cond, uncond, cfg_scale, guide=None):
     def velocity(x, t):
         """t: the scalar model timestep of this step, broadcast to the batch."""
         timesteps = jnp.full((x.shape[0],), t, F32)
-        return guided_velocity(velocity_fn, x, timesteps, cond, uncond, cfg_scale)
+        return guided_velocity(velocity_fn, x, timesteps, cond, uncond, cfg_scale, guide=guide)
 
     return velocity
 

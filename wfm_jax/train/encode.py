@@ -15,8 +15,7 @@ import numpy as np
 from flax import nnx
 
 from wfm_jax.mesh import mesh_jit
-from wfm_jax.models.sd3.pipeline import SD3Pipeline, encode_tokens
-from wfm_jax.models.vae.autoencoder_kl import scale_latents
+from wfm_jax.models.family import PipelineFamily
 
 
 def per_sample_normal(key: jax.Array, ids: jax.Array, shape: Sequence[int]) -> jax.Array:
@@ -32,66 +31,81 @@ def local_sample_ids(local_batch: int) -> np.ndarray:
     return (p + n * np.arange(local_batch)).astype(np.int32)
 
 
-@functools.lru_cache(maxsize=8)
-def _text_fn(graphdef, joint_attention_dim: int, max_len: int, out_sharding):
-    """One jitted encoder per (structure, sizes, sharding): a second run in the same process
-    (a resumed run, a test) reuses the compiled program."""
-    def encode(state, ids):
-        return encode_tokens(nnx.merge(graphdef, state), ids, joint_attention_dim, max_len)
+class _Cache:
+    """Compiled encoders keyed by (graphdef, family static_key, sizes, sharding): a second run
+    in the same process (a resumed run, a test) reuses the compiled program. The closures hold
+    the family's shell (configs only), never its weights."""
 
-    if out_sharding is None:
-        return jax.jit(encode)
-    return mesh_jit(encode, mesh=out_sharding.mesh, out_shardings=(out_sharding, out_sharding))
+    def __init__(self, size: int = 8):
+        self.size, self.fns = size, {}
 
-
-@functools.lru_cache(maxsize=8)
-def _visual_fn(graphdef, vae_config_items: tuple, out_sharding):
-    vae_config = dict(vae_config_items)
-
-    def encode(state, pixels, key, ids):
-        vae = nnx.merge(graphdef, state)
-        dist = vae.encode(jnp.transpose(pixels, (0, 3, 1, 2)))
-        eps = per_sample_normal(key, ids, dist.mean.shape[1:])
-        z = dist.mean.astype(jnp.float32) + dist.std.astype(jnp.float32) * eps
-        return scale_latents(z, vae_config)
-
-    if out_sharding is None:
-        return jax.jit(encode)
-    return mesh_jit(encode, mesh=out_sharding.mesh, out_shardings=out_sharding)
+    def get(self, key, build):
+        if key not in self.fns:
+            if len(self.fns) >= self.size:
+                self.fns.pop(next(iter(self.fns)))
+            self.fns[key] = build()
+        return self.fns[key]
 
 
-def _hashable(value):
-    if isinstance(value, dict):
-        return tuple(sorted((k, _hashable(v)) for k, v in value.items()))
-    if isinstance(value, list):
-        return tuple(_hashable(v) for v in value)
-    return value
+_TEXT_FNS, _VISUAL_FNS = _Cache(), _Cache()
+
+
+def _text_fn(pipe: PipelineFamily, graphdef, max_len: int, out_sharding):
+    shell = pipe.shell()
+
+    def build():
+        def encode(state, ids):
+            return shell.encode_text_with(nnx.merge(graphdef, state), ids, max_len)
+
+        if out_sharding is None:
+            return jax.jit(encode)
+        return mesh_jit(encode, mesh=out_sharding.mesh, out_shardings=out_sharding)
+
+    return _TEXT_FNS.get((graphdef, pipe.static_key(), max_len, out_sharding), build)
+
+
+def _visual_fn(pipe: PipelineFamily, graphdef, out_sharding):
+    shell = pipe.shell()
+
+    def build():
+        def encode(state, pixels, key, ids):
+            mean, std = shell.posterior_with(nnx.merge(graphdef, state), pixels)
+            eps = per_sample_normal(key, ids, mean.shape[1:])
+            z = mean.astype(jnp.float32) + std.astype(jnp.float32) * eps
+            return shell.normalize_latents(z)
+
+        if out_sharding is None:
+            return jax.jit(encode)
+        return mesh_jit(encode, mesh=out_sharding.mesh, out_shardings=out_sharding)
+
+    return _VISUAL_FNS.get((graphdef, pipe.static_key(), out_sharding), build)
 
 
 class TextEncoder:
-    """prompts -> (prompt_embeds (B, 77 + L, D), pooled (B, P)) in float32, as diffusers."""
+    """prompts -> the family's conditioning dict (float32 leaves, batch first), as diffusers'
+    encode_prompt (SD3: {"prompt_embeds" (B, 77 + L, D), "pooled_projections" (B, P)})."""
 
-    def __init__(self, pipe: SD3Pipeline, max_sequence_length: int, out_sharding=None):
+    def __init__(self, pipe: PipelineFamily, max_sequence_length: int, out_sharding=None):
         self.pipe, self.max_len = pipe, int(max_sequence_length)
         graphdef, self.state = nnx.split(list(pipe.text_encoders))
-        self._encode = _text_fn(graphdef, int(pipe.transformer_config["joint_attention_dim"]),
-                                self.max_len, out_sharding)
+        self._encode = _text_fn(pipe, graphdef, self.max_len, out_sharding)
 
     def tokenize(self, prompts: Sequence[str]) -> dict:
-        """Host int32 ids per encoder (this process's prompts)."""
+        """Host int ids per encoder (this process's prompts)."""
         return self.pipe.tokenize(list(prompts), self.max_len)
 
-    def __call__(self, ids: dict):
+    def __call__(self, ids: dict) -> dict:
         return self._encode(self.state, ids)
 
 
 class VisualEncoder:
-    """pixels (B, H, W, 3) in [-1, 1] -> scaled latents (B, C, h, w), one posterior sample per
-    row from fold_in(key, id) (diffusers' SD3 scripts sample `latent_dist`)."""
+    """channels-last pixels in [-1, 1] ((B, H, W, 3), or (B, T, H, W, 3) for video families) ->
+    normalised latents in diffusers layout, one posterior sample per row from fold_in(key, id)
+    (diffusers' training scripts sample `latent_dist`)."""
 
-    def __init__(self, pipe: SD3Pipeline, out_sharding=None):
+    def __init__(self, pipe: PipelineFamily, out_sharding=None):
         graphdef, self.state = nnx.split(pipe.vae)
-        self._encode = _visual_fn(graphdef, _hashable(pipe.vae_config), out_sharding)
+        self._encode = _visual_fn(pipe, graphdef, out_sharding)
 
     def __call__(self, pixels, key, ids):
         return self._encode(self.state, pixels, key, ids)

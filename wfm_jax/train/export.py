@@ -25,6 +25,7 @@ import numpy as np
 
 from converters.atomic import atomic_directory
 from wfm_jax.console import say
+from wfm_jax.models.family import family_class
 from wfm_jax.models.loading import export_diffusers, host_array
 from wfm_jax.models.state import path_str
 from wfm_jax.train import lora as lora_lib
@@ -105,14 +106,15 @@ def prune_exports(output_dir: str, keep: int | None) -> list[int]:
 
 
 def export_full_pipeline(transformer, transformer_config: Mapping, source_dir: str,
-                         dst: str) -> str | None:
-    """A complete diffusers pipeline dir at `dst`: the source pipeline's other components copied
-    unchanged, the transformer written from `transformer`'s parameters (their dtype)."""
+                         dst: str, rewritten: Sequence[str] = ("transformer",)) -> str | None:
+    """A complete diffusers pipeline dir at `dst`: the source pipeline's components copied
+    unchanged except `rewritten` (the family's export_components()), the transformer written
+    from `transformer`'s parameters (their dtype)."""
     if jax.process_index() != 0:
         export_diffusers(transformer, transformer_config, os.path.join(dst, "transformer"))
         return None
     with atomic_directory(dst) as tmp:
-        _copy_components(source_dir, tmp, skip=("transformer",))
+        _copy_components(source_dir, tmp, skip=tuple(rewritten))
         export_diffusers(transformer, transformer_config, os.path.join(tmp, "transformer"))
     return dst
 
@@ -147,14 +149,16 @@ def export_step(setup, step: int) -> str | None:
     config = setup.config
     dst = step_dir(config.train.output_dir, step)
     params = export_params(setup.state)
+    family = family_class(setup.pipe.directory)  # the source pipeline's family: its layout
     if setup.lora:
         cfg = config.policy.lora
         adapter = lora_lib.adapter_config(cfg.r, cfg.lora_alpha, cfg.target_modules,
                                           cfg.init_lora_weights)
-        written = export_lora(params, adapter, dst)
+        written = export_lora(params, adapter, dst, prefix=family.lora_prefix)
     else:
         written = export_full_pipeline(setup.merge(params), setup.pipe.transformer_config,
-                                       setup.pipe.directory, dst)
+                                       setup.pipe.directory, dst,
+                                       rewritten=family.export_components())
     say(f"exported step {step} to {dst}" + (" (LoRA adapter in lora/)" if setup.lora else
                                             " (diffusers pipeline)"))
     if getattr(setup, "s3", None) is not None:

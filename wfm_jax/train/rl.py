@@ -54,10 +54,12 @@ def rollout_batch(run, state, batch: dict, key, timers: Timers) -> dict:
         latents = run.initial_latents(k_lat, len(rows))
         inputs = run.chunk_inputs(batch, lo, lo + chunk)
         fields, pixels = run.rollout(state, latents, cond, k_alg, inputs)
-        images = np.asarray(jax.device_get(pixels))  # uint8 already (rollout jit)
+        # uint8 already (rollout jit)
+        media, media_type = rl_setup.reward_media(jax.device_get(pixels))
         extras = prompt_extras(batch["metadata"][lo:lo + chunk])  # geneval keys as the service reads them
         groups = np.asarray(batch["group"][lo:lo + chunk])
-        handles.append(run.rewards.submit(images, rows, group_ids=groups, extras=extras))
+        handles.append(run.rewards.submit(media, rows, group_ids=groups, extras=extras,
+                                          media_type=media_type))
         stored.append(dict(fields, cond=cond))
     with timers("reward_wait"):
         results = [h.result() for h in handles]
@@ -112,7 +114,8 @@ def validate(run, state, step: int) -> dict:
         latents = run.initial_latents(jax.random.key(run.seed + 1), len(rows))
         pixels = np.asarray(jax.device_get(run.evaluate(state, latents, cond)))
         imgs = to_uint8(pixels)
-        res = run.rewards.submit(imgs, rows).result()
+        media, media_type = rl_setup.reward_media(imgs)
+        res = run.rewards.submit(media, rows, media_type=media_type).result()
         valid = np.asarray(batch["valid"])
         rewards.append(res.total[valid])
         for key, values in res.extra.items():

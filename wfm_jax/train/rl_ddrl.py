@@ -39,7 +39,7 @@ from wfm_jax.data.errors import DataError
 from wfm_jax.sampling import steps as S
 from wfm_jax.sampling.samplers import sample
 from wfm_jax.sampling.schedule import edm_churn_eta, edm_sigmas
-from wfm_jax.train.rl_grpo import cfg_velocity
+from wfm_jax.train.rl_grpo import cfg_velocity, guide_of
 
 F32 = jnp.float32
 Velocity = Callable[[Any, jax.Array, jax.Array, Any], jax.Array]
@@ -141,7 +141,7 @@ class DDRL:
         records = (index_records(ds.local_dir) if is_webdataset(ds.local_dir)
                    else scan_paired(ds.local_dir))
         if records[0].is_video:
-            raise DataError(f"{ds.local_dir} holds videos; DDRL on SD3 trains on images")
+            raise DataError(f"{ds.local_dir} holds videos; DDRL's data term loads images only")
         val = config.validation.dataset
         if val.local_dir:
             return records, (scan_paired(val.local_dir) if os.path.isdir(val.local_dir)
@@ -191,7 +191,8 @@ class DDRL:
         k_steps, k_sde = jax.random.split(key)
         out = sample(lambda x, t, c: velocity(state.params, x, t, c), latents * self.sigma_max,
                      self.sigmas, k_sde, method="edm", cond=cond, uncond=uncond,
-                     cfg_scale=self.guidance, return_trajectory=True, **self.churn)
+                     cfg_scale=self.guidance, guide=guide_of(velocity), return_trajectory=True,
+                     **self.churn)
         steps = self.draw_steps(k_steps)
         prev = jnp.maximum(steps - 1, 0)
         b = latents.shape[0]

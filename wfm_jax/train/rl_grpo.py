@@ -35,7 +35,7 @@ import jax.numpy as jnp
 
 from wfm_jax.algorithms.grpo import grpo_loss
 from wfm_jax.sampling import steps as S
-from wfm_jax.sampling.guidance import uses_cfg
+from wfm_jax.sampling.guidance import cfg_combine, uses_cfg
 from wfm_jax.sampling.samplers import draw_window_start, sample
 from wfm_jax.sampling.schedule import flow_sigmas
 
@@ -63,6 +63,11 @@ def step_transition(method: str, x, v, sigma, sigma_next, x_next, noise_level, s
     raise ValueError(f"Flow-GRPO has no transition for sampler {method!r}")
 
 
+def guide_of(velocity: Velocity):
+    """The model family's CFG form the velocity carries (rl_setup.make_velocity), or None."""
+    return getattr(velocity, "guide", None)
+
+
 def cfg_velocity(velocity: Velocity, params, x, timesteps, cond, uncond, guidance: float,
                  detach_uncond: bool = True):
     """v_u + g (v_c - v_u) for training. detach_uncond: the unconditional branch is a separate
@@ -75,7 +80,7 @@ def cfg_velocity(velocity: Velocity, params, x, timesteps, cond, uncond, guidanc
     v_u = velocity(params, x, timesteps, uncond).astype(F32)
     if detach_uncond:
         v_u = jax.lax.stop_gradient(v_u)
-    return v_u + jnp.asarray(guidance, F32) * (v_c - v_u)
+    return (guide_of(velocity) or cfg_combine)(v_c, v_u, guidance)
 
 
 def flow_velocity(velocity: Velocity, params, x, sigma, cond, uncond, guidance: float,
@@ -132,7 +137,7 @@ class GRPO:
                  if self.window is not None else jnp.int32(0))
         out = sample(lambda x, t, c: velocity(state.params, x, t, c), latents, self.sigmas, k_sde,
                      method=self.method, cond=cond, uncond=uncond, cfg_scale=self.guidance,
-                     noise_level=self.noise_level,
+                     guide=guide_of(velocity), noise_level=self.noise_level,
                      sde_window_start=start if self.window is not None else None,
                      sde_window_size=self.window, return_trajectory=True)
         k, b = self.num_train, latents.shape[0]

@@ -18,10 +18,12 @@ F32 = jnp.float32
 Velocity = Callable[[Any, jax.Array, jax.Array, Any], jax.Array]
 
 
-def nft_rollout(velocity: Velocity, old_params, latents, cond, sigmas, *, solver: str = "dpm2"):
-    """CFG-free deterministic rollout with the old policy; only the clean latents are kept."""
+def nft_rollout(velocity: Velocity, old_params, latents, cond, sigmas, *, solver: str = "dpm2",
+                timesteps=None):
+    """CFG-free deterministic rollout with the old policy; only the clean latents are kept.
+    timesteps: what the model sees per step (None: 1000 sigma; UniPC: diffusers' truncated)."""
     out = sample(lambda x, t, c: velocity(old_params, x, t, c), latents, sigmas, method=solver,
-                 cond=cond)
+                 cond=cond, timesteps=timesteps)
     return out.latents
 
 
@@ -76,6 +78,13 @@ class NFT:
         tp = config.train.train_policy
         self.solver = {"flow": "euler", "dpm1": "euler"}.get(d.sample.solver, d.sample.solver)
         self.sigmas = jnp.asarray(flow_sigmas(d.sample.num_steps, shift)[0])
+        # the rollout's grid: UniPC (Wan's sampler) steps on its scheduler's sigmas and feeds
+        # the model diffusers' truncated timesteps; the training timesteps stay the flow grid
+        self.rollout_sigmas, self.rollout_timesteps = self.sigmas, None
+        if self.solver == "unipc":
+            from wfm_jax.sampling.schedule import unipc_flow_schedule
+            self.rollout_sigmas, self.rollout_timesteps = (
+                jnp.asarray(a) for a in unipc_flow_schedule(d.sample.num_steps, shift))
         self.num_train = max(1, trained_step_count(d.sample.num_steps, tp.timesteps_fraction))
         self.beta = float(d.nft_beta)
         self.kl_weight = float(tp.kl_beta)
@@ -89,8 +98,8 @@ class NFT:
         return {"old": params}  # setup copies it
 
     def rollout(self, velocity, state, latents, cond, key) -> dict:
-        return {"x0": nft_rollout(velocity, state.aux["old"], latents, cond, self.sigmas,
-                                  solver=self.solver)}
+        return {"x0": nft_rollout(velocity, state.aux["old"], latents, cond, self.rollout_sigmas,
+                                  solver=self.solver, timesteps=self.rollout_timesteps)}
 
     def final_latents(self, fields: dict):
         return fields["x0"]

@@ -20,7 +20,6 @@ from wfm_jax.data.groups import eval_batches, group_batcher_from_config
 from wfm_jax.data.loader import process_shard
 from wfm_jax.data.prompts import prompt_splits_from_config
 from wfm_jax.mesh import mesh_jit, mesh_size_for
-from wfm_jax.models.sd3.pipeline import decode_latents
 from wfm_jax.sampling.samplers import sample
 from wfm_jax.sampling.schedule import flow_sigmas
 from wfm_jax.train import setup as train_setup
@@ -62,12 +61,26 @@ def reward_config(config) -> dict:
     return out
 
 
-def make_velocity(graphdef, frozen):
-    """velocity(params, x, timesteps, cond) of the transformer with `params` trained."""
+def make_velocity(graphdef, frozen, family):
+    """velocity(params, x, timesteps, cond) of the family's transformer with `params` trained.
+    It carries the family's CFG form as `velocity.guide` (rl_grpo.guide_of), so the algorithms
+    guide as the family does without knowing it. family: a shell (PipelineFamily.shell())."""
     def velocity(params, x, t, cond):
-        model = nnx.merge(graphdef, params, frozen)
-        return model(x, cond["prompt_embeds"], cond["pooled_projections"], t)
+        return family.velocity_with(nnx.merge(graphdef, params, frozen), x, t, cond)
+    velocity.guide = family.guide
     return velocity
+
+
+def reward_media(pixels: np.ndarray) -> tuple[np.ndarray, str]:
+    """Decoded uint8 pixels -> (what the reward service takes, media_type): images
+    (B, H, W, 3) as they are ("image"); clips (B, T, H, W, 3) as [B, C, T, H, W] ("video")."""
+    pixels = np.asarray(pixels)
+    if pixels.ndim == 5:
+        return np.ascontiguousarray(np.transpose(pixels, (0, 4, 1, 2, 3))), "video"
+    if pixels.ndim == 4:
+        return pixels, "image"
+    raise ValueError(f"decoded pixels must be (B, H, W, 3) or (B, T, H, W, 3), got "
+                     f"{pixels.shape}")
 
 
 @dataclasses.dataclass
@@ -130,12 +143,12 @@ class RLRun:
     # -- model calls --
     def encode(self, prompts) -> dict:
         ids = self.setup.global_batch(self.text_encoder.tokenize(prompts))
-        embeds, pooled = self.text_encoder(ids)
-        return {"prompt_embeds": embeds, "pooled_projections": pooled}
+        return self.text_encoder(ids)
 
     def initial_latents(self, key, n: int):
-        h, w = self.config.policy.diffusers.inference_size
-        shape = self.setup.pipe.latent_shape(n, int(h), int(w))
+        d = self.config.policy.diffusers
+        h, w = d.inference_size
+        shape = self.setup.pipe.latent_shape(n, int(h), int(w), frames=int(d.inference_frames))
         return _normal(key, shape, self.setup.batch_sharding())
 
     def rollout(self, state, latents, cond, key, inputs: dict | None = None):
@@ -211,14 +224,14 @@ def _compile(run: RLRun) -> dict:
     """The jitted rollout, update and evaluation functions of this run."""
     s, algo, cfg = run.setup, run.algo, run.config
     graphdef, vae_def = s.graphdef, nnx.graphdef(s.pipe.vae)
-    vae_config = s.pipe.vae_config
+    family = s.pipe.shell()
     train = cfg.train
     eval_sigmas = jnp.asarray(flow_sigmas(cfg.policy.diffusers.sample.eval_num_steps,
                                           s.pipe.shift)[0])
     guidance = float(cfg.policy.diffusers.sample.guidance_scale)
 
     def decode(vae_state, latents):
-        return decode_latents(nnx.merge(vae_def, vae_state), vae_config, latents)
+        return family.decode_with(nnx.merge(vae_def, vae_state), latents)
 
     # Every jit traces under the mesh (the models' activation constraints act only there) and
     # returns fixed shardings: the updated state comes back exactly as it went in, so step 2
@@ -228,15 +241,16 @@ def _compile(run: RLRun) -> dict:
 
     @on_mesh(out_shardings=(row_sharding, row_sharding))
     def rollout(state, frozen, vae_state, latents, cond, key, inputs):
-        fields = algo.rollout(make_velocity(graphdef, frozen), state, latents, cond, key, **inputs)
+        fields = algo.rollout(make_velocity(graphdef, frozen, family), state, latents, cond, key, **inputs)
         return fields, pixels_to_uint8(decode(vae_state, algo.final_latents(fields)))
 
     @on_mesh(out_shardings=row_sharding)
     def evaluate(state, frozen, vae_state, latents, cond, uncond):
         params = state.params if state.ema is None else state.ema
-        velocity = make_velocity(graphdef, frozen)
+        velocity = make_velocity(graphdef, frozen, family)
         out = sample(lambda x, t, c: velocity(params, x, t, c), latents, eval_sigmas,
-                     method="euler", cond=cond, uncond=uncond, cfg_scale=guidance)
+                     method="euler", cond=cond, uncond=uncond, cfg_scale=guidance,
+                     guide=family.guide)
         return decode(vae_state, out.latents)
 
     n_micro, n_epochs = run.micro_batches, run.mu_iterations
@@ -246,7 +260,7 @@ def _compile(run: RLRun) -> dict:
 
     @on_mesh(donate_argnums=(0,), out_shardings=(s.shardings, rep))
     def update(state, frozen, data, key, eta, shared):
-        velocity = make_velocity(graphdef, frozen)
+        velocity = make_velocity(graphdef, frozen, family)
         ref_params = state.aux.get("ref")
         if ref_params is None:  # LoRA: the reference is the base model, adapters zeroed
             ref_params = jax.tree.map(jnp.zeros_like, state.params)
@@ -407,6 +421,7 @@ def build(config) -> RLRun:
             f"available: {sorted(ALGORITHMS)}")
     # the model first: without it nothing else matters (a missing model dir was once reported
     # as a missing reward service), then the data, then the rewards
+    train_setup.check_video_flag(config)
     train_setup.ensure_tiny_assets(config)
     train_setup.check_model_dir(config)
     records_fn = getattr(algo_cls, "records", None)

@@ -33,7 +33,8 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from wfm_jax import mesh as wmesh
 from wfm_jax.console import say
 from wfm_jax.models.layers.embeddings import Buffer
-from wfm_jax.models.sd3.pipeline import PipelineError, SD3Pipeline
+from wfm_jax.models import family as family_lib
+from wfm_jax.models.family import PipelineError, PipelineFamily
 from wfm_jax.train import lora as lora_lib
 from wfm_jax.train.checkpoint import Checkpointer, Restored
 from wfm_jax.train.optim import make_lr_schedule, make_optimizer, optimizer_updates
@@ -107,17 +108,33 @@ def check_model_dir(config) -> str:
     """The model dir, or a SetupError telling the user how to give one."""
     path = config.policy.model_name_or_path
     if not path or not os.path.isdir(path):
-        raise SetupError(f"model directory not found: '{path}'; pass a local diffusers SD3.5 "
-                         f"pipeline directory with {MODEL_FLAG}=DIR")
+        want = family_lib.families().get(config.policy.family, config.policy.family)
+        raise SetupError(f"model directory not found: '{path}'; pass a local diffusers {want} "
+                         f"directory with {MODEL_FLAG}=DIR")
     return path
 
 
-def load_pipeline(config, mesh=None, rules=None) -> SD3Pipeline:
+def check_video_flag(config) -> None:
+    """policy.diffusers.is_video must say what the recipe's family is (before any loading)."""
+    try:
+        cls = family_lib.family_named(config.policy.family)
+    except family_lib.PipelineError as e:
+        raise SetupError(f"policy.family: {e}") from e
+    if bool(config.policy.diffusers.is_video) != cls.is_video:
+        raise SetupError(
+            f"policy.diffusers.is_video={bool(config.policy.diffusers.is_video)}: the "
+            f"{cls.family!r} family ({cls.pipeline_class}) is "
+            f"{'a video' if cls.is_video else 'an image'} model")
+
+
+def load_pipeline(config, mesh=None, rules=None) -> PipelineFamily:
+    """The pipeline in policy.model_name_or_path, which must be of the recipe's policy.family
+    (one line naming its class otherwise)."""
     ensure_tiny_assets(config)
     path = check_model_dir(config)
     try:
-        return SD3Pipeline.load(
-            path, dtype=DTYPES[config.train.compute_dtype],
+        return family_lib.load_pipeline(
+            path, family=config.policy.family, dtype=DTYPES[config.train.compute_dtype],
             param_dtype=DTYPES[config.train.param_dtype], mesh=mesh, rules=rules,
             text_dtype=DTYPES[config.train.compute_dtype],
             frozen_param_dtype=DTYPES[config.train.compute_dtype],
@@ -274,7 +291,7 @@ class TrainSetup:
     config: Any
     mesh: jax.sharding.Mesh
     rules: Any
-    pipe: SD3Pipeline
+    pipe: PipelineFamily
     graphdef: Any            # transformer structure (static)
     frozen: Any              # nnx.State of the untrained transformer variables
     param_shardings: Any     # pytree of NamedShardings matching state.params
@@ -320,7 +337,7 @@ class TrainSetup:
             s3.finish()
 
 
-def build(config, *, aux_fn: Callable[[Any], dict] | None = None, pipe: SD3Pipeline | None = None,
+def build(config, *, aux_fn: Callable[[Any], dict] | None = None, pipe: PipelineFamily | None = None,
           checkpoint_dir: str | None = None) -> TrainSetup:
     """Build (or resume, when train.resume and a checkpoint exists) the training state.
 

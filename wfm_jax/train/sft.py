@@ -1,8 +1,8 @@
-"""Supervised fine-tuning (rectified flow) of the SD3 transformer: LoRA or full.
+"""Supervised fine-tuning (rectified flow) of a model family's transformer: LoRA or full.
 
 One optimizer step = train.grad_accum_steps micro-steps; each micro-step takes one global batch
-(train.train_batch_per_replica images over all processes), encodes prompts and images in their
-own gradient-free jits, and runs one jitted train step (donated state, explicit shardings):
+(train.train_batch_per_replica images or clips over all processes), encodes prompts and pixels
+in their own gradient-free jits, and runs one jitted train step (donated state, explicit shardings):
 
     t ~ policy.diffusers.weighting_scheme through the scheduler shift (algorithms/sft.py)
     x_t = (1 - sigma) x0 + sigma eps;  loss = mean w(sigma) ||v(x_t, 1000 sigma) - (eps - x0)||^2
@@ -54,8 +54,8 @@ def _step_key(setup, loss_args: tuple) -> tuple:
              t.ema_enable, t.ema_decay, t.ema_update_step_interval)
     state_leaves, state_def = jax.tree.flatten(setup.shardings)
     frozen_leaves, frozen_def = jax.tree.flatten(_shardings_of(setup.frozen))
-    return (setup.graphdef, optim, loss_args, tuple(state_leaves), state_def,
-            tuple(frozen_leaves), frozen_def, setup.batch_sharding())
+    return (setup.graphdef, setup.pipe.static_key(), optim, loss_args, tuple(state_leaves),
+            state_def, tuple(frozen_leaves), frozen_def, setup.batch_sharding())
 
 
 def _shardings_of(tree):
@@ -67,7 +67,8 @@ _STEPS: dict = {}  # step key -> jitted step: a resumed run in the same process 
 
 def make_train_step(setup, shift: float, scheme: str, logit_mean: float, logit_std: float,
                     mode_scale: float) -> Callable:
-    """jit((state, frozen, x0, embeds, pooled, ids) -> (state, {"loss", "grad_norm"}))."""
+    """jit((state, frozen, x0, cond, ids) -> (state, {"loss", "grad_norm"})); cond is the
+    family's conditioning dict, x0 its diffusers-layout latents (4-D images, 5-D video)."""
     loss_args = (float(shift), scheme, float(logit_mean), float(logit_std), float(mode_scale))
     key = _step_key(setup, loss_args)
     if key not in _STEPS:
@@ -79,14 +80,14 @@ def make_train_step(setup, shift: float, scheme: str, logit_mean: float, logit_s
 
 def _build_train_step(setup, shift, scheme, logit_mean, logit_std, mode_scale) -> Callable:
     t_cfg = setup.config.train
-    tx, graphdef = setup.tx, setup.graphdef
+    tx, graphdef, family = setup.tx, setup.graphdef, setup.pipe.shell()
     table_t, table_s = (jnp.asarray(a) for a in training_table(shift))
     density = dict(logit_mean=logit_mean, logit_std=logit_std, mode_scale=mode_scale)
     ema_decay = float(t_cfg.ema_decay)
     ema_on = setup_lib.ema_active(setup.config)
     ema_interval = int(t_cfg.ema_update_step_interval) if ema_on else 0
 
-    def step(state, frozen, x0, embeds, pooled, ids):
+    def step(state, frozen, x0, cond, ids):
         rng, key = jax.random.split(state.rng)
         timesteps, sigmas = sample_timesteps(jax.random.fold_in(key, _KEY_T), ids, table_t,
                                              table_s, scheme, **density)
@@ -95,7 +96,7 @@ def _build_train_step(setup, shift, scheme, logit_mean, logit_std, mode_scale) -
 
         def loss_fn(params):
             model = setup_lib.merge(graphdef, params, frozen)
-            v = model(x_t, embeds, pooled, timesteps)
+            v = family.velocity_with(model, x_t, timesteps, cond)
             return sft_loss.flow_matching_loss(v, noise, x0, sigmas, weighting=scheme)
 
         loss, grads = jax.value_and_grad(loss_fn)(state.params)
@@ -105,17 +106,18 @@ def _build_train_step(setup, shift, scheme, logit_mean, logit_std, mode_scale) -
     rep = setup_lib.replicated(setup.mesh)
     data = setup.batch_sharding()
     return mesh_jit(step, mesh=setup.mesh, rules=setup.rules, donate_argnums=0,
-                    in_shardings=(setup.shardings, _shardings_of(setup.frozen), data, data, data,
-                                  data),
+                    in_shardings=(setup.shardings, _shardings_of(setup.frozen), data, data, data),
                     out_shardings=(setup.shardings, {"loss": rep, "grad_norm": rep}))
 
 
-def _check_batch(batch: dict) -> None:
+def _check_batch(batch: dict, is_video: bool) -> None:
+    """Images (B, H, W, 3) for image families, clips (B, T, H, W, 3) for video ones."""
     pixels = batch["pixels"]
-    if pixels.ndim != 4:
-        raise DataError(f"SD3 trains on images; the dataset gives pixels of shape "
-                        f"{tuple(pixels.shape)} (videos? set policy.diffusers.is_video=False and "
-                        f"use an image dataset)")
+    if pixels.ndim != (5 if is_video else 4):
+        kind = "videos (B, T, H, W, 3)" if is_video else "images (B, H, W, 3)"
+        raise DataError(f"this model trains on {kind}; the dataset gives pixels of shape "
+                        f"{tuple(pixels.shape)} (policy.diffusers.is_video and the dataset must "
+                        f"match the model family)")
 
 
 class SFTTrainer:
@@ -123,9 +125,7 @@ class SFTTrainer:
 
     def __init__(self, config, *, on_step: Callable[[int, dict], None] | None = None):
         self.config, self.on_step = config, on_step
-        if config.policy.diffusers.is_video:
-            raise setup_lib.SetupError("policy.diffusers.is_video=True: the SD3 pipeline is an "
-                                       "image model")
+        setup_lib.check_video_flag(config)
         # data problems (missing dir, JSON without "prompt") surface before the model loads
         setup_lib.init_distributed(config)
         setup_lib.ensure_tiny_assets(config)
@@ -135,7 +135,7 @@ class SFTTrainer:
             self.setup = s = setup_lib.build(config)
             pipe, d = s.pipe, config.policy.diffusers
             try:
-                pipe.latent_shape(1, *d.inference_size)  # sizes must fit VAE x patch
+                pipe.latent_shape(1, *d.inference_size, frames=d.train_frames)  # fit VAE x patch
             except ValueError as e:
                 raise setup_lib.SetupError(f"policy.diffusers.inference_size: {e}") from e
             try:
@@ -157,22 +157,21 @@ class SFTTrainer:
 
     def micro_step(self, batch: dict):
         s = self.setup
-        _check_batch(batch)
+        _check_batch(batch, s.pipe.is_video)
         local = len(batch["prompt"])
         ids_host = local_sample_ids(local)
         if "text_embedding" in batch:  # precomputed (WFM layout)
-            emb = batch["text_embedding"]
-            if not isinstance(emb, dict) or not {"prompt_embeds", "pooled_projections"} <= set(emb):
-                raise DataError("precomputed text embeddings for SD3 must hold 'prompt_embeds' "
-                                "and 'pooled_projections'")
-            embeds, pooled = s.global_batch((emb["prompt_embeds"].astype(np.float32),
-                                             emb["pooled_projections"].astype(np.float32)))
+            try:
+                cond = s.pipe.cond_from_embedding(batch["text_embedding"])
+            except ValueError as e:
+                raise DataError(str(e)) from e
+            cond = s.global_batch(cond)
         else:
-            embeds, pooled = self.text(s.global_batch(self.text.tokenize(batch["prompt"])))
+            cond = self.text(s.global_batch(self.text.tokenize(batch["prompt"])))
         pixels, ids = s.global_batch((np.asarray(batch["pixels"], np.float32), ids_host))
         key = jax.random.fold_in(s.state.rng, _KEY_VAE)  # not advanced: the step splits rng
         x0 = self.visual(pixels, key, ids)
-        s.state, out = self.step_fn(s.state, s.frozen, x0, embeds, pooled, ids)
+        s.state, out = self.step_fn(s.state, s.frozen, x0, cond, ids)
         return out
 
     def run(self) -> int:

@@ -1,50 +1,42 @@
-"""The SD3 text-to-image pipeline in JAX: the model interface trainers use.
+"""The SD3 text-to-image pipeline in JAX: the "sd3" model family (models.family).
 
 `SD3Pipeline` holds the NNX components of a diffusers `StableDiffusion3Pipeline` directory and
-offers what every trainer needs: `encode_prompt` (identical to diffusers' encode_prompt),
-`velocity` (the transformer, diffusers layout), `encode_visual` / `decode` (VAE with the config's
-shift and scaling). It knows nothing of training.
+implements `PipelineFamily`: conditioning {"prompt_embeds", "pooled_projections"} exactly as
+diffusers' encode_prompt computes it, the MMDiT velocity (diffusers layout), the VAE with the
+config's shift and scaling. It knows nothing of training.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
 import os
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from wfm_jax.models import family as fam
+from wfm_jax.models.family import PipelineError, PipelineFamily, register_family
 from wfm_jax.models.loading import load_model
 from wfm_jax.models.vae.autoencoder_kl import scale_latents, unscale_latents, vae_scale_factor
 
 PIPELINE_CLASS = "StableDiffusion3Pipeline"
+COND_KEYS = ("prompt_embeds", "pooled_projections")
 _TEXT = ("text_encoder", "text_encoder_2", "text_encoder_3")
 _TOKENIZERS = ("tokenizer", "tokenizer_2", "tokenizer_3")
 
-
-class PipelineError(ValueError):
-    """A pipeline directory that is missing, of the wrong class, or lacks a component."""
+__all__ = ["SD3Pipeline", "PipelineError", "PIPELINE_CLASS", "read_model_index", "encode_tokens",
+           "decode_latents"]
 
 
 def read_model_index(directory: str) -> dict:
-    index = os.path.join(directory, "model_index.json")
-    if not os.path.isdir(directory):
-        raise PipelineError(f"no such pipeline directory: {directory}")
-    if not os.path.isfile(index):
-        raise PipelineError(f"{directory} is not a diffusers pipeline (no model_index.json)")
-    with open(index) as f:
-        info = json.load(f)
+    """model_index.json of an SD3 pipeline dir; PipelineError for any other class."""
+    info = fam.read_model_index(directory)
     found = info.get("_class_name")
     if found != PIPELINE_CLASS:
         raise PipelineError(f"{directory} holds a {found!r}, not a {PIPELINE_CLASS}")
     return info
-
-
-def _present(info: dict, directory: str, name: str) -> bool:
-    entry = info.get(name)
-    return bool(entry) and entry[0] is not None and os.path.isdir(os.path.join(directory, name))
 
 
 def _load_tokenizer(directory: str, name: str, entry):
@@ -53,8 +45,16 @@ def _load_tokenizer(directory: str, name: str, entry):
     return cls.from_pretrained(os.path.join(directory, name))
 
 
-@dataclasses.dataclass
-class SD3Pipeline:
+@register_family
+@dataclasses.dataclass(eq=False)
+class SD3Pipeline(PipelineFamily):
+    pipeline_class = PIPELINE_CLASS
+    family = "sd3"
+    # generate's defaults: diffusers' SD3.5 pipeline (28 Euler steps, guidance 4.5 in the docs)
+    default_solver = "euler"
+    default_steps = 28
+    default_guidance = 4.5
+
     directory: str
     transformer: Any
     vae: Any
@@ -77,7 +77,7 @@ class SD3Pipeline:
         info = read_model_index(directory)
         for name in ("transformer", "vae", "scheduler", "text_encoder", "text_encoder_2",
                      "tokenizer", "tokenizer_2"):
-            if not _present(info, directory, name):
+            if not fam.component_present(info, directory, name):
                 raise PipelineError(f"pipeline {directory} lacks its {name!r} component")
         kw = dict(param_dtype=param_dtype, mesh=mesh, rules=rules)
         transformer, t_cfg = load_model(directory, component="transformer", dtype=dtype, **kw,
@@ -86,7 +86,7 @@ class SD3Pipeline:
         vae, v_cfg = load_model(directory, component="vae", dtype=None, **frozen)
         encoders, tokenizers = [], []
         for enc, tok in zip(_TEXT, _TOKENIZERS):
-            if _present(info, directory, enc):
+            if fam.component_present(info, directory, enc):
                 encoders.append(load_model(directory, component=enc, dtype=text_dtype,
                                            **frozen)[0])
                 tokenizers.append(_load_tokenizer(directory, tok, info[tok]))
@@ -111,8 +111,10 @@ class SD3Pipeline:
     def spatial_factor(self) -> int:
         return vae_scale_factor(self.vae_config)
 
-    def latent_shape(self, batch: int, height: int, width: int) -> tuple[int, int, int, int]:
-        """(B, C, h, w) in diffusers layout; height/width must divide by VAE x patch factor."""
+    def latent_shape(self, batch: int, height: int, width: int,
+                     frames: int | None = None) -> tuple[int, int, int, int]:
+        """(B, C, h, w) in diffusers layout; height/width must divide by VAE x patch factor.
+        frames is ignored (an image family)."""
         multiple = self.spatial_factor * int(self.transformer_config["patch_size"])
         if height % multiple or width % multiple:
             raise ValueError(f"height {height} and width {width} must be multiples of {multiple} "
@@ -142,29 +144,45 @@ class SD3Pipeline:
             out[_TEXT[i]] = ids.astype(np.int32)
         return out
 
+    def encode_text_with(self, text_encoders, ids: Mapping[str, Any],
+                         max_sequence_length: int = 256) -> dict:
+        embeds, pooled = encode_tokens(text_encoders, ids,
+                                       int(self.transformer_config["joint_attention_dim"]),
+                                       max_sequence_length)
+        return {"prompt_embeds": embeds, "pooled_projections": pooled}
+
     def encode_tokens(self, ids: dict, max_sequence_length: int = 256):
+        """(prompt_embeds, pooled) of host ids (the pre-family API)."""
         return encode_tokens(self.text_encoders, ids,
                              int(self.transformer_config["joint_attention_dim"]),
                              max_sequence_length)
 
-    def encode_prompt(self, prompts: Sequence[str], max_sequence_length: int = 256):
-        return self.encode_tokens(self.tokenize(prompts, max_sequence_length), max_sequence_length)
+    def encode_prompt(self, prompts: Sequence[str], max_sequence_length: int = 256) -> dict:
+        return super().encode_prompt(prompts, max_sequence_length)
+
+    def cond_from_embedding(self, embedding) -> dict:
+        if not isinstance(embedding, Mapping) or not set(COND_KEYS) <= set(embedding):
+            raise ValueError("precomputed text embeddings for SD3 must hold 'prompt_embeds' "
+                             "and 'pooled_projections'")
+        return {k: np.asarray(embedding[k], np.float32) for k in COND_KEYS}
 
     # ---------------------------------------------------------------- denoiser and VAE
-    def velocity(self, latents, timesteps, cond: dict):
-        """Transformer velocity for diffusers-layout latents (B, C, h, w); timesteps = 1000 sigma."""
-        return self.transformer(latents, cond["prompt_embeds"], cond["pooled_projections"],
-                                timesteps)
+    def velocity_with(self, transformer, latents, timesteps, cond: Mapping) -> jax.Array:
+        """MMDiT velocity for diffusers-layout latents (B, C, h, w); timesteps = 1000 sigma."""
+        return transformer(latents, cond["prompt_embeds"], cond["pooled_projections"],
+                           timesteps)
 
-    def decode(self, latents: jax.Array) -> jax.Array:
-        """Latents (B, C, h, w) -> pixels (B, H, W, 3) in [0, 1], as diffusers output_type="np"."""
-        return decode_latents(self.vae, self.vae_config, latents)
+    def posterior_with(self, vae, pixels):
+        """Pixels (B, H, W, 3) in [-1, 1] -> the posterior's (mean, std), (B, C, h, w)."""
+        dist = vae.encode(jnp.transpose(pixels, (0, 3, 1, 2)))
+        return dist.mean, dist.std
 
-    def encode_visual(self, pixels: jax.Array, key: jax.Array | None = None) -> jax.Array:
-        """Pixels (B, 3, H, W) in [-1, 1] -> scaled latents (sampled when a key is given)."""
-        dist = self.vae.encode(pixels)
-        z = dist.mode() if key is None else dist.sample(key)
-        return scale_latents(z.astype(jnp.float32), self.vae_config)
+    def normalize_latents(self, z: jax.Array) -> jax.Array:
+        return scale_latents(z, self.vae_config)
+
+    def decode_with(self, vae, latents) -> jax.Array:
+        """Latents (B, C, h, w) -> pixels (B, H, W, 3) in [0, 1], as output_type="np"."""
+        return decode_latents(vae, self.vae_config, latents)
 
 
 def encode_tokens(encoders, ids: dict, joint_attention_dim: int, max_sequence_length: int = 256):

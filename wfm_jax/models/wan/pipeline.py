@@ -67,6 +67,9 @@ class WanPipeline(PipelineFamily):
     family = "wan"
     is_video = True
     default_solver = "unipc"  # Wan's scheduler (UniPC, flow sigmas, order 2, bh2)
+    # WanPipeline.__call__'s defaults (generate uses them when the user names none)
+    default_steps, default_guidance, default_frames, default_fps = 50, 5.0, 81, 16.0
+    default_max_sequence_length = DEFAULT_MAX_SEQUENCE_LENGTH
 
     def __init__(self, directory: str, transformer, vae, text_encoder, tokenizer,
                  transformer_config: dict, vae_config: dict, scheduler_config: dict):
