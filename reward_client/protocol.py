@@ -38,9 +38,10 @@ def infer_media_type(media: np.ndarray) -> str:
 def check_media(media: np.ndarray, media_type: str) -> None:
     if media_type not in MEDIA_TYPES:
         raise RewardProtocolError(f"media_type {media_type!r}: expected one of {MEDIA_TYPES}")
-    if media_type == "latent":
-        if not np.issubdtype(media.dtype, np.floating):
-            raise RewardProtocolError(f"latent media must be floating point, got {media.dtype}")
+    if media_type == "latent":  # cosmos-rl: float16 Wan2.1 latents, normalised as its DiT sees them
+        if not np.issubdtype(media.dtype, np.floating) or media.ndim != 5:
+            raise RewardProtocolError(f"latent media must be float VAE latents [B,C,T,H,W], got "
+                                      f"dtype {media.dtype} shape {tuple(media.shape)}")
         return
     want = 4 if media_type == "image" else 5
     layout = "[B,H,W,C]" if media_type == "image" else "[B,C,T,H,W]"
