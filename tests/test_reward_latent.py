@@ -18,6 +18,9 @@ from reward_client.protocol import ENQUEUE_PATH, build_header, check_media, enco
 from reward_client.registry import register_reward, unregister_reward
 from reward_client.server import create_app, main as server_main
 from tests.test_reward_server import TOKEN, fast_config
+from wfm_jax.config import ConfigError, from_tree, validate
+from wfm_jax.train.reward_media import reward_media
+from wfm_jax.train.rl_setup import reward_config
 
 # The spec's tiny Wan VAE (video_models.md §4.2) with non-trivial latent statistics, so the
 # de-normalisation before decode is exercised.
@@ -149,3 +152,30 @@ def test_server_command_line_without_a_vae(tmp_path, capsys):
     (tmp_path / "model_index.json").write_text(json.dumps({"_class_name": "WanPipeline"}))
     assert server_main(["--token", "t", "--pipeline", str(tmp_path)]) == 2
     assert "cannot load a VAE" in capsys.readouterr().err
+
+
+def test_trainer_reward_media():
+    images = np.arange(2 * 4 * 4 * 3, dtype=np.uint8).reshape(2, 4, 4, 3)
+    media, kind = reward_media("pixels", images)
+    assert kind == "image" and media is not None and np.array_equal(media, images)
+    video = np.arange(2 * 5 * 4 * 4 * 3, dtype=np.uint8).reshape(2, 5, 4, 4, 3)
+    media, kind = reward_media("pixels", video)
+    assert kind == "video" and media.shape == (2, 3, 5, 4, 4)
+    assert media[1, 2, 3, 1, 0] == video[1, 3, 1, 0, 2]  # [B,T,H,W,C] -> [B,C,T,H,W]
+    latents = np.linspace(-3, 3, 2 * 4 * 2 * 4 * 4, dtype=np.float32).reshape(2, 4, 2, 4, 4)
+    media, kind = reward_media("latent", video, latents)
+    assert kind == "latent" and media.dtype == np.float16  # cosmos-rl's payload dtype
+    np.testing.assert_array_equal(media, latents.astype(np.float16))
+    check_media(media, kind)
+    with pytest.raises(ValueError, match="uint8"):
+        reward_media("pixels", images.astype(np.float32))
+
+
+def test_remote_reward_media_type_config_key():
+    rr = "train.train_policy.remote_reward"
+    assert reward_config(validate(from_tree({})))["media_type"] == "pixels"
+    config = validate(from_tree({f"{rr}.media_type": "latent",
+                                 "train.train_policy.use_remote_reward": True}))
+    assert reward_config(config)["media_type"] == "latent"
+    with pytest.raises(ConfigError, match="media_type.*'video'.*pixels"):
+        validate(from_tree({f"{rr}.media_type": "video"}))

@@ -53,7 +53,7 @@ def reward_config(config) -> dict:
             spec["local"] = True
         fns.append(spec)
     out = {"reward_fns": fns, "scale": rr.scale, "clip": rr.clip,
-           "on_failure": rr.on_failure}
+           "on_failure": rr.on_failure, "media_type": rr.media_type}
     if config.train.train_policy.use_remote_reward:
         remote = {k: v for k, v in (("enqueue_url", rr.enqueue_url), ("fetch_url", rr.fetch_url),
                                     ("token", rr.token)) if v}
@@ -148,6 +148,7 @@ class RLRun:
         return fn(self, batch, lo, hi) if fn is not None else {}
 
     def evaluate(self, state, latents, cond):
+        """-> (final latents, pixels in [0, 1])."""
         return self._fns["evaluate"](state, self.setup.frozen, nnx.state(self.setup.pipe.vae),
                                      latents, cond, self._uncond(latents.shape[0]))
 
@@ -231,13 +232,13 @@ def _compile(run: RLRun) -> dict:
         fields = algo.rollout(make_velocity(graphdef, frozen), state, latents, cond, key, **inputs)
         return fields, pixels_to_uint8(decode(vae_state, algo.final_latents(fields)))
 
-    @on_mesh(out_shardings=row_sharding)
+    @on_mesh(out_shardings=(row_sharding, row_sharding))
     def evaluate(state, frozen, vae_state, latents, cond, uncond):
         params = state.params if state.ema is None else state.ema
         velocity = make_velocity(graphdef, frozen)
         out = sample(lambda x, t, c: velocity(params, x, t, c), latents, eval_sigmas,
                      method="euler", cond=cond, uncond=uncond, cfg_scale=guidance)
-        return decode(vae_state, out.latents)
+        return out.latents, decode(vae_state, out.latents)  # latents: media_type "latent"
 
     n_micro, n_epochs = run.micro_batches, run.mu_iterations
     n_chunks = run.optimize_chunks  # optimizer updates per inner epoch
