@@ -14,7 +14,8 @@ from reward_client.background import BackgroundServer
 from reward_client.computer import RewardComputer
 from reward_client.errors import RewardConfigError, RewardProtocolError, RewardServiceError
 from reward_client.latents import LatentDecoder
-from reward_client.protocol import ENQUEUE_PATH, build_header, check_media, encode_enqueue
+from reward_client.protocol import (ENQUEUE_PATH, build_header, check_media, decode_enqueue,
+                                    encode_enqueue)
 from reward_client.registry import register_reward, unregister_reward
 from reward_client.server import create_app, main as server_main
 from tests.test_reward_server import TOKEN, fast_config
@@ -99,10 +100,14 @@ def test_decoder_matches_diffusers_wan_pipeline(decoder, torch_vae, latents):
 
 def test_latents_score_as_the_diffusers_decoded_video(server, torch_vae, latents):
     prompts = ["a cat", "a dog"]
+    video = diffusers_video(torch_vae, latents)
     with RewardComputer(FNS, remote=fast_config(server.url), media_type="latent") as rc:
         by_latent = rc.score(latents, prompts, media_type="latent")
-        by_video = rc.score(diffusers_video(torch_vae, latents), prompts)  # media_type "video"
+        by_video = rc.score(video, prompts)  # media_type "video" [B,C,T,H,W]
     assert by_latent.keep.all() and by_video.keep.all()
+    # local rewards score a video as the mean over up to 4 evenly spaced frames: 0, 1, 3, 4 of 5
+    by_hand = video[:, :, [0, 1, 3, 4]].astype(np.float64).mean(axis=(1, 2, 3, 4)) / 255
+    np.testing.assert_allclose(by_video.per_fn["t_mean_pixel"], by_hand, rtol=1e-12)
     # one uint8 step on <1% of pixels: mean-pixel scores agree to well under 1/255
     np.testing.assert_allclose(by_latent.per_fn["t_mean_pixel"], by_video.per_fn["t_mean_pixel"],
                                rtol=0, atol=2e-4)
@@ -131,6 +136,26 @@ def test_latent_media_checks():
     for bad in (np.zeros((1, 4, 2, 4, 4), np.uint8), np.zeros((1, 4, 4, 4), np.float32)):
         with pytest.raises(RewardProtocolError, match=r"float VAE latents \[B,C,T,H,W\]"):
             check_media(bad, "latent")
+
+
+def test_bfloat16_latents_as_cosmos_rl_clients_send_them(latents):
+    """torch.save of a bfloat16 tensor (cosmos-rl's video client) and bfloat16 bytes as uint8
+    (what cosmos-rl's service reads a uint8 latent payload as) both arrive as float32 latents."""
+    import io
+
+    import ml_dtypes
+    want = latents.astype(ml_dtypes.bfloat16).astype(np.float32)
+    header = build_header(["a", "b"], {"t_mean_pixel": 1.0}, "latent")
+    head = json.dumps(header).encode() + b"\n"
+    buf = io.BytesIO()
+    torch.save(torch.from_numpy(latents.astype(np.float32)).to(torch.bfloat16), buf)
+    as_bytes = latents.astype(ml_dtypes.bfloat16).view(np.uint8)
+    for body in (head + buf.getvalue(), encode_enqueue(header, as_bytes)):
+        _, media = decode_enqueue(body)
+        assert media.dtype == np.float32 and media.shape == latents.shape
+        np.testing.assert_array_equal(media, want)
+    with pytest.raises(RewardProtocolError, match="not bfloat16 bytes"):
+        decode_enqueue(encode_enqueue(header, np.zeros((2, 4, 2, 4, 3), np.uint8)))
 
 
 def test_media_type_config_key():
