@@ -104,3 +104,23 @@ def test_write_validation_images_stay_a_png_grid(tmp_path):
         write_validation(images[0], ["a"] * 16, [0.0] * 16, str(tmp_path), 0)
     with pytest.raises(ValueError, match="2 prompts and 3 rewards for 3 samples"):
         write_validation(images, ["a", "b"], [0.0] * 3, str(tmp_path), 0)
+
+
+def test_validation_video_reaches_wandb_offline(tmp_path, monkeypatch):
+    import warnings
+
+    pytest.importorskip("wandb")
+    from wfm_jax.train.metrics import MetricsLogger
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wb"))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    cfg = {"enable": True, "project": "wfm_jax_test", "dir": str(tmp_path / "wb")}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a swallowed wandb failure would warn
+        logger = MetricsLogger(str(tmp_path / "out"), total_steps=2, wandb_cfg=cfg)
+        logger.log(1, {"val/reward_mean": 0.5})
+        write_validation(videos(), ["a", "b", "c"], [0.1, 0.2, 0.3], str(tmp_path / "val"), 1,
+                         logger=logger)
+        logger.log(2, {"val/reward_mean": 0.25})  # commits step 1's video
+        assert "val/videos" in dict(logger.run.summary)
+        logger.close()
