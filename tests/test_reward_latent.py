@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import jax
 import numpy as np
 import pytest
 import requests
@@ -204,3 +205,38 @@ def test_remote_reward_media_type_config_key():
     assert reward_config(config)["media_type"] == "latent"
     with pytest.raises(ConfigError, match="media_type.*'video'.*pixels"):
         validate(from_tree({f"{rr}.media_type": "video"}))
+
+
+class _StubRun:
+    """What rl.rollout_batch reads of a run, around a fixed 'rollout' of a video model: each
+    chunk's final latents and the (unused in latent mode) pixels."""
+
+    def __init__(self, rewards, latents):
+        self.rewards, self.rollout_chunk, self._latents = rewards, 1, latents
+        self.algo = type("Algo", (), {"final_latents": staticmethod(lambda f: f["x0"])})()
+
+    def encode(self, rows):
+        return {"e": np.zeros((len(rows), 1), np.float32)}
+
+    def initial_latents(self, key, n):
+        return None
+
+    def chunk_inputs(self, batch, lo, hi):
+        return {"row": lo}
+
+    def rollout(self, state, latents, cond, key, inputs):
+        x0 = self._latents[inputs["row"]:inputs["row"] + 1].astype(np.float32)
+        return {"x0": x0}, np.zeros((1, 5, 32, 32, 3), np.uint8)
+
+
+def test_rl_rollout_sends_latents_in_latent_mode(server, latents):
+    from wfm_jax.train.metrics import Timers
+    from wfm_jax.train.rl import rollout_batch
+    prompts = ["a cat", "a dog"]
+    batch = {"prompt": prompts, "metadata": [{}, {}], "group": np.array([0, 1])}
+    with RewardComputer(FNS, remote=fast_config(server.url), media_type="latent") as rc:
+        out = rollout_batch(_StubRun(rc, latents), None, batch, jax.random.key(0), Timers())
+        want = rc.score(latents, prompts, media_type="latent")
+    # the latents were scored, not the zero pixels (decoded in chunks of 1 vs a batch of 2: fp32 noise)
+    np.testing.assert_allclose(out["reward"], want.total, rtol=1e-5)
+    assert out["per_fn"]["t_mean_pixel"].min() > 0.05
