@@ -21,9 +21,9 @@ from reward_client.protocol import prompt_extras
 from wfm_jax.algorithms.advantages import clip_advantages, group_advantages, zero_std_ratio
 from wfm_jax.train import preempt, rl_setup
 from wfm_jax.train.image_grid import to_uint8
+from wfm_jax.train.metrics import Timers, check_finite
 from wfm_jax.train.reward_media import reward_media
 from wfm_jax.train.validation_out import write_validation
-from wfm_jax.train.metrics import Timers, check_finite
 
 
 def _stats(prefix: str, values: np.ndarray) -> dict:
