@@ -19,7 +19,9 @@
     rc.close()    # waits for jobs -> {"uncollected": [...], "unaccounted": {uuid: [names]}}
 
 ``submit(media, prompts, *, group_ids=None, extras=None, media_type=None)``: media uint8 images
-[B,H,W,C] or videos [B,C,T,H,W] (numpy or jax; copied/encoded at submit, so the caller may reuse
+[B,H,W,C] or videos [B,C,T,H,W], or with media_type="latent" float VAE latents [B,C,T,h,w]
+for the service to decode (remote rewards only; the config key ``media_type="latent"`` tells a
+trainer to send those) (numpy or jax; copied/encoded at submit, so the caller may reuse
 the buffer); ``extras`` go into the enqueue JSON header (e.g. ``video_infos``, GenEval metadata)
 and to local rewards. A function runs locally when its spec says ``local: True``, or when
 ``local`` is unset, no service is configured and the name is a registered local reward; all remote
@@ -56,7 +58,11 @@ from reward_client.pipeline import Ledger, RewardHandle, RewardPipeline
 from reward_client.registry import available_rewards, get_reward, is_local
 
 FAILURE_POLICIES = ("raise", "drop")
-CONFIG_KEYS = ("reward_fns", "scale", "clip", "on_failure", "max_inflight", "max_video_frames", "remote")
+CONFIG_KEYS = ("reward_fns", "scale", "clip", "on_failure", "max_inflight", "max_video_frames", "remote",
+               "media_type")
+# what a trainer sends: decoded pixels (image or video by ndim), or its VAE latents for the
+# service to decode (cosmos-rl's video trainer sends float16 Wan2.1 latents)
+TRAINER_MEDIA = ("pixels", "latent")
 
 
 @dataclass
@@ -101,7 +107,8 @@ def extra_scores(specs, raw: Mapping[str, Mapping], batch: int, keep: np.ndarray
 class RewardComputer:
     def __init__(self, reward_fns, *, remote: RemoteConfig | None = None, scale: float = 1.0,
                  clip: Any = 5.0, on_failure: str = "raise", max_inflight: int = 2,
-                 max_video_frames: int = 4, client: RemoteRewardClient | None = None):
+                 max_video_frames: int = 4, client: RemoteRewardClient | None = None,
+                 media_type: str = "pixels"):
         self.specs = parse_reward_fns(reward_fns)
         self.total_clip = parse_clip(clip, "total reward")
         self.scale = float(scale)
@@ -126,6 +133,14 @@ class RewardComputer:
                     + f"; local rewards: {available_rewards()}")
             else:
                 self.remote_specs.append(spec)
+        if media_type not in TRAINER_MEDIA:
+            raise RewardConfigError(f"reward media_type={media_type!r}: expected one of {TRAINER_MEDIA}")
+        if media_type == "latent" and self.local_specs:
+            raise RewardConfigError(
+                f"reward media_type='latent' sends VAE latents to the reward service, but "
+                f"{[s.name for s in self.local_specs]} run locally on pixels: serve them remotely "
+                f"(e.g. python -m reward_client.server --pipeline DIR) or use media_type 'pixels'")
+        self.media_type = media_type
         self.client = client or (RemoteRewardClient(remote) if self.remote_specs else None)
         self.ledger = Ledger()
         self._pipeline = RewardPipeline(max_inflight)

@@ -38,9 +38,10 @@ def infer_media_type(media: np.ndarray) -> str:
 def check_media(media: np.ndarray, media_type: str) -> None:
     if media_type not in MEDIA_TYPES:
         raise RewardProtocolError(f"media_type {media_type!r}: expected one of {MEDIA_TYPES}")
-    if media_type == "latent":
-        if not np.issubdtype(media.dtype, np.floating):
-            raise RewardProtocolError(f"latent media must be floating point, got {media.dtype}")
+    if media_type == "latent":  # cosmos-rl: float16 Wan2.1 latents, normalised as its DiT sees them
+        if not np.issubdtype(media.dtype, np.floating) or media.ndim != 5:
+            raise RewardProtocolError(f"latent media must be float VAE latents [B,C,T,H,W], got "
+                                      f"dtype {media.dtype} shape {tuple(media.shape)}")
         return
     want = 4 if media_type == "image" else 5
     layout = "[B,H,W,C]" if media_type == "image" else "[B,C,T,H,W]"
@@ -119,6 +120,17 @@ def load_media(payload: bytes) -> np.ndarray:
     return media
 
 
+def bfloat16_from_bytes(media: np.ndarray) -> np.ndarray:
+    """uint8 latents are bfloat16 bytes (numpy has no bfloat16; cosmos-rl's service reads a uint8
+    latent payload this way): [..., 2W] uint8 -> [..., W] float32."""
+    import ml_dtypes
+
+    if media.ndim == 0 or media.shape[-1] % 2:
+        raise RewardProtocolError(f"uint8 latent payload of shape {tuple(media.shape)} is not "
+                                  "bfloat16 bytes (the last axis must be even)")
+    return np.ascontiguousarray(media).view(ml_dtypes.bfloat16).astype(np.float32)
+
+
 def decode_enqueue(body: bytes) -> tuple[dict, np.ndarray]:
     """Inverse of encode_enqueue, with the checks a server needs before queueing the work."""
     cut = body.find(b"\n")
@@ -146,6 +158,8 @@ def decode_enqueue(body: bytes) -> tuple[dict, np.ndarray]:
         # "image" here would hide that from a client tested against this server.
         raise RewardProtocolError("enqueue header has no 'media_type': set it to 'image' or 'video' "
                                   "(cosmos-rl's service treats a missing media_type as latents)")
+    if media_type == "latent" and media.dtype == np.uint8:
+        media = bfloat16_from_bytes(media)
     check_media(media, media_type)
     if len(prompts) != media.shape[0]:
         raise RewardProtocolError(

@@ -5,6 +5,10 @@ serving the local rewards of ``reward_client.registry``. Unlike that service it 
 token (401), refuses bodies over ``--max-body-mb`` (413), answers 503 when its bounded queue is
 full (never a silent drop), keeps results until pulled or ``--ttl-s`` after completion, answers
 404 for unknown/expired uuids and 422 (with the reason) for a reward that failed.
+With ``--pipeline DIR`` (a diffusers pipeline dir with a Wan2.1 ``vae/``) it also takes
+media_type "latent": float VAE latents [B,C,T,h,w], as cosmos-rl's video trainer sends them,
+decoded to uint8 videos (reward_client.latents) and scored as media_type "video"; without it a
+latent payload is answered 422.
 Needs the ``server`` extra (fastapi, uvicorn).
 """
 
@@ -55,13 +59,25 @@ def local_scorer(max_video_frames: int):
     return score
 
 
+def decode_latents_with(decoder):
+    """TaskStore prepare step: a latent payload -> the uint8 video batch it decodes to."""
+    def prepare(header: dict, media: np.ndarray):
+        if header["media_type"] != "latent":
+            return header, media
+        return dict(header, media_type="video"), decoder(media)
+    return prepare
+
+
 def create_app(token: str | None, *, max_body_bytes: int = 512 << 20, max_queue: int = 64,
-               ttl_s: float = 3600.0, workers: int = 1, max_video_frames: int = 4, scorer=None):
-    """FastAPI app. ``token=None`` disables auth (only for tests of foreign clients)."""
+               ttl_s: float = 3600.0, workers: int = 1, max_video_frames: int = 4, scorer=None,
+               decoder=None):
+    """FastAPI app. ``token=None`` disables auth (only for tests of foreign clients).
+    decoder: a reward_client.latents.LatentDecoder for latent payloads (None: refused)."""
     from fastapi import FastAPI, Request
 
     store = TaskStore(scorer or local_scorer(max_video_frames), max_queue=max_queue, ttl_s=ttl_s,
-                      workers=workers)
+                      workers=workers,
+                      prepare=decode_latents_with(decoder) if decoder is not None else None)
 
     @asynccontextmanager
     async def lifespan(app):
@@ -118,8 +134,14 @@ def create_app(token: str | None, *, max_body_bytes: int = 512 << 20, max_queue:
         except RewardProtocolError as exc:
             return _json(422, {"detail": str(exc)})
         if header["media_type"] == "latent":
-            return _json(422, {"detail": "the reference server does not decode latents; send uint8 "
-                                         "images [B,H,W,C] or videos [B,C,T,H,W]"})
+            if decoder is None:
+                return _json(422, {"detail": "this reward server has no VAE to decode latents: start "
+                                             "it with --pipeline DIR (a Wan2.1 pipeline dir) or send "
+                                             "uint8 images [B,H,W,C] or videos [B,C,T,H,W]"})
+            try:
+                decoder.check(media)
+            except RewardProtocolError as exc:
+                return _json(422, {"detail": str(exc)})
         names = [n for n, w in header["reward_fn"].items() if w > 0]
         unknown = [n for n in names if not is_local(n)]
         if unknown or not names:
@@ -177,6 +199,8 @@ def main(argv=None) -> int:
     parser.add_argument("--ttl-s", type=float, default=3600.0)
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--max-video-frames", type=int, default=4)
+    parser.add_argument("--pipeline", default=None,
+                        help="diffusers pipeline dir whose Wan2.1 vae/ decodes media_type 'latent'")
     args = parser.parse_args(argv)
     token = args.token or os.environ.get("REMOTE_REWARD_TOKEN")
     if not token:
@@ -189,14 +213,20 @@ def main(argv=None) -> int:
               file=sys.stderr)
         return 2
     try:
+        decoder = None
+        if args.pipeline:
+            from reward_client.latents import LatentDecoder
+            decoder = LatentDecoder(args.pipeline)
         app = create_app(token, max_body_bytes=int(args.max_body_mb * 2**20), max_queue=args.max_queue,
-                         ttl_s=args.ttl_s, workers=args.workers, max_video_frames=args.max_video_frames)
+                         ttl_s=args.ttl_s, workers=args.workers, max_video_frames=args.max_video_frames,
+                         decoder=decoder)
     except RewardError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(f"reward server on http://{args.host}:{args.port}: POST {protocol.ENQUEUE_PATH}, "
           f"POST {protocol.PULL_PATH}, POST {protocol.PING_PATH} (Bearer token); rewards: "
-          f"{', '.join(available_rewards())}", flush=True)
+          f"{', '.join(available_rewards())}"
+          + (f"; latents decoded with the VAE of {args.pipeline}" if args.pipeline else ""), flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0
 

@@ -18,6 +18,8 @@ import numpy as np
 PULL_GRACE_S = 30.0
 
 Scorer = Callable[[str, dict, np.ndarray], dict]  # (reward name, header, media) -> {key: list}
+# (header, media) -> (header, media) once per task before its rewards, e.g. latents -> video
+Prepare = Callable[[dict, np.ndarray], tuple]
 
 
 class QueueFull(Exception):
@@ -40,8 +42,9 @@ class Task:
 
 class TaskStore:
     def __init__(self, scorer: Scorer, *, max_queue: int = 64, ttl_s: float = 3600.0,
-                 workers: int = 1, clock=time.monotonic):
+                 workers: int = 1, clock=time.monotonic, prepare: Prepare | None = None):
         self._scorer = scorer
+        self._prepare = prepare
         self._queue: queue.Queue[Task | None] = queue.Queue(maxsize=max_queue)
         self._tasks: dict[str, Task] = {}
         self._lock = threading.Lock()
@@ -110,19 +113,33 @@ class TaskStore:
             task = self._queue.get()
             if task is None:
                 return
-            for name in task.names:
+            header, media, decoded_s = task.header, task.media, 0.0
+            input_info = {"shape": list(media.shape), "dtype": str(media.dtype)}
+            if self._prepare is not None:
                 start = time.monotonic()
                 try:
-                    scores = self._scorer(name, task.header, task.media)
+                    header, media = self._prepare(header, media)
+                except Exception as exc:  # every asked reward reports the decode failure
+                    task.errors.update({name: f"decoding the {header.get('media_type')} payload "
+                                              f"failed on the server: {type(exc).__name__}: {exc}"
+                                        for name in task.names})
+                decoded_s = time.monotonic() - start
+            for name in task.names:
+                if name in task.errors:
+                    continue
+                start = time.monotonic()
+                try:
+                    scores = self._scorer(name, header, media)
                     task.results[name] = {
                         "scores": scores,
-                        "input_info": {"shape": list(task.media.shape), "dtype": str(task.media.dtype)},
+                        "input_info": input_info,
                         "duration": time.monotonic() - start,
-                        "decoded_duration": 0.0,
+                        "decoded_duration": decoded_s,
                         "type": name,
                     }
                 except Exception as exc:  # report, never drop: the pull answers with this message
                     task.errors[name] = f"reward {name!r} failed on the server: {type(exc).__name__}: {exc}"
+            media = None
             task.media = None  # free the batch; results are small
             with self._lock:
                 task.done_at = self._clock()

@@ -202,16 +202,16 @@ def test_visual_encoder_takes_clips(fake_family):
 
 
 def test_reward_media_sends_clips_channels_first():
-    from wfm_jax.train.rl_setup import reward_media
+    from wfm_jax.train.reward_media import reward_media
     clips = np.random.default_rng(0).integers(0, 256, (2, FRAMES, 8, 8, 3), dtype=np.uint8)
-    media, kind = reward_media(clips)
+    media, kind = reward_media("pixels", clips)
     assert kind == "video" and media.shape == (2, 3, FRAMES, 8, 8)
     np.testing.assert_array_equal(media[1, 2, 4], clips[1, 4, :, :, 2])
     images = clips[:, 0]
-    media, kind = reward_media(images)
+    media, kind = reward_media("pixels", images)
     assert kind == "image" and np.array_equal(media, images)
     with pytest.raises(ValueError, match=r"\(B, H, W, 3\) or \(B, T, H, W, 3\), got \(8, 8, 3\)"):
-        reward_media(images[0])
+        reward_media("pixels", images[0])
 
 
 def _euler_reference(pipe, prompts, latents, steps, scale):

@@ -109,6 +109,11 @@ DEFAULTS = {
                 # seconds for one batch's enqueue + pulls; a task the service dropped shows up
                 # as 'not ready' until this runs out
                 "budget_s": 1800.0,
+                # what the rollouts go to the rewards as: "pixels" (decoded; images, or videos
+                # [B,C,T,H,W] by their shape) or "latent" (the normalised VAE latents, float16,
+                # as cosmos-rl's video trainer sends them; the service decodes them, e.g.
+                # python -m reward_client.server --pipeline DIR; remote rewards only)
+                "media_type": "pixels",
                 # per entry: name, weight, score_key ("a+b" sums keys), clip_min / clip_max
                 # (cosmos-rl's per-function clip before weighting, default [-5, 5])
                 "reward_fns": [{"name": "jpeg_compressibility", "weight": 1.0, "score_key": ""}],
@@ -199,6 +204,7 @@ CHOICES = {
     "train.ckpt.upload_s3": ("", "final", "all"),
     "train.train_policy.type": ("sft", "nft", "grpo", "ddrl"),
     "train.train_policy.remote_reward.on_failure": ("raise", "drop"),
+    "train.train_policy.remote_reward.media_type": ("pixels", "latent"),
     "train.train_policy.dataset.layout": ("paired", "wfm", "prompts"),
     "policy.lora.init_lora_weights": ("gaussian", "zeros", "default"),
     "policy.diffusers.weighting_scheme": ("logit_normal", "mode", "uniform", "none", "sigma_sqrt",

@@ -1,6 +1,7 @@
 """An image grid with a caption (prompt and reward) under each image, for validation logs."""
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import textwrap
@@ -8,6 +9,8 @@ from typing import Sequence
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
+
+LINE_H = 12  # pixels per caption line (PIL's default bitmap font)
 
 
 def to_uint8(images) -> np.ndarray:
@@ -20,24 +23,45 @@ def captioned_grid(images: np.ndarray, captions: Sequence[str], *, min_cell: int
     """(B, H, W, 3) uint8 -> one PIL image, images upscaled to at least `min_cell` pixels wide
     (nearest: tiny test images stay legible) with each caption wrapped below its image."""
     b, h, w, _ = images.shape
-    zoom = max(1, math.ceil(min_cell / w))
-    cw, ch = w * zoom, h * zoom
+    geo = GridGeometry.of(b, h, w, min_cell=min_cell, caption_lines=caption_lines)
     font = ImageFont.load_default()
-    line_h = 12
-    text_h = caption_lines * line_h + 4
-    cols = math.ceil(math.sqrt(b))
-    rows = math.ceil(b / cols)
-    grid = Image.new("RGB", (cols * cw, rows * (ch + text_h)), "white")
+    grid = Image.new("RGB", geo.size, "white")
     draw = ImageDraw.Draw(grid)
-    chars = max(8, cw // 6)
+    chars = max(8, geo.cell_w // 6)
     for i in range(b):
-        r, c = divmod(i, cols)
-        x, y = c * cw, r * (ch + text_h)
-        grid.paste(Image.fromarray(images[i]).resize((cw, ch), Image.NEAREST), (x, y))
+        x, y = geo.origin(i)
+        grid.paste(Image.fromarray(images[i]).resize((geo.cell_w, geo.cell_h), Image.NEAREST), (x, y))
         lines = textwrap.wrap(captions[i], chars)[:caption_lines]
         for j, line in enumerate(lines):
-            draw.text((x + 2, y + ch + 2 + j * line_h), line, fill="black", font=font)
+            draw.text((x + 2, y + geo.cell_h + 2 + j * LINE_H), line, fill="black", font=font)
     return grid
+
+
+@dataclasses.dataclass(frozen=True)
+class GridGeometry:
+    """Where each tile of a captioned grid goes (shared by the image and the video grid)."""
+    zoom: int
+    cols: int
+    rows: int
+    cell_w: int
+    cell_h: int
+    text_h: int
+
+    @classmethod
+    def of(cls, b: int, h: int, w: int, *, min_cell: int = 128, caption_lines: int = 3):
+        zoom = max(1, math.ceil(min_cell / w))
+        cols = math.ceil(math.sqrt(b))
+        return cls(zoom, cols, math.ceil(b / cols), w * zoom, h * zoom, caption_lines * LINE_H + 4)
+
+    @property
+    def size(self) -> tuple[int, int]:
+        """(width, height) of the whole grid."""
+        return self.cols * self.cell_w, self.rows * (self.cell_h + self.text_h)
+
+    def origin(self, i: int) -> tuple[int, int]:
+        """(x, y) of tile i's top-left corner; its caption sits below it."""
+        r, c = divmod(i, self.cols)
+        return c * self.cell_w, r * (self.cell_h + self.text_h)
 
 
 def save_grid(grid: Image.Image, path: str) -> str:

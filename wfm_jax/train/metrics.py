@@ -213,6 +213,15 @@ class MetricsLogger:
 
         self._wandb_call(send)
 
+    def log_video(self, key: str, path: str, caption: str | None = None,
+                  step: int | None = None) -> None:
+        """An mp4 file to wandb (wandb.Video); no-op without wandb."""
+        if not self.active or self.run is None:
+            return
+        import wandb
+        self._wandb_call(lambda: self.run.log(
+            {key: wandb.Video(path, caption=caption, format="mp4")}, step=step))
+
     def _wandb_call(self, fn) -> None:
         try:
             fn()

@@ -20,8 +20,10 @@ import numpy as np
 from reward_client.protocol import prompt_extras
 from wfm_jax.algorithms.advantages import clip_advantages, group_advantages, zero_std_ratio
 from wfm_jax.train import preempt, rl_setup
-from wfm_jax.train.image_grid import captioned_grid, save_grid, to_uint8
+from wfm_jax.train.image_grid import to_uint8
 from wfm_jax.train.metrics import Timers, check_finite
+from wfm_jax.train.reward_media import reward_media
+from wfm_jax.train.validation_out import write_validation
 
 
 def _stats(prefix: str, values: np.ndarray) -> dict:
@@ -53,9 +55,9 @@ def rollout_batch(run, state, batch: dict, key, timers: Timers) -> dict:
         cond = run.encode(rows)
         latents = run.initial_latents(k_lat, len(rows))
         inputs = run.chunk_inputs(batch, lo, lo + chunk)
-        fields, pixels = run.rollout(state, latents, cond, k_alg, inputs)
-        # uint8 already (rollout jit)
-        media, media_type = rl_setup.reward_media(jax.device_get(pixels))
+        fields, pixels = run.rollout(state, latents, cond, k_alg, inputs)  # pixels: uint8 already
+        media, media_type = reward_media(run.rewards.media_type, pixels,
+                                         run.algo.final_latents(fields))
         extras = prompt_extras(batch["metadata"][lo:lo + chunk])  # geneval keys as the service reads them
         groups = np.asarray(batch["group"][lo:lo + chunk])
         handles.append(run.rewards.submit(media, rows, group_ids=groups, extras=extras,
@@ -106,28 +108,27 @@ def advantages_for(run, rollout: dict, batch: dict) -> tuple[np.ndarray, dict]:
 
 def validate(run, state, step: int) -> dict:
     """Euler ODE (eval_num_steps) on the validation prompts with the evaluation weights; a
-    captioned grid PNG in output_dir and in wandb."""
-    rewards, images, captions, extra = [], [], [], {}
+    captioned grid (PNG for images, mp4 for videos) in output_dir and in wandb."""
+    rewards, images, prompts, extra = [], [], [], {}
     for batch in run.validation_batches():
         rows = list(batch["prompt"])
         cond = run.encode(rows)
         latents = run.initial_latents(jax.random.key(run.seed + 1), len(rows))
-        pixels = np.asarray(jax.device_get(run.evaluate(state, latents, cond)))
-        imgs = to_uint8(pixels)
-        media, media_type = rl_setup.reward_media(imgs)
+        final, pixels = run.evaluate(state, latents, cond)
+        imgs = to_uint8(np.asarray(jax.device_get(pixels)))
+        media, media_type = reward_media(run.rewards.media_type, imgs, final)
         res = run.rewards.submit(media, rows, media_type=media_type).result()
         valid = np.asarray(batch["valid"])
         rewards.append(res.total[valid])
         for key, values in res.extra.items():
             extra.setdefault(key, []).append(values[valid])
         images.append(imgs[valid])
-        captions += [f"{p} | {r:.4g}" for p, r, v in zip(rows, res.total, valid) if v]
+        prompts += [p for p, v in zip(rows, valid) if v]
     if not rewards:
         return {}
     rewards = np.concatenate(rewards)
-    grid = captioned_grid(np.concatenate(images), captions)
-    path = save_grid(grid, f"{run.output_dir}/validation/step_{step}.png")
-    run.logger.log_image("val/images", path, caption=f"step {step}", step=step)
+    write_validation(np.concatenate(images), prompts, rewards, f"{run.output_dir}/validation",
+                     step, logger=run.logger)
     metrics = _stats("val/reward", rewards)
     metrics.update({f"val/reward_{k}_mean": float(np.nanmean(np.concatenate(v)))
                     for k, v in extra.items()})

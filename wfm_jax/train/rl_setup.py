@@ -52,7 +52,7 @@ def reward_config(config) -> dict:
             spec["local"] = True
         fns.append(spec)
     out = {"reward_fns": fns, "scale": rr.scale, "clip": rr.clip,
-           "on_failure": rr.on_failure}
+           "on_failure": rr.on_failure, "media_type": rr.media_type}
     if config.train.train_policy.use_remote_reward:
         remote = {k: v for k, v in (("enqueue_url", rr.enqueue_url), ("fetch_url", rr.fetch_url),
                                     ("token", rr.token)) if v}
@@ -69,18 +69,6 @@ def make_velocity(graphdef, frozen, family):
         return family.velocity_with(nnx.merge(graphdef, params, frozen), x, t, cond)
     velocity.guide = family.guide
     return velocity
-
-
-def reward_media(pixels: np.ndarray) -> tuple[np.ndarray, str]:
-    """Decoded uint8 pixels -> (what the reward service takes, media_type): images
-    (B, H, W, 3) as they are ("image"); clips (B, T, H, W, 3) as [B, C, T, H, W] ("video")."""
-    pixels = np.asarray(pixels)
-    if pixels.ndim == 5:
-        return np.ascontiguousarray(np.transpose(pixels, (0, 4, 1, 2, 3))), "video"
-    if pixels.ndim == 4:
-        return pixels, "image"
-    raise ValueError(f"decoded pixels must be (B, H, W, 3) or (B, T, H, W, 3), got "
-                     f"{pixels.shape}")
 
 
 @dataclasses.dataclass
@@ -161,6 +149,7 @@ class RLRun:
         return fn(self, batch, lo, hi) if fn is not None else {}
 
     def evaluate(self, state, latents, cond):
+        """-> (final latents, pixels in [0, 1])."""
         return self._fns["evaluate"](state, self.setup.frozen, nnx.state(self.setup.pipe.vae),
                                      latents, cond, self._uncond(latents.shape[0]))
 
@@ -244,14 +233,14 @@ def _compile(run: RLRun) -> dict:
         fields = algo.rollout(make_velocity(graphdef, frozen, family), state, latents, cond, key, **inputs)
         return fields, pixels_to_uint8(decode(vae_state, algo.final_latents(fields)))
 
-    @on_mesh(out_shardings=row_sharding)
+    @on_mesh(out_shardings=(row_sharding, row_sharding))
     def evaluate(state, frozen, vae_state, latents, cond, uncond):
         params = state.params if state.ema is None else state.ema
         velocity = make_velocity(graphdef, frozen, family)
         out = sample(lambda x, t, c: velocity(params, x, t, c), latents, eval_sigmas,
                      method="euler", cond=cond, uncond=uncond, cfg_scale=guidance,
                      guide=family.guide)
-        return decode(vae_state, out.latents)
+        return out.latents, decode(vae_state, out.latents)  # latents: media_type "latent"
 
     n_micro, n_epochs = run.micro_batches, run.mu_iterations
     n_chunks = run.optimize_chunks  # optimizer updates per inner epoch
