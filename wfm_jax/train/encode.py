@@ -6,7 +6,6 @@ whether the batch was assembled by one process or by many.
 """
 from __future__ import annotations
 
-import functools
 from typing import Sequence
 
 import jax
