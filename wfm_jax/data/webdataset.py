@@ -361,7 +361,22 @@ def index_records(location: str, cfg: s3lib.S3Config | None = None) -> list[TarR
 
 def load_record_image(record, size_hw) -> np.ndarray:
     """The image of a paired record: a file (PairedRecord) or a span of a shard (TarRecord)."""
+    return load_record_media(record, size_hw)
+
+
+def load_record_media(record, size_hw, num_frames: int = 1,
+                      rng: np.random.Generator | None = None) -> np.ndarray:
+    """A record's image (H, W, 3), or a window of `num_frames` frames of its video
+    (T, H, W, 3), in [-1, 1]: a file (PairedRecord, WfmRecord) or a span of a shard
+    (TarRecord). rng picks the window's start (a BadSample names a short or corrupt clip)."""
+    size_hw = tuple(size_hw)
+    if record.is_video and rng is None:
+        raise ValueError("a video record needs an rng for its frame window")
     if isinstance(record, TarRecord):
         data = read_range(record.url, record.offset, record.size, record.cfg)
-        return media.load_image_bytes(data, tuple(size_hw), record.media_path)
-    return media.load_image(record.media_path, tuple(size_hw))
+        if record.is_video:
+            return media.load_video_bytes(data, size_hw, num_frames, rng, record.media_path)
+        return media.load_image_bytes(data, size_hw, record.media_path)
+    if record.is_video:
+        return media.load_video_window(record.media_path, size_hw, num_frames, rng)
+    return media.load_image(record.media_path, size_hw)

@@ -33,6 +33,13 @@ class WfmRecord:
     video_path: str
     embedding_path: str | None
 
+    # what the record loaders of the paired layouts read (DDRL's data term takes either layout)
+    is_video = True
+
+    @property
+    def media_path(self) -> str:
+        return self.video_path
+
 
 def _stems(directory: str, exts: tuple[str, ...]) -> dict[str, list[str]]:
     found: dict[str, list[str]] = {}

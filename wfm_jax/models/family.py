@@ -128,6 +128,7 @@ class PipelineFamily(abc.ABC):
     pipeline_class: ClassVar[str]     # model_index.json "_class_name"
     family: ClassVar[str]             # the recipes' name for it: "sd3", "wan", ...
     is_video: ClassVar[bool] = False
+    display_name: ClassVar[str | None] = None  # for messages ("SD3", "Wan"); None: `family`
     lora_prefix: ClassVar[str] = "transformer"  # key prefix of exported LoRA weights
     # what `generate` uses when the user names none (diffusers' pipeline defaults)
     default_solver: ClassVar[str] = "euler"  # sampling.samplers method; see sampler_schedule

@@ -77,6 +77,19 @@ def step_mean(x_hat, sigma_hat, sigma_next, x0, x0_prev, sigma_prev_hat, first):
     return jax.vmap(one)(x_hat, sigma_hat, sigma_next, x0, x0_prev, sigma_prev_hat, first)
 
 
+def scan_records(location: str, allow_pickle: bool = False) -> list:
+    """The records of a dataset in any layout DDRL's data term reads: paired shards (local or
+    s3://), a paired dir (images or videos), or a WFM dir (metas/ + videos/)."""
+    from wfm_jax.data.paired import scan_paired
+    from wfm_jax.data.webdataset import index_records, is_webdataset
+    from wfm_jax.data.wfm import scan_wfm
+    if is_webdataset(location):
+        return index_records(location)
+    if os.path.isdir(os.path.join(location, "metas")):
+        return scan_wfm(location, allow_pickle)
+    return scan_paired(location)
+
+
 class DDRL:
     """DDRL on the shared loop (on-policy EDM rollouts, policy + KL + data loss)."""
 
@@ -110,6 +123,8 @@ class DDRL:
         self.update_ref_every = int(tp.update_ref_every_iter)
         self.size_hw = tuple(int(v) for v in config.policy.diffusers.inference_size)
         self.vae_key = jax.random.key(int(config.train.seed) + 7)
+        self.seed = int(config.train.seed)
+        self.frames = int(config.policy.diffusers.train_frames)  # video data: window length
         self.train_fields = self._STEP_FIELDS + (("noise", "data_x0") if self.data_beta else ())
         self._encoder = None
 
@@ -126,26 +141,27 @@ class DDRL:
 
     @staticmethod
     def records(config) -> tuple[list, list]:
-        """(train, validation) records of the paired dataset; validation: a held-out fraction, or
-        validation.dataset.local_dir (a paired dir or a prompt file)."""
-        from wfm_jax.data.paired import scan_paired
+        """(train, validation) records of the dataset (paired layout, local or in shards, or the
+        WFM layout: images or videos, as the recipe's model takes); validation: a held-out
+        fraction, or validation.dataset.local_dir (a dataset dir or a prompt file)."""
         from wfm_jax.data.prompts import holdout_split, read_prompt_file
         from wfm_jax.train import setup as train_setup
-        ds = config.train.train_policy.dataset
+        ds, d = config.train.train_policy.dataset, config.policy.diffusers
         if ds.build_tiny and ds.local_dir:
             from wfm_jax.data.tiny_dataset import ensure_shapes_dataset
+            frames = int(d.train_frames) if d.is_video else 0
             train_setup._primary_builds(
-                ds.local_dir, ensure_shapes_dataset,
+                ds.local_dir, lambda p: ensure_shapes_dataset(p, frames=frames),
                 "the tiny shapes dataset (train.train_policy.dataset.build_tiny)")
-        from wfm_jax.data.webdataset import index_records, is_webdataset
-        records = (index_records(ds.local_dir) if is_webdataset(ds.local_dir)
-                   else scan_paired(ds.local_dir))
-        if records[0].is_video:
-            raise DataError(f"{ds.local_dir} holds videos; DDRL's data term loads images only")
+        records = scan_records(ds.local_dir, bool(ds.allow_pickle))
+        if bool(records[0].is_video) != bool(d.is_video):
+            raise DataError(f"{ds.local_dir} holds {'videos' if records[0].is_video else 'images'}"
+                            f" but the recipe's {config.policy.family} model takes "
+                            f"{'videos' if d.is_video else 'images'} (policy.diffusers.is_video)")
         val = config.validation.dataset
         if val.local_dir:
-            return records, (scan_paired(val.local_dir) if os.path.isdir(val.local_dir)
-                             else read_prompt_file(val.local_dir))
+            return records, (scan_records(val.local_dir, bool(ds.allow_pickle))
+                             if os.path.isdir(val.local_dir) else read_prompt_file(val.local_dir))
         if val.holdout_fraction > 0:
             return holdout_split(records, val.holdout_fraction, int(config.train.seed))
         return records, []
@@ -161,12 +177,13 @@ class DDRL:
         """The clean latents of the chunk's data items (same VAE draw for a whole group)."""
         if not self.data_beta:
             return {}
-        from wfm_jax.data.webdataset import load_record_image
+        from wfm_jax.data.webdataset import load_record_media
         records, index = batch["records"][lo:hi], np.asarray(batch["index"][lo:hi])
-        loaded = {}
+        step, loaded = int(batch["step"]), {}
         for i, r in zip(index.tolist(), records):
-            if i not in loaded:
-                loaded[i] = load_record_image(r, self.size_hw)
+            if i not in loaded:  # a clip's window: fixed by (seed, step, item), so resumable
+                rng = np.random.default_rng((self.seed, step, i)) if r.is_video else None
+                loaded[i] = load_record_media(r, self.size_hw, self.frames, rng)
         pixels = np.stack([loaded[i] for i in index.tolist()])
         pixels, ids = run.setup.global_batch((pixels, index.astype(np.int32)))
         key = jax.random.fold_in(self.vae_key, int(batch["step"]))

@@ -85,7 +85,7 @@ def ensure_tiny_assets(config) -> None:
     if config.policy.build_tiny and path:
         from wfm_jax.tiny import build_tiny_pipeline
         family = config.policy.family
-        name = {"sd3": "SD3", "wan": "Wan"}.get(family, family)
+        name = family_lib.family_named(family).display_name or family
         _primary_builds(path, lambda p: build_tiny_pipeline(p, seed=0, family=family),
                         f"the tiny random {name} pipeline (policy.build_tiny)")
     if config.policy.build_tiny_pretrained and path:

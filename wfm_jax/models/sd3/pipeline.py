@@ -50,6 +50,7 @@ def _load_tokenizer(directory: str, name: str, entry):
 class SD3Pipeline(PipelineFamily):
     pipeline_class = PIPELINE_CLASS
     family = "sd3"
+    display_name = "SD3"
     # generate's defaults: diffusers' SD3.5 pipeline (28 Euler steps, guidance 4.5 in the docs)
     default_solver = "euler"
     default_steps = 28

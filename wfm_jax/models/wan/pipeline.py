@@ -65,6 +65,7 @@ def _refuse_wan22(info: Mapping, directory: str) -> None:
 class WanPipeline(PipelineFamily):
     pipeline_class = "WanPipeline"
     family = "wan"
+    display_name = "Wan"
     is_video = True
     default_solver = "unipc"  # Wan's scheduler (UniPC, flow sigmas, order 2, bh2)
     # WanPipeline.__call__'s defaults (generate uses them when the user names none)
