@@ -109,6 +109,7 @@ CASES = {  # name: (batch, guidance, conditional latent frames or None for text2
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES))
 def test_whole_pipeline_matches_diffusers(torch_pipe, pipe, case):
     batch, guidance, cond_frames = CASES[case]
@@ -208,3 +209,19 @@ def test_generate_cli_video_errors(cosmos_dir, tmp_path, capsys):
     np.save(wrong, np.zeros((5, H, W + 16, 3), np.float32))
     assert main(base + ["--video", str(wrong)]) == 2
     assert "must be (batch, frames, 32, 32, 3) (the output's size)" in capsys.readouterr().err
+
+
+def test_video_input_mp4_and_a_family_without_the_capability(tmp_path, capsys):
+    from wfm_jax.generate import main, read_video
+    from wfm_jax.media_out import write_mp4
+    clip = np.random.default_rng(0).uniform(0, 1, (5, H, W, 3)).astype(np.float32)
+    frames = read_video(write_mp4(str(tmp_path / "clip.mp4"), clip))
+    assert frames.shape == clip.shape and frames.dtype == np.float32
+    assert 0 <= frames.min() and frames.max() <= 1
+    assert np.abs(frames - clip).mean() < 0.25  # lossy, but these frames
+    wan = tiny.build_tiny_pipeline(str(tmp_path / "wan"), family="wan")
+    assert main(["--model", wan, "--prompt", "a cat", "--height", str(H), "--width", str(W),
+                 "--frames", str(FRAMES), "--video", str(tmp_path / "clip.mp4")]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "error: --video: a WanPipeline cannot condition on a video (no family capability "
+        "supports_video_condition)"]

@@ -105,7 +105,7 @@ def video_condition(pipe, family, vae_def, vae_state, video, num_conditional_fra
                     latents) -> dict:
     """The family's cond entries for conditioning on `video` (one line when it has none)."""
     if not pipe.supports_video_condition:
-        raise ValueError(f"--video: a {pipe.pipeline_class} cannot condition on a video")
+        pipe.condition_from_video(None, video, num_conditional_frames, latents)  # its error
     video = np.asarray(video, np.float32)
     video = video[None] if video.ndim == 4 else video
     run = mesh_jit(mesh=mesh_of(vae_state))(
@@ -230,7 +230,8 @@ def main(argv=None) -> int:
         video = read_video(args.video) if args.video else None
         pipe = load_pipeline(args.model)
         if video is not None and not pipe.supports_video_condition:
-            raise ValueError(f"--video: a {pipe.pipeline_class} cannot condition on a video")
+            raise ValueError(f"--video: a {pipe.pipeline_class} cannot condition on a video "
+                             f"(no family capability supports_video_condition)")
         if args.frames is not None and not pipe.is_video:
             raise ValueError(f"--frames applies to video families; {args.model} holds a "
                              f"{pipe.pipeline_class} (images)")

@@ -139,7 +139,7 @@ class PipelineFamily(abc.ABC):
     default_fps: ClassVar[float] = 16.0          # video families: the mp4's frame rate
     default_negative_prompt: ClassVar[str] = ""  # generate's --negative-prompt default
     # Optional capability: conditioning on frames of a video (Cosmos video2world). A family with
-    # it implements `condition_from_video(vae, frames, num_conditional_frames, latents)`, which
+    # it overrides `condition_from_video(vae, frames, num_conditional_frames, latents)`, which
     # returns extra cond-dict entries (batch-first arrays, the same for cond and uncond) that its
     # `velocity_with` reads; callers merge them into both dicts and never branch on the family.
     # Families without it ignore such entries.
@@ -246,6 +246,11 @@ class PipelineFamily(abc.ABC):
 
     def decode(self, latents) -> jax.Array:
         return self.decode_with(self.vae, latents)
+
+    def condition_from_video(self, vae, frames, num_conditional_frames: int, latents) -> dict:
+        """Families with `supports_video_condition`: cond-dict entries conditioning the initial
+        `latents` on the last frames of `frames` ((1 or B, T, H, W, 3) in [0, 1])."""
+        raise ValueError(f"a {self.pipeline_class} cannot condition on a video")
 
     def encode_visual(self, pixels, key: jax.Array | None = None) -> jax.Array:
         """Channels-last pixels in [-1, 1] -> normalised latents (the mode, or a sample)."""
