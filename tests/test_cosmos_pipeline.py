@@ -138,7 +138,7 @@ def test_whole_pipeline_matches_diffusers(torch_pipe, pipe, case):
 def test_conditioned_frames_through_jit_and_guided_velocity(pipe):
     """A cond dict with conditional frames is a plain pytree: jitted guided_velocity keeps the
     conditioned frames at the given velocity (or (x - c) / sigma without one) and guides the
-    rest in Cosmos' form."""
+    rest in Cosmos' form (scale traced: 0 gives v_c alone)."""
     from flax import nnx
     b = 2
     x = jnp.asarray(_latents(b, seed=1))
@@ -155,19 +155,18 @@ def test_conditioned_frames_through_jit_and_guided_velocity(pipe):
     def run(state, cond, uncond, scale):
         model = nnx.merge(graphdef, state)
         fn = lambda x, t, c: family.velocity_with(model, x, t, c)
-        return (guided_velocity(fn, x, t, cond, uncond, scale, guide=family.guide),
-                fn(x, t, cond), fn(x, t, uncond))
+        return guided_velocity(fn, x, t, cond, uncond, scale, guide=family.guide)
 
-    v, v_c, v_u = run(state, {**text, **frames}, {**neg, **frames}, 3.0)
+    cond, uncond = {**text, **frames}, {**neg, **frames}
+    v = run(state, cond, uncond, jnp.float32(3.0))
+    v_c = run(state, cond, uncond, jnp.float32(0.0))
+    v_u = run(state, uncond, cond, jnp.float32(0.0))
     np.testing.assert_allclose(v[:, :, :1], (x - c)[:, :, :1] / 0.6, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(v, v_c + 3.0 * (v_c - v_u), rtol=1e-5, atol=1e-5)
     assert float(jnp.max(jnp.abs(v_c[:, :, 1:] - v_u[:, :, 1:]))) > 1e-3  # text matters
     given = {"cond_velocity": jnp.ones_like(x)}
-    v, _, _ = run(state, {**text, **frames, **given}, {**neg, **frames, **given}, 3.0)
+    v = run(state, {**cond, **given}, {**uncond, **given}, jnp.float32(3.0))
     np.testing.assert_allclose(v[:, :, :1], 1.0, atol=1e-6)
-    # the frames differ from text2world's only through the mask and the replaced inputs
-    v_t2w = pipe.velocity(x, t, text)
-    assert float(jnp.max(jnp.abs(v_t2w[:, :, 1:] - v_c[:, :, 1:]))) > 1e-4
 
 
 def test_latent_shape_and_errors(pipe):

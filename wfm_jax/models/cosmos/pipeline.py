@@ -122,9 +122,11 @@ class CosmosPipeline(PipelineFamily):
         """(sigmas (N+1,), 1000 sigmas (N,)): the scheduler's Karras flow sigmas. The DiT is fed
         the float sigmas (diffusers passes scheduler.sigmas[i], not its int timesteps)."""
         s = self.scheduler_config
-        if not (s.get("use_karras_sigmas") and s.get("use_flow_sigmas")):
+        if not (s.get("use_karras_sigmas") and s.get("use_flow_sigmas")) or \
+                s.get("final_sigmas_type", "zero") != "zero":
             raise PipelineError("Cosmos's scheduler must have use_karras_sigmas and "
-                                "use_flow_sigmas set (as the released pipeline)")
+                                "use_flow_sigmas set and final_sigmas_type 'zero' (as the "
+                                "released pipeline)")
         sigmas = karras_flow_sigmas(num_steps, float(s["sigma_min"]), float(s["sigma_max"]))
         return sigmas, sigmas[:-1] * np.float32(1000)
 
