@@ -3,6 +3,8 @@
     python -m wfm_jax.generate --model DIR --prompt "a cat" --steps 28 --guidance 4.5 \
         --height 512 --width 512 --seed 0 --out cat.png [--latents init.npy] [--save-array x.npy]
     python -m wfm_jax.generate --model WAN_DIR --prompt "a cat" --frames 17 --out cat.mp4
+    python -m wfm_jax.generate --model COSMOS_DIR --prompt "a cat" --video cond.mp4 \
+        --num-conditional-frames 2 --out cat.mp4      (video2world: families that support it)
 
 The family comes from the dir's model_index.json (models.family); --steps, --guidance,
 --sampler, --max-sequence-length and --frames default to the family's (diffusers' pipeline
@@ -10,7 +12,9 @@ defaults). `--latents` takes initial latents in diffusers layout ((B, C, h, w), 
 (B, C, T', h, w) for video), so a diffusers run can be reproduced exactly; `--save-array` writes
 float pixels (B, H, W, C) or (B, T, H, W, C) in [0, 1] like diffusers' `output_type="np"`.
 Several prompts are laid out as a grid in the PNG (images) or one .mp4 per prompt (video: the
-first at --out, the others at OUT_1.mp4, ...).
+first at --out, the others at OUT_1.mp4, ...). `--video` (.mp4, or .npy frames (T, H, W, 3) in
+[0, 1], at --height x --width) conditions every prompt on its last frames, for families with
+`supports_video_condition` (their `condition_from_video`).
 """
 from __future__ import annotations
 
@@ -54,12 +58,14 @@ def schedule(pipe, sampler: str, steps: int):
 
 
 def generate(pipe, prompts: Sequence[str], *, steps: int, guidance: float, height: int, width: int,
-             seed: int = 0, latents=None, negative_prompt: str = "",
+             seed: int = 0, latents=None, negative_prompt: str | None = None,
              max_sequence_length: int = 256, frames: int | None = None,
-             sampler: str | None = None) -> np.ndarray:
+             sampler: str | None = None, video=None,
+             num_conditional_frames: int = 2) -> np.ndarray:
     """Pixels (B, H, W, 3) (or (B, T, H, W, 3) for a video family) float32 in [0, 1] for
     `prompts`, as the family's diffusers pipeline gives with output_type="np". sampler: one of
-    SAMPLERS, default the family's."""
+    SAMPLERS, default the family's; negative_prompt: None is the family's default. video:
+    (1 or B, T, H, W, 3) in [0, 1] to condition on (families with supports_video_condition)."""
     sampler = sampler or pipe.default_solver
     shape = pipe.latent_shape(len(prompts), height, width, frames=frames)
     if latents is None:
@@ -67,15 +73,22 @@ def generate(pipe, prompts: Sequence[str], *, steps: int, guidance: float, heigh
     elif tuple(latents.shape) != shape:
         raise ValueError(f"--latents has shape {tuple(latents.shape)}; expected {shape} "
                          f"(diffusers layout) for {len(prompts)} prompt(s) at {height}x{width}")
-    cond = encode_prompts(pipe, prompts, max_sequence_length)
-    uncond = None
-    if guidance > 1:  # diffusers: do_classifier_free_guidance = guidance_scale > 1
-        uncond = encode_prompts(pipe, [negative_prompt] * len(prompts), max_sequence_length)
-    sigmas, timesteps = schedule(pipe, sampler, steps)
-
+    if negative_prompt is None:
+        negative_prompt = pipe.default_negative_prompt
     graphdef, state = nnx.split(pipe.transformer)
     vae_def, vae_state = nnx.split(pipe.vae)
     family = pipe.shell()
+    latents = jnp.asarray(latents, jnp.float32)
+    extra = {}
+    if video is not None:
+        extra = video_condition(pipe, family, vae_def, vae_state, video, num_conditional_frames,
+                                latents)
+    cond = {**encode_prompts(pipe, prompts, max_sequence_length), **extra}
+    uncond = None
+    if guidance > 1:  # diffusers: do_classifier_free_guidance = guidance_scale > 1
+        uncond = {**encode_prompts(pipe, [negative_prompt] * len(prompts), max_sequence_length),
+                  **extra}
+    sigmas, timesteps = schedule(pipe, sampler, steps)
 
     @mesh_jit(mesh=mesh_of(state))
     def run(state, vae_state, x, cond, uncond):
@@ -85,7 +98,40 @@ def generate(pipe, prompts: Sequence[str], *, steps: int, guidance: float, heigh
                      cfg_scale=guidance, timesteps=timesteps, guide=family.guide)
         return family.decode_with(nnx.merge(vae_def, vae_state), out.latents)
 
-    return np.asarray(run(state, vae_state, jnp.asarray(latents, jnp.float32), cond, uncond))
+    return np.asarray(run(state, vae_state, latents, cond, uncond))
+
+
+def video_condition(pipe, family, vae_def, vae_state, video, num_conditional_frames: int,
+                    latents) -> dict:
+    """The family's cond entries for conditioning on `video` (one line when it has none)."""
+    if not pipe.supports_video_condition:
+        pipe.condition_from_video(None, video, num_conditional_frames, latents)  # its error
+    video = np.asarray(video, np.float32)
+    video = video[None] if video.ndim == 4 else video
+    run = mesh_jit(mesh=mesh_of(vae_state))(
+        lambda s, v, x: family.condition_from_video(nnx.merge(vae_def, s), v,
+                                                    num_conditional_frames, x))
+    return run(vae_state, jnp.asarray(video), latents)
+
+
+def read_video(path: str) -> np.ndarray:
+    """--video: .npy frames (T, H, W, 3) in [0, 1], or a video file's frames at their size."""
+    try:
+        if path.endswith(".npy"):
+            frames = np.load(path, allow_pickle=False)
+        else:
+            from wfm_jax.data import media
+            capture = media._cv2().VideoCapture(path)
+            try:
+                frames = np.stack([f[..., ::-1] for f in media._read_all(capture)]) / 255.0
+            finally:
+                capture.release()
+    except (OSError, ValueError) as e:
+        raise ValueError(f"cannot read --video {path}: {e}")
+    frames = np.asarray(frames, np.float32)
+    if frames.ndim != 4 or frames.shape[-1] != 3:
+        raise ValueError(f"--video {path} must hold frames (T, H, W, 3); got {frames.shape}")
+    return frames
 
 
 def to_grid(images: np.ndarray) -> np.ndarray:
@@ -150,7 +196,7 @@ def parse_args(argv=None):
                    help="local diffusers pipeline dir of a supported family (model_index.json)")
     p.add_argument("--prompt", action="append", help="a prompt (repeat for several)")
     p.add_argument("--prompts-file", help="one prompt per line")
-    p.add_argument("--negative-prompt", default="")
+    p.add_argument("--negative-prompt", help="default: the family's (diffusers' pipeline's)")
     p.add_argument("--steps", type=int, help="default: the family's (SD3: 28)")
     p.add_argument("--guidance", type=float, help="default: the family's (SD3: 4.5)")
     p.add_argument("--sampler", choices=SAMPLERS, help="default: the family's (SD3: euler)")
@@ -161,6 +207,10 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-sequence-length", type=int, help="default: the family's (SD3: 256)")
     p.add_argument("--latents", help=".npy initial latents, diffusers layout")
+    p.add_argument("--video", help="video to condition on (families that support it): .mp4, or "
+                                   ".npy frames (T, H, W, 3) in [0, 1], at --height x --width")
+    p.add_argument("--num-conditional-frames", type=int, default=2, choices=(1, 2),
+                   help="latent frames of --video to condition on (its last 1 or 5 frames)")
     p.add_argument("--out", help="PNG grid (images) or .mp4 (video); default out.png / out.mp4")
     p.add_argument("--save-array", help=".npy path for float pixels (B, [T,] H, W, C) in [0, 1]")
     return p.parse_args(argv)
@@ -177,7 +227,11 @@ def main(argv=None) -> int:
                 latents = np.load(args.latents)
             except (OSError, ValueError) as e:
                 raise ValueError(f"cannot read --latents {args.latents}: {e}")
+        video = read_video(args.video) if args.video else None
         pipe = load_pipeline(args.model)
+        if video is not None and not pipe.supports_video_condition:
+            raise ValueError(f"--video: a {pipe.pipeline_class} cannot condition on a video "
+                             f"(no family capability supports_video_condition)")
         if args.frames is not None and not pipe.is_video:
             raise ValueError(f"--frames applies to video families; {args.model} holds a "
                              f"{pipe.pipeline_class} (images)")
@@ -192,7 +246,8 @@ def main(argv=None) -> int:
                           negative_prompt=args.negative_prompt,
                           max_sequence_length=(args.max_sequence_length
                                                or pipe.default_max_sequence_length),
-                          frames=frames, sampler=args.sampler)
+                          frames=frames, sampler=args.sampler, video=video,
+                          num_conditional_frames=args.num_conditional_frames)
         written = save_outputs(images, out, args.save_array, fps=pipe.default_fps)
     except (ValueError, FileNotFoundError, KeyError) as e:  # PipelineError is a ValueError
         print(f"error: {e}", file=sys.stderr)

@@ -34,7 +34,8 @@ class PipelineError(ValueError):
 
 _FAMILIES: dict[str, type["PipelineFamily"]] = {}
 # Modules that register a family on import (lazy: importing one family must not import all).
-_PROVIDERS = ("wfm_jax.models.sd3.pipeline", "wfm_jax.models.wan.pipeline")
+_PROVIDERS = ("wfm_jax.models.sd3.pipeline", "wfm_jax.models.wan.pipeline",
+              "wfm_jax.models.cosmos.pipeline")
 
 
 def register_family(cls: type["PipelineFamily"]) -> type["PipelineFamily"]:
@@ -137,6 +138,13 @@ class PipelineFamily(abc.ABC):
     default_max_sequence_length: ClassVar[int] = 256
     default_frames: ClassVar[int | None] = None  # video families: generate's --frames default
     default_fps: ClassVar[float] = 16.0          # video families: the mp4's frame rate
+    default_negative_prompt: ClassVar[str] = ""  # generate's --negative-prompt default
+    # Optional capability: conditioning on frames of a video (Cosmos video2world). A family with
+    # it overrides `condition_from_video(vae, frames, num_conditional_frames, latents)`, which
+    # returns extra cond-dict entries (batch-first arrays, the same for cond and uncond) that its
+    # `velocity_with` reads; callers merge them into both dicts and never branch on the family.
+    # Families without it ignore such entries.
+    supports_video_condition: ClassVar[bool] = False
 
     directory: str
     transformer: Any
@@ -239,6 +247,11 @@ class PipelineFamily(abc.ABC):
 
     def decode(self, latents) -> jax.Array:
         return self.decode_with(self.vae, latents)
+
+    def condition_from_video(self, vae, frames, num_conditional_frames: int, latents) -> dict:
+        """Families with `supports_video_condition`: cond-dict entries conditioning the initial
+        `latents` on the last frames of `frames` ((1 or B, T, H, W, 3) in [0, 1])."""
+        raise ValueError(f"a {self.pipeline_class} cannot condition on a video")
 
     def encode_visual(self, pixels, key: jax.Array | None = None) -> jax.Array:
         """Channels-last pixels in [-1, 1] -> normalised latents (the mode, or a sample)."""
