@@ -69,6 +69,7 @@ def karras_flow_sigmas(num_steps: int, sigma_min: float, sigma_max: float) -> np
 class CosmosPipeline(PipelineFamily):
     pipeline_class = "Cosmos2_5_PredictBasePipeline"
     family = "cosmos"
+    display_name = "Cosmos"
     is_video = True
     supports_video_condition = True
     default_solver = "unipc"
