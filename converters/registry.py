@@ -20,6 +20,10 @@ _PROVIDERS = (
     "converters.t5",
     "converters.wan_transformer",
     "converters.cosmos_transformer",
+    "converters.sana_transformer",
+    "converters.qwen2_5_vl",
+    "converters.gemma2",
+    "converters.dcae",
 )
 
 

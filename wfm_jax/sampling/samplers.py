@@ -13,6 +13,8 @@ Methods:
   "edm"    DDRL rollout: EDM churn + 2nd-order Adams-Bashforth on an EDM sigma grid (spec §4).
   "unipc"  UniPC-bh2 order 2 in flow form (diffusers UniPCMultistepScheduler as Wan runs it;
            unipc.py); give it schedule.unipc_flow_schedule's sigmas and timesteps.
+  "dpm_solver"  DPM-Solver++(2M) midpoint in flow form (diffusers DPMSolverMultistepScheduler as
+           SANA runs it; dpm_solver.py); give it dpm_solver.dpm_solver_flow_schedule's grid.
 For sde/cps/dance, `sde_window_size` turns on the Flow-GRPO-Fast variant: only steps
 [sde_window_start, sde_window_start + sde_window_size) are stochastic, the rest are Euler steps.
 `sde_window_start` may be a traced integer so the trainer can draw it inside jit.
@@ -28,6 +30,7 @@ Trajectory conventions (when return_trajectory=True), N steps:
   stds (N,): std of step i's Gaussian; stochastic (N,) bool: whether step i is random.
   unipc: trajectory[i+1] is the predictor's output (what the model sees at step i+1, before that
       step's corrector); means = trajectory[1:], log_probs / noises / stds are 0.
+  dpm_solver: as unipc, trajectory[i+1] the state after step i.
 Latents may have any rank (B, ...): images (B, C, H, W) and video (B, C, T, H, W) alike.
 """
 
@@ -39,13 +42,13 @@ import jax
 import jax.numpy as jnp
 
 from wfm_jax.sampling import steps as S
-from wfm_jax.sampling import unipc
+from wfm_jax.sampling import dpm_solver, unipc
 from wfm_jax.sampling.guidance import guided_velocity
 from wfm_jax.sampling.schedule import edm_churn_eta
 
 F32 = jnp.float32
-METHODS = ("euler", "sde", "cps", "dance", "dpm2", "edm", "unipc")
-DETERMINISTIC = ("euler", "dpm2", "unipc")
+METHODS = ("euler", "sde", "cps", "dance", "dpm2", "edm", "unipc", "dpm_solver")
+DETERMINISTIC = ("euler", "dpm2", "unipc", "dpm_solver")
 STOCHASTIC_FLOW = ("sde", "cps", "dance")
 
 
@@ -146,6 +149,8 @@ def sample(
     if method == "unipc":
         return _sample_unipc(velocity, latents, sigmas, xs["t"], unipc_solver_type,
                              return_trajectory)
+    if method == "dpm_solver":
+        return _sample_dpm_solver(velocity, latents, sigmas, xs["t"], return_trajectory)
     stochastic = window_mask(n, sde_window_start, sde_window_size)
     if method not in STOCHASTIC_FLOW:
         stochastic = jnp.zeros((n,), bool)
@@ -191,6 +196,21 @@ def _sample_unipc(velocity, latents, sigmas, timesteps, solver_type, return_traj
                         means=rec["x_next"], log_probs=jnp.zeros((n, latents.shape[0]), F32),
                         noises=zeros, x0=rec["x0"], stds=jnp.zeros((n,), F32),
                         sigmas_hat=sigmas[:-1])
+
+
+def _sample_dpm_solver(velocity, latents, sigmas, timesteps, return_trajectory):
+    """Recorded like unipc: x_next and x0 per step, no noise, log-probs 0."""
+    n = sigmas.shape[0] - 1
+    final, rec = dpm_solver.sample_dpm_solver(velocity, latents, sigmas, timesteps,
+                                              return_trajectory=return_trajectory)
+    stochastic = jnp.zeros((n,), bool)
+    if not return_trajectory:
+        return SampleOutput(latents=final, stochastic=stochastic)
+    return SampleOutput(latents=final, stochastic=stochastic,
+                        trajectory=jnp.concatenate([latents[None], rec["x_next"]], axis=0),
+                        means=rec["x_next"], log_probs=jnp.zeros((n, latents.shape[0]), F32),
+                        noises=jnp.zeros_like(rec["x_next"]), x0=rec["x0"],
+                        stds=jnp.zeros((n,), F32), sigmas_hat=sigmas[:-1])
 
 
 def _flow_body(method, velocity, noise_level, sigma_for_one, n, record):
