@@ -2,6 +2,8 @@
 
     python -m wfm_jax.tiny DIR [--seed S] [--overwrite]
     python -m wfm_jax.tiny --family wan DIR   (a tiny WanPipeline instead: wfm_jax.tiny_wan)
+    python -m wfm_jax.tiny --family sana|sana_video DIR   (SanaPipeline / SanaVideoPipeline:
+                                                           wfm_jax.tiny_sana)
     python -m wfm_jax.tiny --pretrained DIR   (trained on the shapes world: tiny_pretrain.py)
 
 Tests and the embedded recipe defaults use it in place of a downloaded model. It needs no torch:
@@ -290,7 +292,7 @@ def write_pipeline(directory: str, seed: int = 0, *, transformer: dict | None = 
     write_json(model_index(), os.path.join(directory, "model_index.json"))
 
 
-FAMILIES = ("sd3", "wan")  # the recipes' policy.family names
+FAMILIES = ("sd3", "wan", "sana", "sana_video")  # the recipes' policy.family names
 
 
 def build_tiny_pipeline(directory: str, seed: int = 0, overwrite: bool = False,
@@ -310,6 +312,10 @@ def build_tiny_pipeline(directory: str, seed: int = 0, overwrite: bool = False,
         raise FileExistsError(f"{directory} exists and is not empty (pass overwrite to replace it)")
     if family == "wan":
         from wfm_jax.tiny_wan import write_pipeline as write
+    elif family == "sana":
+        from wfm_jax.tiny_sana import write_pipeline as write
+    elif family == "sana_video":
+        from wfm_jax.tiny_sana import write_video_pipeline as write
     else:
         write = write_pipeline
     with atomic_directory(directory) as tmp:
@@ -324,8 +330,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--overwrite", action="store_true", help="replace an existing directory")
     parser.add_argument("--family", choices=FAMILIES, default="sd3",
-                        help="which pipeline: sd3 (StableDiffusion3Pipeline, the default) or wan "
-                             "(WanPipeline)")
+                        help="which pipeline: sd3 (StableDiffusion3Pipeline, the default), wan "
+                             "(WanPipeline), sana (SanaPipeline) or sana_video "
+                             "(SanaVideoPipeline)")
     parser.add_argument("--pretrained", metavar="DIR",
                         help="build (or reuse the cached) tiny pipeline SFT-trained on the shapes "
                              "world at DIR instead (about 10 minutes on 2 CPU cores, once)")
