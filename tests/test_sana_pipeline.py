@@ -156,6 +156,19 @@ def test_bad_input_one_line_each(pipe):
     assert cond[TEXT_KEY].shape == (1, 4, 16) and cond[MASK_KEY].dtype == np.float32
 
 
+def test_refuses_sana_sprint_and_other_pipelines(sana_dir, tmp_path):
+    import shutil
+    sprint = tmp_path / "sprint"
+    shutil.copytree(sana_dir, sprint)
+    cfg_path = sprint / "transformer" / "config.json"
+    cfg_path.write_text(json.dumps({**json.loads(cfg_path.read_text()), "guidance_embeds": True}))
+    with pytest.raises(PipelineError, match="guidance_embeds=True .* not supported"):
+        load_pipeline(str(sprint))
+    from wfm_jax.models.sana.video_pipeline import SanaVideoPipeline
+    with pytest.raises(PipelineError, match="holds a 'SanaPipeline', not a SanaVideoPipeline"):
+        SanaVideoPipeline.load(sana_dir)
+
+
 # ---------------------------------------------------------------------------- export
 
 def _inputs():
@@ -194,7 +207,11 @@ def test_full_export_is_a_sana_pipeline_diffusers_loads(sana_dir, torch_pipe, tm
     want = _torch_out(exported.transformer, *args)
     assert np.abs(_torch_out(torch_pipe.transformer, *args) - want).max() > 1e-2
     np.testing.assert_allclose(_jax_out(model, *args), want, rtol=0, atol=PIPELINE_ATOL)
-    assert type(load_pipeline(dst)) is SanaPipeline
+    reloaded = load_pipeline(dst)  # the fp32 round trip through the export is bit-exact
+    assert type(reloaded) is SanaPipeline
+    ours = dict(nnx.state(model, nnx.Param).flat_state())
+    for path, var in nnx.state(reloaded.transformer, nnx.Param).flat_state():
+        np.testing.assert_array_equal(np.asarray(var[...]), np.asarray(ours[path][...]))
 
 
 def test_lora_export_loads_with_sana_load_lora_weights(sana_dir, tmp_path):

@@ -56,6 +56,19 @@ def test_load_pipeline_dispatch_and_defaults(video_dir, pipe):
     assert type(load_pipeline(video_dir, family="sana_video")) is SanaVideoPipeline
 
 
+def test_refuses_the_ltx2_vae(video_dir, tmp_path):
+    import shutil
+
+    from wfm_jax.models.family import PipelineError
+    other = tmp_path / "p720"
+    shutil.copytree(video_dir, other)
+    index = json.loads((other / "model_index.json").read_text())
+    index["vae"] = ["diffusers", "AutoencoderKLLTX2Video"]
+    (other / "model_index.json").write_text(json.dumps(index))
+    with pytest.raises(PipelineError, match="AutoencoderKLLTX2Video VAE is not supported"):
+        load_pipeline(str(other))
+
+
 def test_prompt_encoding_matches_encode_prompt(torch_pipe, pipe):
     with torch.no_grad():
         want, want_mask, neg, neg_mask = torch_pipe.encode_prompt(

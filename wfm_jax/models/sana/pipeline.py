@@ -113,6 +113,7 @@ class SanaFamily(PipelineFamily):
         for name in _REQUIRED:
             if not component_present(info, directory, name):
                 raise PipelineError(f"pipeline {directory} lacks its {name!r} component")
+        cls._refuse(info, directory)
         t_cfg = read_json(os.path.join(directory, "transformer", "config.json"))
         if t_cfg.get("guidance_embeds"):  # SANA-Sprint: diffusers' SanaPipeline cannot run it
             raise PipelineError(f"{directory}: a transformer with guidance_embeds=True (SANA-"
@@ -128,6 +129,10 @@ class SanaFamily(PipelineFamily):
         s_cfg = read_json(os.path.join(directory, "scheduler", "scheduler_config.json"))
         return cls(directory, transformer, vae, text_encoder, tokenizer, t_cfg, v_cfg, s_cfg,
                    x_cfg, instruction)
+
+    @classmethod
+    def _refuse(cls, info: Mapping, directory: str) -> None:
+        """PipelineError for a variant of this pipeline that the family does not cover."""
 
     # ------------------------------------------------------------------ schedule
     @property

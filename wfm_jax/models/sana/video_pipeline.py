@@ -17,7 +17,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from wfm_jax.models.family import PipelineError, read_model_index, register_family
+from wfm_jax.models.family import PipelineError, register_family
 from wfm_jax.models.sana.pipeline import SIZE_MULTIPLE, SanaFamily
 from wfm_jax.models.wan.vae import as_config, scale_latents, unscale_latents
 
@@ -54,12 +54,11 @@ class SanaVideoPipeline(SanaFamily):
     instruction_default = VIDEO_INSTRUCTION
 
     @classmethod
-    def load(cls, directory: str, **options) -> "SanaVideoPipeline":
-        vae = read_model_index(directory).get("vae") or [None, None]
-        if vae[1] not in (None, "AutoencoderKLWan"):
+    def _refuse(cls, info, directory: str) -> None:
+        vae = info.get("vae") or [None, None]
+        if vae[1] != "AutoencoderKLWan":
             raise PipelineError(f"{directory}: SanaVideoPipeline with a {vae[1]} VAE is not "
                                 f"supported; only AutoencoderKLWan (the 480p release) is")
-        return super().load(directory, **options)
 
     @property
     def vae_factors(self) -> tuple[int, int]:
