@@ -127,6 +127,21 @@ def test_whole_pipeline_matches_diffusers(torch_pipe, pipe, guidance):
         assert np.abs(_diffusers_images(torch_pipe, latents, 1.0, False) - want).max() > 1e-3
 
 
+@pytest.mark.slow  # two compilations of the whole pipeline: ~20 s on 2 cores
+def test_sharded_load_generates_the_same(sana_dir, pipe):
+    """Loaded onto a (data 2, fsdp 4) mesh of the 8 CPU devices, generate (CFG on) gives the
+    single-device pixels."""
+    from wfm_jax import mesh as wmesh
+    sharded = load_pipeline(sana_dir, mesh=wmesh.make_mesh(data=2, fsdp=4),
+                            rules=wmesh.active_rules())
+    kernel = sharded.transformer.caption_projection.linear_1.kernel[...]
+    assert "fsdp" in str(kernel.sharding.spec)
+    latents = np.random.default_rng(4).standard_normal((2, 4, 16, 16)).astype(np.float32)
+    run = [generate(p, PROMPTS, steps=2, guidance=4.5, height=32, width=32, latents=latents,
+                    max_sequence_length=MAX_LEN) for p in (pipe, sharded)]
+    np.testing.assert_allclose(run[1], run[0], rtol=0, atol=ATOL)
+
+
 def test_text_mask_reaches_cross_attention(pipe):
     """velocity_with passes the mask: with the padding unmasked the output changes."""
     cond = pipe.encode_prompt(PROMPTS, MAX_LEN)
