@@ -70,6 +70,7 @@ def test_tokenizer_is_what_the_pipeline_needs(built):
     tok = pipe.tokenizer
     ids = tok.encode("a cat sleeping")
     assert ids[0] == tok.bos_token_id and tok.eos_token_id not in ids and len(ids) == 4
+    assert tok.padding_side == "right"
     chi = len(tok.encode("\n".join(IMAGE_INSTRUCTION)))
     assert chi < 300 and chi + 300 - 2 <= tiny_sana.GEMMA_POSITIONS
     assert tok.unk_token_id not in tok.encode("\n".join(IMAGE_INSTRUCTION))

@@ -72,9 +72,9 @@ def gemma_tokenizer(words=()):
             left += right
     for a, b in merges:
         vocab.setdefault(a + b, len(vocab))
-    tok = GemmaTokenizer(vocab=vocab, merges=merges, add_bos_token=True, add_eos_token=False)
-    tok.padding_side = "right"
-    return tok
+    # right padding as SANA's encode_prompt sets it (saved, so a plain load agrees)
+    return GemmaTokenizer(vocab=vocab, merges=merges, add_bos_token=True, add_eos_token=False,
+                          padding_side="right")
 
 
 def text_encoder_config(tokenizer):
