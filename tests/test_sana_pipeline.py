@@ -162,6 +162,9 @@ def test_bad_input_one_line_each(pipe):
                                          "1024"):
         pipe.tokenize(["a cat"], 900)
     assert pipe.tokenize(["a cat"], 900, instruction=())["input_ids"].shape == (1, 900)
+    with pytest.raises(ValueError, match="^a 1100-token prompt is 1100 tokens, more than .*"
+                                         "1024; shorten max_sequence_length$"):
+        pipe.tokenize(["a cat"], 1100, instruction=())
     with pytest.raises(ValueError, match="bare array"):
         pipe.cond_from_embedding(np.zeros((1, 4, 16), np.float32))
     with pytest.raises(ValueError, match="needs 'encoder_attention_mask'"):

@@ -168,10 +168,12 @@ class SanaFamily(PipelineFamily):
             total = len(self.tokenizer.encode(chi)) + max_sequence_length - 2
         most = self.text_config.get("max_position_embeddings")
         if most and total > int(most):
-            raise ValueError(f"the instruction plus a {max_sequence_length}-token prompt is "
-                             f"{total} tokens, more than the text encoder's "
-                             f"max_position_embeddings {most}; shorten max_sequence_length or "
-                             f"the instruction (or turn it off with instruction=())")
+            what = (f"the instruction plus a {max_sequence_length}-token prompt" if lines
+                    else f"a {max_sequence_length}-token prompt")
+            raise ValueError(f"{what} is {total} tokens, more than the text encoder's "
+                             f"max_position_embeddings {most}; shorten max_sequence_length"
+                             + (" or the instruction (instruction=() turns it off)" if lines
+                                else ""))
         out = self.tokenizer(texts, padding="max_length", max_length=total, truncation=True,
                              add_special_tokens=True, return_attention_mask=True,
                              return_tensors="np")
