@@ -185,8 +185,8 @@ def test_failed_build_leaves_nothing_and_cli(tmp_path, monkeypatch, capsys):
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "not empty" in err
     assert _files(str(target)) == before and os.listdir(tmp_path) == ["cli"]
-    with pytest.raises(ValueError, match="unknown tiny pipeline family 'sana'"):
-        tiny.build_tiny_pipeline(str(tmp_path / "x"), family="sana")
+    with pytest.raises(ValueError, match="unknown tiny pipeline family 'flux'"):
+        tiny.build_tiny_pipeline(str(tmp_path / "x"), family="flux")
     with pytest.raises(SystemExit):  # the pretrained shapes pipeline is an SD3 one
         tiny.main(["--family", "wan", "--pretrained", str(tmp_path / "p")])
     assert "SD3 shapes-world pipeline only" in capsys.readouterr().err

@@ -32,11 +32,13 @@ from flax import nnx
 from wfm_jax import xla_flags
 from wfm_jax.mesh import mesh_jit, mesh_of
 from wfm_jax.models.family import load_pipeline
+from wfm_jax.sampling.dpm_solver import dpm_solver_flow_schedule
 from wfm_jax.sampling.samplers import sample
 from wfm_jax.sampling.schedule import flow_sigmas, unipc_flow_schedule
 from wfm_jax.train.encode import TextEncoder
 
-SAMPLERS = ("euler", "unipc")  # the deterministic flow samplers diffusers' pipelines run
+# the deterministic flow samplers diffusers' pipelines run (dpm_solver: SANA's DPM-Solver++)
+SAMPLERS = ("euler", "unipc", "dpm_solver")
 
 
 def encode_prompts(pipe, prompts: Sequence[str], max_sequence_length: int) -> dict:
@@ -54,6 +56,8 @@ def schedule(pipe, sampler: str, steps: int):
         return flow_sigmas(steps, pipe.shift)[0], None
     if sampler == "unipc":
         return unipc_flow_schedule(steps, pipe.shift)
+    if sampler == "dpm_solver":
+        return dpm_solver_flow_schedule(steps, pipe.shift)
     raise ValueError(f"unknown sampler {sampler!r}; choose one of {SAMPLERS}")
 
 

@@ -3,6 +3,8 @@
     python -m wfm_jax.tiny DIR [--seed S] [--overwrite]
     python -m wfm_jax.tiny --family wan DIR   (a tiny WanPipeline instead: wfm_jax.tiny_wan)
     python -m wfm_jax.tiny --family cosmos DIR   (Cosmos2_5_PredictBasePipeline: tiny_cosmos)
+    python -m wfm_jax.tiny --family sana|sana_video DIR   (SanaPipeline / SanaVideoPipeline:
+                                                           wfm_jax.tiny_sana)
     python -m wfm_jax.tiny --pretrained DIR   (trained on the shapes world: tiny_pretrain.py)
 
 Tests and the embedded recipe defaults use it in place of a downloaded model. It needs no torch:
@@ -291,7 +293,11 @@ def write_pipeline(directory: str, seed: int = 0, *, transformer: dict | None = 
     write_json(model_index(), os.path.join(directory, "model_index.json"))
 
 
-FAMILIES = ("sd3", "wan", "cosmos")  # the recipes' policy.family names
+FAMILIES = ("sd3", "wan", "cosmos", "sana", "sana_video")  # the recipes' policy.family names
+_WRITERS = {"wan": ("wfm_jax.tiny_wan", "write_pipeline"),
+            "cosmos": ("wfm_jax.tiny_cosmos", "write_pipeline"),
+            "sana": ("wfm_jax.tiny_sana", "write_pipeline"),
+            "sana_video": ("wfm_jax.tiny_sana", "write_video_pipeline")}
 
 
 def build_tiny_pipeline(directory: str, seed: int = 0, overwrite: bool = False,
@@ -309,12 +315,12 @@ def build_tiny_pipeline(directory: str, seed: int = 0, overwrite: bool = False,
         raise FileExistsError(f"{directory} is a file, not a pipeline directory")
     if os.path.isdir(directory) and os.listdir(directory) and not overwrite:
         raise FileExistsError(f"{directory} exists and is not empty (pass overwrite to replace it)")
-    if family == "wan":
-        from wfm_jax.tiny_wan import write_pipeline as write
-    elif family == "cosmos":
-        from wfm_jax.tiny_cosmos import write_pipeline as write
-    else:
+    if family == "sd3":
         write = write_pipeline
+    else:  # each other family's builder lives in its own module
+        import importlib
+        module, name = _WRITERS[family]
+        write = getattr(importlib.import_module(module), name)
     with atomic_directory(directory) as tmp:
         write(tmp, seed)
     return directory
@@ -328,7 +334,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--overwrite", action="store_true", help="replace an existing directory")
     parser.add_argument("--family", choices=FAMILIES, default="sd3",
                         help="which pipeline: sd3 (StableDiffusion3Pipeline, the default), wan "
-                             "(WanPipeline) or cosmos (Cosmos2_5_PredictBasePipeline)")
+                             "(WanPipeline), cosmos (Cosmos2_5_PredictBasePipeline), sana "
+                             "(SanaPipeline) or sana_video (SanaVideoPipeline)")
     parser.add_argument("--pretrained", metavar="DIR",
                         help="build (or reuse the cached) tiny pipeline SFT-trained on the shapes "
                              "world at DIR instead (about 10 minutes on 2 CPU cores, once)")

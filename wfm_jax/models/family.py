@@ -35,7 +35,8 @@ class PipelineError(ValueError):
 _FAMILIES: dict[str, type["PipelineFamily"]] = {}
 # Modules that register a family on import (lazy: importing one family must not import all).
 _PROVIDERS = ("wfm_jax.models.sd3.pipeline", "wfm_jax.models.wan.pipeline",
-              "wfm_jax.models.cosmos.pipeline")
+              "wfm_jax.models.cosmos.pipeline", "wfm_jax.models.sana.pipeline",
+              "wfm_jax.models.sana.video_pipeline")
 
 
 def register_family(cls: type["PipelineFamily"]) -> type["PipelineFamily"]:
