@@ -95,6 +95,18 @@ def test_attention_split_over_context_equals_one_device(kind, n, impl, scheme):
         np.testing.assert_allclose(got, want, atol=ATOL, rtol=0)
 
 
+@pytest.mark.parametrize("kind", ["joint", "cross"])
+def test_batch_smaller_than_its_shards_is_padded(kind):
+    # B = 1 on data=4: shard_map needs even shards, so the batch is padded and sliced off
+    make, shapes = KINDS[kind]
+    args = [a[:1] for a in _arrays(shapes)]
+    want = jax.jit(make("xla", "auto"))(*args)
+    got = wmesh.mesh_jit(make("blockwise", "ring"), mesh=_mesh(2))(*args)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape
+        np.testing.assert_allclose(g, w, atol=ATOL, rtol=0)
+
+
 def test_auto_takes_ulysses_when_the_heads_divide_else_ring():
     with jax.set_mesh(_mesh(4)):
         assert resolve_context_parallel("auto", 8, ("context",)) == "ulysses"

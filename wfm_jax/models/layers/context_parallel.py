@@ -102,9 +102,19 @@ def ulysses_attention(q, k, v, kv_mask, axes, kernel):
     return jax.lax.all_to_all(out, axes, 1, 2, tiled=True)
 
 
-def _pad(x, n):
-    pad = -x.shape[1] % n
-    return jnp.pad(x, ((0, 0), (0, pad), (0, 0), (0, 0))) if pad else x
+def _pad(x, n, axis=1):
+    pad = -x.shape[axis] % n
+    if not pad:
+        return x
+    widths = [(0, 0)] * x.ndim
+    widths[axis] = (0, pad)
+    return jnp.pad(x, widths)
+
+
+def _batch_multiple() -> int:
+    """shard_map needs the batch to divide its shards (GSPMD did not): smaller or uneven
+    batches are padded with zero rows (their attention is finite) and sliced off."""
+    return mesh.mesh_size_for(jax.sharding.get_abstract_mesh(), "act_batch")
 
 
 def context_parallel_attention(parts, *, impl: str, scheme: str, axes):
@@ -115,11 +125,11 @@ def context_parallel_attention(parts, *, impl: str, scheme: str, axes):
     the keys of every part). impl: the local kernel for Ulysses ("xla", "blockwise", "pallas");
     the ring always attends chunk by chunk with the blockwise kernel.
     """
-    n = _size(axes)
+    n, nb = _size(axes), _batch_multiple()
     spec = mesh.logical_to_spec(QKV_AXES)
     padded, masks = [], []
     for q, k, v in parts:
-        padded += [_pad(q, n), _pad(k, n), _pad(v, n)]
+        padded += [_pad(_pad(x, n), nb, axis=0) for x in (q, k, v)]
         masks.append(jnp.arange(padded[-2].shape[1]) < k.shape[1])
     masked = any(k.shape[1] % n for _, k, _ in parts)
     q_lens = [padded[3 * i].shape[1] // n for i in range(len(parts))]
@@ -138,7 +148,7 @@ def context_parallel_attention(parts, *, impl: str, scheme: str, axes):
     fn = jax.shard_map(local, in_specs=(spec,) * len(padded) + (P(spec[1]),) * len(masks),
                        out_specs=(spec,) * len(parts))
     outs = fn(*padded, *masks)
-    return [o[:, :q.shape[1]] for o, (q, _, _) in zip(outs, parts)]
+    return [o[:q.shape[0], :q.shape[1]] for o, (q, _, _) in zip(outs, parts)]
 
 
 def local_queries_attention(q, k, v, *, impl: str):
@@ -157,7 +167,9 @@ def local_queries_attention(q, k, v, *, impl: str):
         return kernel(q, k, v, None)
 
     fn = jax.shard_map(local, in_specs=(spec, kv_spec, kv_spec), out_specs=spec)
-    return fn(_pad(q, n), k, v)[:, :q.shape[1]]
+    nb = _batch_multiple()
+    out = fn(_pad(_pad(q, n), nb, axis=0), _pad(k, nb, axis=0), _pad(v, nb, axis=0))
+    return out[:q.shape[0], :q.shape[1]]
 
 
 def sharded_local_attention(q, k, v, *, impl: str):
@@ -165,5 +177,7 @@ def sharded_local_attention(q, k, v, *, impl: str):
     shard_map over the batch and heads, so GSPMD never has to partition its loops."""
     spec = mesh.logical_to_spec(KV_REPLICATED_AXES)
     kernel = local_kernel(impl)
-    return jax.shard_map(lambda q, k, v: kernel(q, k, v, None), in_specs=(spec,) * 3,
-                         out_specs=spec)(q, k, v)
+    nb = _batch_multiple()
+    fn = jax.shard_map(lambda q, k, v: kernel(q, k, v, None), in_specs=(spec,) * 3,
+                       out_specs=spec)
+    return fn(*(_pad(x, nb, axis=0) for x in (q, k, v)))[:q.shape[0]]
