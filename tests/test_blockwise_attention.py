@@ -119,3 +119,19 @@ def test_compiled_backward_holds_no_s_by_s_buffer():
     assert plain > scores  # XLA keeps the softmax for its backward
     # what is left is O(S) per head (q/k/v in blocks, fp32 dq, dk, dv: ~9 MiB) and one tile
     assert blockwise < scores / 8, (blockwise, scores)
+
+
+def test_pallas_tpu_kernel_in_interpret_mode():
+    # what "auto" runs on TPU, here through Pallas' TPU interpreter: the padding to its 128-row
+    # blocks and the key mask (segment ids) must not move the numbers
+    pltpu = pytest.importorskip("jax.experimental.pallas.tpu")
+    from wfm_jax.models.layers.pallas_attention import pallas_tpu_attention
+    q, k, v, w = _arrays([(1, 40, 2, 8), (1, 50, 2, 8), (1, 50, 2, 8), (1, 40, 2, 8)])
+    mask = jnp.arange(50) % 3 != 1
+    with pltpu.force_tpu_interpret_mode():
+        out, grads = _value_and_grads(lambda q, k, v: pallas_tpu_attention(q, k, v, mask),
+                                      q, k, v, w)
+    want, want_grads = _value_and_grads(lambda q, k, v: _plain(q, k, v, mask), q, k, v, w)
+    np.testing.assert_allclose(out, want, rtol=1e-5)
+    for got, ref in zip(grads, want_grads):
+        np.testing.assert_allclose(got, ref, atol=ATOL, rtol=0)
