@@ -167,23 +167,18 @@ def _local_attention(q, k, v, impl):
     return mesh.constrain(out, QKV_AXES)
 
 
-def _context_parallel_scheme(impl, context_parallel, heads, axes):
-    scheme = cp.resolve_context_parallel(context_parallel, heads, axes)
-    if impl == "cudnn" and scheme == "ring":
-        return "ring"  # cuDNN returns no log-sum-exp to merge: the ring attends blockwise
-    return scheme
-
-
 def dot_product_attention(q, k, v, *, implementation="xla", context_parallel="auto"):
     """Softmax attention over (B, T, N, H) arrays, scale 1/sqrt(H), no mask (as SD3 uses it).
 
     With the sequence split over the mesh, `context_parallel` ("auto" | "ulysses" | "ring")
-    picks the scheme; q, k and v are taken as split along their sequence."""
+    picks the scheme; q, k and v are taken as split along their sequence. cuDNN keeps its own
+    Ulysses layout; under the ring every kernel attends blockwise (the ring merges chunks by
+    their log-sum-exp, which cuDNN and XLA do not return)."""
     impl = kernel_for(implementation, q, max(q.shape[1], k.shape[1]))
     axes = cp.sequence_axes()
     if not axes:
         return _local_attention(q, k, v, impl)
-    scheme = _context_parallel_scheme(impl, context_parallel, q.shape[2], axes)
+    scheme = cp.resolve_context_parallel(context_parallel, q.shape[2], axes)
     if impl == "cudnn" and scheme == "ulysses":
         return _cudnn_attention(q, k, v)
     return cp.context_parallel_attention([(q, k, v)], impl=impl, scheme=scheme, axes=axes)[0]
@@ -218,7 +213,7 @@ def joint_attention(sample_qkv, context_qkv, *, implementation="xla", context_pa
     impl = kernel_for(implementation, q, q.shape[1] + context_qkv[0].shape[1])
     axes = cp.sequence_axes()
     if axes:
-        scheme = _context_parallel_scheme(impl, context_parallel, q.shape[2], axes)
+        scheme = cp.resolve_context_parallel(context_parallel, q.shape[2], axes)
         if not (impl == "cudnn" and scheme == "ulysses"):
             out, ctx = cp.context_parallel_attention([sample_qkv, context_qkv], impl=impl,
                                                      scheme=scheme, axes=axes)
