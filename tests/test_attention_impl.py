@@ -74,6 +74,11 @@ def test_config_default_is_auto_and_choices_are_checked(tmp_path):
     assert cfg.load_config(str(recipe)).policy.attention_impl == "auto"
     with pytest.raises(ConfigError, match=r"'policy.attention_impl' = 'cudn'.*did you mean 'cudnn'"):
         cfg.load_config(str(recipe), [("policy.attention_impl", "cudn")])
+    assert cfg.load_config(str(recipe), [("policy.attention_impl", "blockwise")])
+    assert cfg.load_config(str(recipe)).policy.context_parallel_impl == "auto"
+    with pytest.raises(ConfigError, match=r"'policy.context_parallel_impl' = 'rin'.*did you "
+                                          r"mean 'ring'"):
+        cfg.load_config(str(recipe), [("policy.context_parallel_impl", "rin")])
 
 
 # ------------------------------------------------------------ cuDNN under context parallelism

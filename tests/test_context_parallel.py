@@ -116,6 +116,11 @@ def test_auto_takes_ulysses_when_the_heads_divide_else_ring():
             resolve_context_parallel("ulysses", 6, ("context",))
         with pytest.raises(ValueError, match="context_parallel_impl must be one of"):
             resolve_context_parallel("tree", 8, ("context",))
+    for build in (lambda: SD3Transformer(_tiny_sd3.CONFIG, rngs=nnx.Rngs(0),
+                                         context_parallel_impl="tree"),
+                  lambda: WanTransformer(WAN, rngs=nnx.Rngs(0), context_parallel_impl="tree")):
+        with pytest.raises(ValueError, match="context_parallel_impl must be one of"):
+            nnx.eval_shape(build)
 
 
 def test_ring_sends_kv_with_ppermute_and_ulysses_with_all_to_all():
