@@ -220,3 +220,20 @@ def test_tiny_sd3_gradient_split_over_context():
     for (path, g), (_, w) in zip(jax.tree_util.tree_leaves_with_path(got),
                                  jax.tree_util.tree_leaves_with_path(want)):
         np.testing.assert_allclose(g, w, atol=1e-4, rtol=1e-4, err_msg=str(path))
+
+
+def test_context_parallel_backward_holds_no_s_by_s_buffer():
+    # per device at 4096 tokens on context=2: the XLA kernel under Ulysses keeps its softmax
+    # (one head x 4096 x 4096 fp32 = 64 MiB); blockwise Ulysses and the ring keep O(S) state
+    q = jnp.zeros((4, 4096, 2, 32), jnp.float32)
+    scores = 1 * 1 * 4096 * 4096 * 4
+
+    def temp(impl, scheme):
+        f = wmesh.mesh_jit(jax.grad(lambda q, k, v: jnp.sum(dot_product_attention(
+            q, k, v, implementation=impl, context_parallel=scheme)), argnums=(0, 1, 2)),
+            mesh=_mesh(2))
+        return f.lower(q, q, q).compile().memory_analysis().temp_size_in_bytes
+
+    assert temp("xla", "ulysses") > scores
+    assert temp("blockwise", "ulysses") < scores / 4
+    assert temp("blockwise", "ring") < scores / 4
