@@ -13,7 +13,8 @@ from tests import _tiny_sd3
 from wfm_jax import config as cfg
 from wfm_jax import mesh as wmesh
 from wfm_jax.config_schema import ConfigError
-from wfm_jax.models.layers.attention import (Attention, is_cuda_platform, padded_attention,
+from wfm_jax.models.layers.attention import (BLOCKWISE_MIN_SEQ, Attention, is_cuda_platform,
+                                             kernel_for, padded_attention,
                                              resolve_attention_impl, split_heads_not_sequence)
 from wfm_jax.models.sd3.transformer import SD3Transformer
 from wfm_jax.models.state import assign, flat_shapes
@@ -25,14 +26,30 @@ from wfm_jax.models.state import assign, flat_shapes
     (True, jnp.float32, 64, "xla"),      # cuDNN flash attention has no fp32 kernel
     (True, jnp.bfloat16, 12, "xla"),     # head dim not a multiple of 8
     (True, jnp.bfloat16, 256, "xla"),    # beyond what pre-Hopper cuDNN takes
-    (False, jnp.bfloat16, 64, "xla"),    # CPU, TPU, ROCm
+    (False, jnp.bfloat16, 64, "xla"),    # CPU, ROCm
 ])
 def test_auto_resolves_to_cudnn_only_where_it_runs(cuda, dtype, head_dim, expected):
-    assert resolve_attention_impl("auto", dtype, head_dim, cuda=cuda) == expected
+    # a short sequence: off cuDNN, XLA's kernel
+    assert resolve_attention_impl("auto", dtype, head_dim, seq_len=1357, cuda=cuda,
+                                  tpu=False) == expected
+
+
+def test_auto_off_gpu_and_tpu_goes_blockwise_from_the_threshold():
+    def auto(seq_len):
+        return resolve_attention_impl("auto", jnp.float32, 64, seq_len=seq_len, cuda=False,
+                                      tpu=False)
+    assert auto(BLOCKWISE_MIN_SEQ - 1) == "xla"
+    assert auto(BLOCKWISE_MIN_SEQ) == "blockwise"
+    assert auto(None) == "auto"  # a module, before it sees a sequence: decided per call
+    # cuDNN where it runs, whatever the length; Pallas on TPU
+    assert resolve_attention_impl("auto", jnp.bfloat16, 64, seq_len=75600, cuda=True) == "cudnn"
+    assert resolve_attention_impl("auto", jnp.float32, 64, cuda=False, tpu=True) == "pallas"
+    assert kernel_for("auto", jnp.zeros((1, 8, 2, 64)), BLOCKWISE_MIN_SEQ) == "blockwise"
+    assert kernel_for(None, jnp.zeros((1, 8, 2, 64)), BLOCKWISE_MIN_SEQ) == "xla"
 
 
 def test_explicit_choices_pass_through_and_bad_ones_fail():
-    for impl in ("xla", "cudnn", None):
+    for impl in ("xla", "cudnn", "blockwise", "pallas", None):
         assert resolve_attention_impl(impl, jnp.bfloat16, 64, cuda=False) == impl
     with pytest.raises(ValueError, match="attention_impl must be one of"):
         resolve_attention_impl("flash", jnp.bfloat16, 64)
@@ -46,7 +63,9 @@ def test_model_built_with_auto_runs_xla_on_this_cpu():
                                                   rngs=nnx.Rngs(0), attention_impl="auto"))
     layers = [m for _, m in model.iter_modules() if isinstance(m, Attention)]
     assert len(layers) == 3  # two joint blocks + block 0's second (MMDiT-X) attention
-    assert {layer.attention_impl for layer in layers} == {"xla"}
+    # resolved per call by the sequence length: XLA for the tiny model's few tokens
+    assert {layer.attention_impl for layer in layers} == {"auto"}
+    assert kernel_for("auto", jnp.zeros((1, 24, 4, 8), jnp.bfloat16), 30) == "xla"
 
 
 def test_config_default_is_auto_and_choices_are_checked(tmp_path):
@@ -55,6 +74,11 @@ def test_config_default_is_auto_and_choices_are_checked(tmp_path):
     assert cfg.load_config(str(recipe)).policy.attention_impl == "auto"
     with pytest.raises(ConfigError, match=r"'policy.attention_impl' = 'cudn'.*did you mean 'cudnn'"):
         cfg.load_config(str(recipe), [("policy.attention_impl", "cudn")])
+    assert cfg.load_config(str(recipe), [("policy.attention_impl", "blockwise")])
+    assert cfg.load_config(str(recipe)).policy.context_parallel_impl == "auto"
+    with pytest.raises(ConfigError, match=r"'policy.context_parallel_impl' = 'rin'.*did you "
+                                          r"mean 'ring'"):
+        cfg.load_config(str(recipe), [("policy.context_parallel_impl", "rin")])
 
 
 # ------------------------------------------------------------ cuDNN under context parallelism

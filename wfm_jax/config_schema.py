@@ -165,7 +165,12 @@ DEFAULTS = {
             },
         },
         "parallelism": {"data": -1, "fsdp": 1, "context": 1},  # -1: all devices left over
-        "attention_impl": "auto",  # cuDNN flash attention on NVIDIA GPUs (bf16), else XLA
+        # cuDNN flash attention on NVIDIA GPUs (bf16), Pallas flash on TPU, else XLA below 2048
+        # tokens and blockwise (flash-style, pure JAX) from there; or xla|cudnn|blockwise|pallas
+        "attention_impl": "auto",
+        # tokens split over parallelism.context: ulysses (all-to-all heads <-> sequence), ring
+        # (K/V rotated round the devices), auto (ulysses when the heads divide, else ring)
+        "context_parallel_impl": "auto",
         "remat": "none",
     },
     "rollout": {"n_generation": 24},
@@ -214,7 +219,8 @@ CHOICES = {
     "policy.diffusers.sample.solver": ("flow", "euler", "sde", "cps", "dance", "ddim", "dpm1", "dpm2",
                                        "edm", "unipc"),
     "policy.remat": ("none", "full", "dots"),
-    "policy.attention_impl": ("auto", "xla", "cudnn"),
+    "policy.attention_impl": ("auto", "xla", "cudnn", "blockwise", "pallas"),
+    "policy.context_parallel_impl": ("auto", "ulysses", "ring"),
 }
 
 REWARD_FN_KEYS = ("name", "weight", "score_key", "clip_min", "clip_max")

@@ -39,7 +39,7 @@ def run(suite, options, peak_flops: float | None) -> dict:
     start = time.perf_counter()
     transformer = weights.jax_module("transformer", suite.transformer, dtype=bf16,
                                      param_dtype=bf16, attention_impl=options.attention_impl)
-    attention_impl = resolved_attention(transformer)
+    attention_impl = resolved_attention(transformer, suite)
     vae = weights.jax_module("vae", suite.vae, dtype=bf16, param_dtype=bf16)
     t_graph, t_state = nnx.split(transformer)
     v_graph, v_state = nnx.split(vae)

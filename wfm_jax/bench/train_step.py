@@ -17,6 +17,7 @@ from wfm_jax.algorithms.sft import flow_matching_loss, noisy_latents
 from wfm_jax.mesh import make_mesh, mesh_jit
 from wfm_jax.bench import devices, flops, inputs, timing, weights
 from wfm_jax.bench.suites import LORA_TARGETS, OPTIM
+from wfm_jax.models.layers.attention import resolve_attention_impl
 from wfm_jax.models.layers.embeddings import Buffer
 from wfm_jax.models.state import path_str
 from wfm_jax.train.lora import attach_lora, find_targets
@@ -77,7 +78,7 @@ def run(suite, mode: str, options, peak_flops: float | None) -> dict:
     start = time.perf_counter()
     model = build_model(suite, mode, options)
     timing.progress(f"train_{mode}/wfm_jax: weights built in {time.perf_counter() - start:.1f} s")
-    attention_impl = resolved_attention(model)
+    attention_impl = resolved_attention(model, suite)
     wrt = nnx.LoRAParam if mode == "lora" else TRAINABLE_FULL
     graphdef, params, rest = nnx.split(model, wrt, ...)
     del model
@@ -116,9 +117,14 @@ def run(suite, mode: str, options, peak_flops: float | None) -> dict:
                "xla_memory_plan_bytes": xla_plan_bytes(compiled)})
 
 
-def resolved_attention(transformer) -> str | None:
-    """The attention kernel the model's layers run ("auto" resolved at construction)."""
-    return transformer.transformer_blocks[0].attn.attention_impl
+def resolved_attention(transformer, suite) -> str | None:
+    """The attention kernel the model's layers run for the suite's joint sequence ("auto" is
+    resolved at construction on GPU/TPU, per sequence length elsewhere)."""
+    attn = transformer.transformer_blocks[0].attn
+    if attn.attention_impl != "auto":
+        return attn.attention_impl
+    tokens = (suite.latent_size // transformer.patch_size) ** 2 + suite.text_len
+    return resolve_attention_impl("auto", transformer.dtype, attn.head_dim, seq_len=tokens)
 
 
 def xla_plan_bytes(compiled) -> int | None:

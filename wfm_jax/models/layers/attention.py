@@ -2,10 +2,17 @@
 
 `Attention` holds the projections under diffusers' module names (to_q, to_k, to_v, to_out.0, and
 for joint attention add_q_proj, add_k_proj, add_v_proj, to_add_out), so LoRA target names such as
-"attn.to_q" address the same layers in both frameworks. The kernel itself is
-`jax.nn.dot_product_attention` with a selectable implementation: "xla", "cudnn" (flash attention,
-NVIDIA GPUs), "auto" (cuDNN where it applies, else XLA; `resolve_attention_impl`) or None (JAX's
-own default, which is XLA in jax 0.10).
+"attn.to_q" address the same layers in both frameworks. The kernel is selectable
+(`attention_impl`):
+  "xla"       jax.nn.dot_product_attention on XLA (keeps the [B, N, T, S] softmax for backward);
+  "cudnn"     cuDNN flash attention (NVIDIA GPUs, bf16/fp16);
+  "blockwise" flash-style online softmax in plain JAX, any backend (blockwise_attention);
+  "pallas"    the Pallas TPU flash kernel (pallas_attention);
+  "auto"      cuDNN on a CUDA GPU where it applies, Pallas on TPU, else by sequence length:
+              XLA below BLOCKWISE_MIN_SEQ tokens, blockwise from there (resolve_attention_impl);
+  None        JAX's own default (XLA in jax 0.10).
+With the sequence split over the mesh (`context`), `context_parallel_impl` picks Ulysses or ring
+attention (context_parallel); cuDNN keeps its own Ulysses layout (split_heads_not_sequence).
 """
 from __future__ import annotations
 
@@ -17,10 +24,14 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from wfm_jax import mesh
+from wfm_jax.models.layers import context_parallel as cp
+from wfm_jax.models.layers.context_parallel import (CONTEXT_PARALLEL_IMPLS,  # noqa: F401
+                                                    check_context_parallel_impl)
 from wfm_jax.models.layers.linear import Linear
+from wfm_jax.models.layers.pallas_attention import pallas_tpu_available
 from wfm_jax.models.layers.norms import LayerNorm, RMSNorm
 
-ATTENTION_IMPLS = ("auto", "xla", "cudnn", None)
+ATTENTION_IMPLS = ("auto", "xla", "cudnn", "blockwise", "pallas", None)
 QKV_AXES = ("act_batch", "act_seq", "act_heads", None)
 CUDNN_DTYPES = (jnp.bfloat16, jnp.float16)
 # cuDNN flash attention takes head dims that are multiples of 8 up to 128 (256 from Hopper on;
@@ -30,6 +41,11 @@ CUDNN_MAX_HEAD_DIM = 128
 # text tokens: "Unsupported sequence length Q 1357, KV 1357") on an H100; padded to a multiple of
 # 64 with a key padding mask they run (measured 2026-11-22, docs/bench_notes.md).
 CUDNN_SEQ_MULTIPLE = 64
+# "auto" off CUDA/TPU: from this many tokens (the longer of queries and keys) the blockwise kernel
+# runs instead of XLA's. XLA's path saves B*N*S*S floats per layer for the backward: at 2048
+# tokens that is 16 MiB per head and sample (SD3.5-M at 1024 px: 4429 tokens, 75 MiB); below it
+# the S x S buffer is small and XLA's fused kernel is faster than the sequential block loops.
+BLOCKWISE_MIN_SEQ = 2048
 
 
 def check_attention_impl(impl, compute_dtype) -> None:
@@ -47,9 +63,16 @@ def is_cuda_platform(device=None) -> bool:
     return device.platform == "gpu" and "rocm" not in version
 
 
-def resolve_attention_impl(impl, compute_dtype, head_dim: int, *, cuda: bool | None = None):
+def is_tpu_platform(device=None) -> bool:
+    return (device or jax.devices()[0]).platform == "tpu"
+
+
+def resolve_attention_impl(impl, compute_dtype, head_dim: int, *, seq_len: int | None = None,
+                           cuda: bool | None = None, tpu: bool | None = None):
     """The implementation "auto" stands for: "cudnn" on a CUDA GPU with a bf16/fp16 compute dtype
-    and a head dim cuDNN takes, else "xla". Other values pass through unchanged.
+    and a head dim cuDNN takes; "pallas" on TPU; otherwise "blockwise" when seq_len >=
+    BLOCKWISE_MIN_SEQ, "xla" below, and "auto" itself when seq_len is None (a module built
+    before it sees a sequence: decided per call). Other values pass through unchanged.
 
     Why not JAX's None: it picks XLA, whose attention keeps every (S x S) softmax for the
     backward. For SD3.5-Medium at 512 px that is about 3.8 GB per attention layer and batch of
@@ -60,7 +83,24 @@ def resolve_attention_impl(impl, compute_dtype, head_dim: int, *, cuda: bool | N
         return impl
     cuda = is_cuda_platform() if cuda is None else cuda
     fits = head_dim % 8 == 0 and head_dim <= CUDNN_MAX_HEAD_DIM
-    return "cudnn" if cuda and fits and jnp.dtype(compute_dtype) in CUDNN_DTYPES else "xla"
+    if cuda and fits and jnp.dtype(compute_dtype) in CUDNN_DTYPES:
+        return "cudnn"
+    tpu = is_tpu_platform() if tpu is None else tpu
+    if tpu and pallas_tpu_available():
+        return "pallas"
+    if seq_len is None:
+        return "auto"
+    return "blockwise" if seq_len >= BLOCKWISE_MIN_SEQ else "xla"
+
+
+def kernel_for(impl, q, seq_len: int) -> str:
+    """The kernel one call runs: `impl` resolved for queries like q (B, T, N, H) and the longer
+    of the query and key sequences, seq_len."""
+    if impl is None:
+        return "xla"
+    if impl == "auto":
+        return resolve_attention_impl("auto", q.dtype, q.shape[-1], seq_len=seq_len)
+    return impl
 
 
 def split_heads_not_sequence(x: jax.Array) -> jax.Array:
@@ -108,26 +148,79 @@ def padded_attention(q, k, v, *, implementation, multiple: int):
     return out[:, :t]
 
 
-def dot_product_attention(q, k, v, *, implementation="xla"):
-    """Softmax attention over (B, T, N, H) arrays, scale 1/sqrt(H), no mask (as SD3 uses it)."""
-    if implementation == "cudnn":
-        q, k, v = (split_heads_not_sequence(t) for t in (q, k, v))
-        out = padded_attention(q, k, v, implementation="cudnn", multiple=CUDNN_SEQ_MULTIPLE)
-    else:
-        q, k, v = (mesh.constrain(t, QKV_AXES) for t in (q, k, v))
-        out = jax.nn.dot_product_attention(q, k, v, implementation=implementation)
+def _cudnn_attention(q, k, v):
+    q, k, v = (split_heads_not_sequence(t) for t in (q, k, v))
+    out = padded_attention(q, k, v, implementation="cudnn", multiple=CUDNN_SEQ_MULTIPLE)
     return mesh.constrain(out, QKV_AXES)  # back to the sequence split the rest of the block uses
 
 
-def joint_attention(sample_qkv, context_qkv, *, implementation="xla"):
+def _local_attention(q, k, v, impl):
+    """One kernel with the sequence not split (a mesh may still split batch or heads)."""
+    if impl == "cudnn":
+        return _cudnn_attention(q, k, v)
+    if impl in ("blockwise", "pallas"):
+        if cp.has_mesh():
+            return cp.sharded_local_attention(q, k, v, impl=impl)
+        return cp.local_kernel(impl)(q, k, v, None)
+    q, k, v = (mesh.constrain(t, QKV_AXES) for t in (q, k, v))
+    out = jax.nn.dot_product_attention(q, k, v, implementation=impl)
+    return mesh.constrain(out, QKV_AXES)
+
+
+def dot_product_attention(q, k, v, *, implementation="xla", context_parallel="auto"):
+    """Softmax attention over (B, T, N, H) arrays, scale 1/sqrt(H), no mask (as SD3 uses it).
+
+    With the sequence split over the mesh, `context_parallel` ("auto" | "ulysses" | "ring")
+    picks the scheme; q, k and v are taken as split along their sequence. cuDNN keeps its own
+    Ulysses layout; under the ring every kernel attends blockwise (the ring merges chunks by
+    their log-sum-exp, which cuDNN and XLA do not return)."""
+    impl = kernel_for(implementation, q, max(q.shape[1], k.shape[1]))
+    axes = cp.sequence_axes()
+    if not axes:
+        return _local_attention(q, k, v, impl)
+    scheme = cp.resolve_context_parallel(context_parallel, q.shape[2], axes)
+    if impl == "cudnn" and scheme == "ulysses":
+        return _cudnn_attention(q, k, v)
+    return cp.context_parallel_attention([(q, k, v)], impl=impl, scheme=scheme, axes=axes)[0]
+
+
+def cross_attention(q, k, v, *, implementation="xla", context_parallel="auto"):
+    """Attention of (B, T, N, H) queries to a short (B, L, N, H) K/V (text) that every sequence
+    shard holds whole: with the sequence split, each device attends its own queries (no ring,
+    no all-to-all). `context_parallel` only matters for cuDNN, which keeps its Ulysses layout."""
+    impl = kernel_for(implementation, q, max(q.shape[1], k.shape[1]))
+    axes = cp.sequence_axes()
+    if not axes or impl == "cudnn":
+        return dot_product_attention(q, k, v, implementation=impl,
+                                     context_parallel=context_parallel)
+    if impl == "xla":  # GSPMD partitions it along the queries once K/V are replicated
+        q = mesh.constrain(q, QKV_AXES)
+        k, v = (mesh.constrain(t, cp.KV_REPLICATED_AXES) for t in (k, v))
+        return mesh.constrain(jax.nn.dot_product_attention(q, k, v, implementation="xla"),
+                              QKV_AXES)
+    return cp.local_queries_attention(q, k, v, impl=impl)
+
+
+def joint_attention(sample_qkv, context_qkv, *, implementation="xla", context_parallel="auto"):
     """Attention over the concatenation [sample tokens, context tokens]; returns both parts.
 
     Each *_qkv is a (q, k, v) triple of (B, T, N, H) arrays; the sample tokens come first in the
-    joint sequence, as in JointAttnProcessor2_0.
+    joint sequence, as in JointAttnProcessor2_0. With the sequence split over the mesh, the two
+    parts stay split on their own (context_parallel.context_parallel_attention), not
+    concatenated and re-split.
     """
-    n = sample_qkv[0].shape[1]
+    q = sample_qkv[0]
+    impl = kernel_for(implementation, q, q.shape[1] + context_qkv[0].shape[1])
+    axes = cp.sequence_axes()
+    if axes:
+        scheme = cp.resolve_context_parallel(context_parallel, q.shape[2], axes)
+        if not (impl == "cudnn" and scheme == "ulysses"):
+            out, ctx = cp.context_parallel_attention([sample_qkv, context_qkv], impl=impl,
+                                                     scheme=scheme, axes=axes)
+            return out, ctx
+    n = q.shape[1]
     q, k, v = (jnp.concatenate([s, c], axis=1) for s, c in zip(sample_qkv, context_qkv))
-    out = dot_product_attention(q, k, v, implementation=implementation)
+    out = dot_product_attention(q, k, v, implementation=impl, context_parallel=context_parallel)
     return out[:, :n], out[:, n:]
 
 
@@ -155,10 +248,12 @@ class Attention(nnx.Module):
     def __init__(self, dim: int, heads: int, head_dim: int, *, rngs: nnx.Rngs,
                  added_kv_proj_dim: int | None = None, context_pre_only: bool = False,
                  qk_norm: str | None = None, eps: float = 1e-6, dtype=None,
-                 param_dtype=jnp.float32, attention_impl="xla"):
+                 param_dtype=jnp.float32, attention_impl="xla", context_parallel_impl="auto"):
         self.heads, self.head_dim = heads, head_dim
         self.attention_impl = resolve_attention_impl(attention_impl, dtype or param_dtype,
                                                      head_dim)
+        check_context_parallel_impl(context_parallel_impl)
+        self.context_parallel_impl = context_parallel_impl
         inner = heads * head_dim
         lin = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
         self.to_q = Linear(dim, inner, axes=("embed", "heads"), **lin)
@@ -196,11 +291,13 @@ class Attention(nnx.Module):
         """Returns the sample output, or (sample, context-or-None) for joint attention."""
         sample = self._qkv(hidden_states, self.to_q, self.to_k, self.to_v, self.norm_q, self.norm_k)
         if not self.joint:
-            out = dot_product_attention(*sample, implementation=self.attention_impl)
+            out = dot_product_attention(*sample, implementation=self.attention_impl,
+                                        context_parallel=self.context_parallel_impl)
             return self.to_out[0](self._merge(out))
         context = self._qkv(encoder_hidden_states, self.add_q_proj, self.add_k_proj,
                             self.add_v_proj, self.norm_added_q, self.norm_added_k)
-        out, ctx = joint_attention(sample, context, implementation=self.attention_impl)
+        out, ctx = joint_attention(sample, context, implementation=self.attention_impl,
+                                   context_parallel=self.context_parallel_impl)
         out = self.to_out[0](self._merge(out))
         ctx = self.to_add_out(self._merge(ctx)) if self.to_add_out is not None else None
         return out, ctx

@@ -60,7 +60,7 @@ class JointTransformerBlock(nnx.Module):
     def __init__(self, dim: int, heads: int, head_dim: int, *, rngs: nnx.Rngs,
                  context_pre_only: bool = False, qk_norm: str | None = None,
                  use_dual_attention: bool = False, dtype=None, param_dtype=jnp.float32,
-                 attention_impl="xla"):
+                 attention_impl="xla", context_parallel_impl="auto"):
         self.dtype = dtype
         self.context_pre_only = context_pre_only
         self.use_dual_attention = use_dual_attention
@@ -69,7 +69,7 @@ class JointTransformerBlock(nnx.Module):
         self.norm1_context = (AdaLayerNormContinuous(dim, **ada) if context_pre_only
                               else AdaLayerNorm(dim, 6, **ada))
         attn = dict(rngs=rngs, qk_norm=qk_norm, eps=1e-6, dtype=dtype, param_dtype=param_dtype,
-                    attention_impl=attention_impl)
+                    attention_impl=attention_impl, context_parallel_impl=context_parallel_impl)
         self.attn = Attention(dim, heads, head_dim, added_kv_proj_dim=dim,
                               context_pre_only=context_pre_only, **attn)
         self.attn2 = Attention(dim, heads, head_dim, **attn) if use_dual_attention else None

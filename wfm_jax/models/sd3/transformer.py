@@ -73,6 +73,8 @@ class SD3Transformer(nnx.Module):
     dtype: compute dtype (None: same as param_dtype); param_dtype: master weight dtype.
     attention_impl: "xla", "cudnn" (GPU, bf16/fp16 compute), "auto" (cuDNN where it applies, else
     XLA: layers.attention.resolve_attention_impl) or None (JAX's default: XLA).
+    context_parallel_impl: "auto" | "ulysses" | "ring", the scheme when a mesh splits the tokens
+    over `context` (layers.context_parallel).
     remat: "none" | "full" | "dots" per transformer block (see REMAT_POLICIES).
     scan_layers: run each stretch of identical blocks as one lax.scan (block_groups); False
     unrolls them (the parameters are the same either way: one module per block).
@@ -82,7 +84,8 @@ class SD3Transformer(nnx.Module):
     """
 
     def __init__(self, config: dict, *, dtype=None, param_dtype=jnp.float32, rngs: nnx.Rngs,
-                 attention_impl="xla", remat: str = "none", scan_layers: bool = True):
+                 attention_impl="xla", remat: str = "none", scan_layers: bool = True,
+                 context_parallel_impl="auto"):
         cfg = sd3_config(config)
         self._config_items = tuple(sorted(cfg.items()))  # hashable: part of the static graph
         self.dtype = jnp.dtype(dtype or param_dtype)
@@ -108,7 +111,8 @@ class SD3Transformer(nnx.Module):
             JointTransformerBlock(dim, cfg["num_attention_heads"], cfg["attention_head_dim"],
                                   context_pre_only=i == n - 1, qk_norm=cfg["qk_norm"],
                                   use_dual_attention=i in cfg["dual_attention_layers"],
-                                  attention_impl=attention_impl, **kw)
+                                  attention_impl=attention_impl,
+                                  context_parallel_impl=context_parallel_impl, **kw)
             for i in range(n)])
         self.norm_out = AdaLayerNormContinuous(dim, rngs=rngs, param_dtype=param_dtype)
         self.proj_out = Linear(dim, self.patch_size ** 2 * self.out_channels, axes=("embed", None),

@@ -3,15 +3,16 @@ an RMS norm of q and k over all heads together ("rms_norm_across_heads") before 
 heads, and the 3D RoPE on self-attention.
 
 Module names follow diffusers (to_q, to_k, to_v, to_out.0, norm_q, norm_k) so checkpoints and
-LoRA target names map one-to-one. The kernel is layers.attention.dot_product_attention (XLA, or
-cuDNN flash attention with the sequences padded to its multiple).
+LoRA target names map one-to-one. The kernels are layers.attention's: dot_product_attention for
+self-attention, cross_attention for the text (whose K/V every context shard keeps whole).
 """
 from __future__ import annotations
 
 import jax.numpy as jnp
 from flax import nnx
 
-from wfm_jax.models.layers.attention import dot_product_attention, resolve_attention_impl
+from wfm_jax.models.layers.attention import (check_context_parallel_impl, cross_attention,
+                                             dot_product_attention, resolve_attention_impl)
 from wfm_jax.models.layers.linear import Linear
 from wfm_jax.models.layers.norms import RMSNorm
 from wfm_jax.models.wan.rope import apply_rope
@@ -19,8 +20,11 @@ from wfm_jax.models.wan.rope import apply_rope
 
 class WanAttention(nnx.Module):
     def __init__(self, dim: int, heads: int, head_dim: int, *, rngs: nnx.Rngs, eps: float = 1e-6,
-                 dtype=None, param_dtype=jnp.float32, attention_impl="xla"):
+                 dtype=None, param_dtype=jnp.float32, attention_impl="xla",
+                 context_parallel_impl="auto"):
         self.heads, self.head_dim = heads, head_dim
+        check_context_parallel_impl(context_parallel_impl)
+        self.context_parallel_impl = context_parallel_impl
         self.attention_impl = resolve_attention_impl(attention_impl, dtype or param_dtype,
                                                      head_dim)
         inner = heads * head_dim
@@ -46,5 +50,7 @@ class WanAttention(nnx.Module):
         q, k, v = self._heads(q), self._heads(k), self._heads(v)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        out = dot_product_attention(q, k, v, implementation=self.attention_impl)
+        attend = dot_product_attention if context is None else cross_attention
+        out = attend(q, k, v, implementation=self.attention_impl,
+                     context_parallel=self.context_parallel_impl)
         return self.to_out[0](out.reshape(*out.shape[:2], -1))

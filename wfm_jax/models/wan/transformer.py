@@ -63,10 +63,11 @@ class WanTransformerBlock(nnx.Module):
     text (affine LayerNorm, no gate, no mask), modulated tanh-GELU FFN."""
 
     def __init__(self, dim: int, ffn_dim: int, heads: int, *, rngs: nnx.Rngs, eps: float,
-                 cross_attn_norm: bool, dtype, param_dtype, attention_impl):
+                 cross_attn_norm: bool, dtype, param_dtype, attention_impl,
+                 context_parallel_impl="auto"):
         self.dtype = dtype
         attn = dict(rngs=rngs, eps=eps, dtype=dtype, param_dtype=param_dtype,
-                    attention_impl=attention_impl)
+                    attention_impl=attention_impl, context_parallel_impl=context_parallel_impl)
         self.norm1 = LayerNorm(dim, eps=eps, affine=False)
         self.attn1 = WanAttention(dim, heads, dim // heads, **attn)
         self.attn2 = WanAttention(dim, heads, dim // heads, **attn)
@@ -93,12 +94,14 @@ class WanTransformer(nnx.Module):
 
     dtype: compute dtype (None: param_dtype); param_dtype: master weight dtype.
     attention_impl: "xla", "cudnn", "auto" or None, as for the SD3 model.
+    context_parallel_impl: "auto" | "ulysses" | "ring" for the self-attention when a mesh splits
+    the tokens over `context`; the cross-attention keeps the text K/V whole on every shard.
     remat: "none" | "full" | "dots" per block (layers.remat.REMAT_POLICIES).
     Parameter paths are diffusers module names ("blocks.3.attn1.to_q.kernel").
     """
 
     def __init__(self, config: dict, *, dtype=None, param_dtype=jnp.float32, rngs: nnx.Rngs,
-                 attention_impl="xla", remat: str = "none"):
+                 attention_impl="xla", remat: str = "none", context_parallel_impl="auto"):
         cfg = wan_config(config)
         self._config_items = tuple(sorted(cfg.items()))  # hashable: part of the static graph
         self.dtype = jnp.dtype(dtype or param_dtype)
@@ -115,7 +118,8 @@ class WanTransformer(nnx.Module):
         self.blocks = nnx.List([
             WanTransformerBlock(dim, cfg["ffn_dim"], heads, eps=cfg["eps"],
                                 cross_attn_norm=cfg["cross_attn_norm"],
-                                attention_impl=attention_impl, **kw)
+                                attention_impl=attention_impl,
+                                context_parallel_impl=context_parallel_impl, **kw)
             for _ in range(cfg["num_layers"])])
         self.norm_out = LayerNorm(dim, eps=cfg["eps"], affine=False)
         self.proj_out = Linear(dim, self.out_channels * math.prod(self.patch_size),

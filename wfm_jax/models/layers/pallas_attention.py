@@ -1,0 +1,46 @@
+"""The TPU kernel "auto" picks on TPU: JAX's Pallas flash attention
+(jax.experimental.pallas.ops.tpu.flash_attention), which keeps no S x S buffer either way.
+
+Kept deliberately thin: the kernel wants (B, N, S, H) and sequences in multiples of its 128-row
+blocks, so the sequences are padded and the padded keys put in another segment than every query
+(segment ids), the padded queries sliced off. Tested on CPU in Pallas' TPU interpret mode only;
+no TPU was at hand when it was written.
+"""
+from __future__ import annotations
+
+import math
+
+import jax.numpy as jnp
+
+TPU_BLOCK = 128
+
+
+def pallas_tpu_available() -> bool:
+    try:
+        import jax.experimental.pallas.ops.tpu.flash_attention  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _pad(x, n):
+    pad = -x.shape[1] % n
+    return jnp.pad(x, ((0, 0), (0, pad), (0, 0), (0, 0))) if pad else x
+
+
+def pallas_tpu_attention(q, k, v, kv_mask=None):
+    """(B, T, N, H) q, (B, S, N, H) k, v -> (B, T, N, H); keys where kv_mask (S,) is False are
+    ignored."""
+    from jax.experimental.pallas.ops.tpu.flash_attention import SegmentIds, flash_attention
+    b, t, _, h = q.shape
+    s = k.shape[1]
+    qp, kp, vp = (_pad(x, TPU_BLOCK).transpose(0, 2, 1, 3) for x in (q, k, v))
+    segments = None
+    if kv_mask is not None or kp.shape[2] != s:
+        valid = jnp.arange(kp.shape[2]) < s
+        if kv_mask is not None:
+            valid = valid & jnp.pad(kv_mask.astype(bool), (0, kp.shape[2] - s))
+        kv_seg = jnp.broadcast_to(jnp.where(valid, 0, 1).astype(jnp.int32), (b, kp.shape[2]))
+        segments = SegmentIds(q=jnp.zeros((b, qp.shape[2]), jnp.int32), kv=kv_seg)
+    out = flash_attention(qp, kp, vp, segment_ids=segments, sm_scale=1.0 / math.sqrt(h))
+    return out.transpose(0, 2, 1, 3)[:, :t]
