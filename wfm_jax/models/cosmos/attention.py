@@ -11,7 +11,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from wfm_jax.models.cosmos.rope import apply_rope
-from wfm_jax.models.layers.attention import dot_product_attention, resolve_attention_impl
+from wfm_jax.models.layers.attention import (check_context_parallel_impl, cross_attention,
+                                             dot_product_attention, resolve_attention_impl)
 from wfm_jax.models.layers.linear import Linear
 from wfm_jax.models.layers.norms import RMSNorm
 
@@ -21,7 +22,9 @@ QK_NORM_EPS = 1e-5  # diffusers Attention's default eps, which Cosmos keeps
 class CosmosAttention(nnx.Module):
     def __init__(self, dim: int, heads: int, head_dim: int, *, rngs: nnx.Rngs,
                  context_dim: int | None = None, dtype=None, param_dtype=jnp.float32,
-                 attention_impl="xla"):
+                 attention_impl="xla", context_parallel_impl="auto"):
+        check_context_parallel_impl(context_parallel_impl)
+        self.context_parallel_impl = context_parallel_impl
         self.heads, self.head_dim = heads, head_dim
         self.attention_impl = resolve_attention_impl(attention_impl, dtype or param_dtype,
                                                      head_dim)
@@ -45,5 +48,10 @@ class CosmosAttention(nnx.Module):
         q, k = self.norm_q(q), self.norm_k(k)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        out = dot_product_attention(q, k, v, implementation=self.attention_impl)
+        if context is None:  # the sequence may be split over `context`: Ulysses or the ring
+            out = dot_product_attention(q, k, v, implementation=self.attention_impl,
+                                        context_parallel=self.context_parallel_impl)
+        else:  # every shard holds the whole text: each attends its own queries
+            out = cross_attention(q, k, v, implementation=self.attention_impl,
+                                  context_parallel=self.context_parallel_impl)
         return self.to_out[0](out.reshape(*out.shape[:2], -1))

@@ -95,10 +95,12 @@ class CosmosTransformerBlock(nnx.Module):
     its own adaLN-LoRA norm."""
 
     def __init__(self, dim: int, heads: int, head_dim: int, context_dim: int, ffn_dim: int,
-                 lora_dim: int, *, rngs: nnx.Rngs, dtype, param_dtype, attention_impl):
+                 lora_dim: int, *, rngs: nnx.Rngs, dtype, param_dtype, attention_impl,
+                 context_parallel_impl="auto"):
         self.dtype = dtype
         norm = dict(rngs=rngs, param_dtype=param_dtype)
-        attn = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype, attention_impl=attention_impl)
+        attn = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype, attention_impl=attention_impl,
+                    context_parallel_impl=context_parallel_impl)
         self.norm1 = AdaLayerNormLoRA(dim, lora_dim, 3, **norm)
         self.attn1 = CosmosAttention(dim, heads, head_dim, **attn)
         self.norm2 = AdaLayerNormLoRA(dim, lora_dim, 3, **norm)

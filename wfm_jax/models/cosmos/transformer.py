@@ -91,12 +91,14 @@ class CosmosTransformer(nnx.Module):
 
     dtype: compute dtype (None: param_dtype); param_dtype: master weight dtype.
     attention_impl: "xla", "cudnn", "auto" or None, as for the SD3 and Wan models.
+    context_parallel_impl: "auto" | "ulysses" | "ring" for the self-attention when a mesh splits
+    the tokens over `context` (layers.context_parallel); cross-attention stays local.
     remat: "none" | "full" | "dots" per block (layers.remat.REMAT_POLICIES).
     Parameter paths are diffusers module names ("transformer_blocks.3.attn1.to_q.kernel").
     """
 
     def __init__(self, config: dict, *, dtype=None, param_dtype=jnp.float32, rngs: nnx.Rngs,
-                 attention_impl="xla", remat: str = "none"):
+                 attention_impl="xla", remat: str = "none", context_parallel_impl="auto"):
         cfg = cosmos_config(config)
         self._config_items = tuple(sorted(cfg.items()))  # hashable: part of the static graph
         self.dtype = jnp.dtype(dtype or param_dtype)
@@ -117,7 +119,8 @@ class CosmosTransformer(nnx.Module):
         self.transformer_blocks = nnx.List([
             CosmosTransformerBlock(dim, heads, head_dim, cfg["text_embed_dim"],
                                    int(dim * cfg["mlp_ratio"]), cfg["adaln_lora_dim"],
-                                   attention_impl=attention_impl, **kw)
+                                   attention_impl=attention_impl,
+                                   context_parallel_impl=context_parallel_impl, **kw)
             for _ in range(cfg["num_layers"])])
         self.norm_out = AdaLayerNormLoRA(dim, cfg["adaln_lora_dim"], 2, rngs=rngs,
                                          param_dtype=param_dtype)

@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from wfm_jax.models.layers.attention import check_context_parallel_impl
 from wfm_jax import mesh
 from wfm_jax.models.layers.linear import Linear, param
 from wfm_jax.models.layers.norms import LayerNorm
@@ -159,7 +160,10 @@ class SanaTransformer(SanaBase):
     """SANA1.5 velocity model: (B, C, H, W) latents -> (B, C_out, H, W) in the compute dtype."""
 
     def __init__(self, config: dict, *, dtype=None, param_dtype=jnp.float32, rngs: nnx.Rngs,
-                 attention_impl="xla", remat: str = "none"):
+                 attention_impl="xla", remat: str = "none", context_parallel_impl="auto"):
+        # linear attention splits over `context` with one psum of its K.V state, never Ulysses or
+        # a ring: the option is accepted (one recipe key for every family) and only checked
+        check_context_parallel_impl(context_parallel_impl)
         cfg = sana_config(config)
         super().__init__(cfg, dtype=dtype, param_dtype=param_dtype, rngs=rngs,
                          attention_impl=attention_impl, remat=remat)

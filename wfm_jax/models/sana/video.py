@@ -9,6 +9,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from flax import nnx
 
+from wfm_jax.models.layers.attention import check_context_parallel_impl
 from wfm_jax.models.sana.transformer import DEFAULTS as DEFAULTS_2D
 from wfm_jax.models.sana.transformer import SanaBase, complete_config
 from wfm_jax.models.wan.embeddings import PatchEmbed3D
@@ -39,7 +40,10 @@ class SanaVideoTransformer(SanaBase):
     video = True
 
     def __init__(self, config: dict, *, dtype=None, param_dtype=jnp.float32, rngs: nnx.Rngs,
-                 attention_impl="xla", remat: str = "none"):
+                 attention_impl="xla", remat: str = "none", context_parallel_impl="auto"):
+        # linear attention splits over `context` with one psum of its K.V state, never Ulysses or
+        # a ring: the option is accepted (one recipe key for every family) and only checked
+        check_context_parallel_impl(context_parallel_impl)
         cfg = sana_video_config(config)
         super().__init__(cfg, dtype=dtype, param_dtype=param_dtype, rngs=rngs,
                          attention_impl=attention_impl, remat=remat)
