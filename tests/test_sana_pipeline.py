@@ -106,14 +106,14 @@ def _diffusers_images(torch_pipe, latents, guidance, chi):
                           ).images
 
 
-@pytest.mark.parametrize("guidance", [1.0, 4.5], ids=["cfg_off", "cfg_on"])
-def test_whole_pipeline_matches_diffusers(torch_pipe, pipe, guidance):
+@pytest.mark.parametrize("guidance,chi", [(1.0, True), (4.5, False), (4.5, True)],
+                         ids=["cfg_off", "cfg_on", "cfg_on_instruction"])
+def test_whole_pipeline_matches_diffusers(torch_pipe, pipe, guidance, chi):
     """generate (DPM-Solver++ from the family's schedule, text mask on cross-attention) from
-    given latents. With CFG on the instruction is off: diffusers encodes the negative prompt
-    without it, which the generic interface does not distinguish (see the pipeline module)."""
+    given latents. The negative prompt is encoded without the instruction, as diffusers does
+    (family.tokenize_negative), so CFG with the instruction on matches too."""
     latents = np.random.default_rng(1).standard_normal(pipe.latent_shape(2, 32, 32),
                                                        ).astype(np.float32)
-    chi = guidance == 1.0
     pipe.instruction = IMAGE_INSTRUCTION if chi else ()
     try:
         got = generate(pipe, PROMPTS, steps=3, guidance=guidance, height=32, width=32,
@@ -124,7 +124,7 @@ def test_whole_pipeline_matches_diffusers(torch_pipe, pipe, guidance):
     assert got.shape == want.shape == (2, 32, 32, 3)
     np.testing.assert_allclose(got, want, rtol=0, atol=PIPELINE_ATOL)
     if guidance > 1:  # guidance and the negative branch matter
-        assert np.abs(_diffusers_images(torch_pipe, latents, 1.0, False) - want).max() > 1e-3
+        assert np.abs(_diffusers_images(torch_pipe, latents, 1.0, chi) - want).max() > 1e-3
 
 
 @pytest.mark.slow  # two compilations of the whole pipeline: ~20 s on 2 cores

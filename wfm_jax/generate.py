@@ -41,10 +41,11 @@ from wfm_jax.train.encode import TextEncoder
 SAMPLERS = ("euler", "unipc", "dpm_solver")
 
 
-def encode_prompts(pipe, prompts: Sequence[str], max_sequence_length: int) -> dict:
-    """The family's conditioning dict for `prompts`."""
+def encode_prompts(pipe, prompts: Sequence[str], max_sequence_length: int,
+                   negative: bool = False) -> dict:
+    """The family's conditioning dict for `prompts` (negative: CFG's unconditional branch)."""
     encoder = TextEncoder(pipe, max_sequence_length)
-    return encoder({k: jnp.asarray(v) for k, v in encoder.tokenize(prompts).items()})
+    return encoder({k: jnp.asarray(v) for k, v in encoder.tokenize(prompts, negative).items()})
 
 
 def schedule(pipe, sampler: str, steps: int):
@@ -90,8 +91,8 @@ def generate(pipe, prompts: Sequence[str], *, steps: int, guidance: float, heigh
     cond = {**encode_prompts(pipe, prompts, max_sequence_length), **extra}
     uncond = None
     if guidance > 1:  # diffusers: do_classifier_free_guidance = guidance_scale > 1
-        uncond = {**encode_prompts(pipe, [negative_prompt] * len(prompts), max_sequence_length),
-                  **extra}
+        uncond = {**encode_prompts(pipe, [negative_prompt] * len(prompts), max_sequence_length,
+                                   negative=True), **extra}
     sigmas, timesteps = schedule(pipe, sampler, steps)
 
     @mesh_jit(mesh=mesh_of(state))

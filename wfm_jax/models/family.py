@@ -202,6 +202,12 @@ class PipelineFamily(abc.ABC):
     def tokenize(self, prompts: Sequence[str], max_sequence_length: int) -> dict[str, np.ndarray]:
         """Host int arrays (ids, masks) per text encoder, padded as diffusers pads."""
 
+    def tokenize_negative(self, prompts: Sequence[str],
+                          max_sequence_length: int) -> dict[str, np.ndarray]:
+        """Ids of negative (unconditional) prompts, as the family's diffusers pipeline tokenises
+        them (SANA: without its instruction prefix). Default: as `tokenize`."""
+        return self.tokenize(prompts, max_sequence_length)
+
     @abc.abstractmethod
     def encode_text_with(self, text_encoders, ids: Mapping[str, Any],
                          max_sequence_length: int) -> dict[str, jax.Array]:

@@ -89,8 +89,11 @@ class TextEncoder:
         graphdef, self.state = nnx.split(list(pipe.text_encoders))
         self._encode = _text_fn(pipe, graphdef, self.max_len, out_sharding)
 
-    def tokenize(self, prompts: Sequence[str]) -> dict:
-        """Host int ids per encoder (this process's prompts)."""
+    def tokenize(self, prompts: Sequence[str], negative: bool = False) -> dict:
+        """Host int ids per encoder (this process's prompts); negative: the unconditional
+        branch's prompts (family.tokenize_negative)."""
+        if negative:
+            return self.pipe.tokenize_negative(list(prompts), self.max_len)
         return self.pipe.tokenize(list(prompts), self.max_len)
 
     def __call__(self, ids: dict) -> dict:

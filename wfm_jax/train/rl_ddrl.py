@@ -171,7 +171,7 @@ class DDRL:
         if self.data_beta:
             from wfm_jax.train.encode import VisualEncoder
             self._encoder = VisualEncoder(run.setup.pipe, out_sharding=run.setup.batch_sharding())
-        return {"uncond": run.encode([""] * run.rollout_chunk)} if self.guidance > 1 else {}
+        return {"uncond": run.encode([""] * run.rollout_chunk, negative=True)} if self.guidance > 1 else {}
 
     def chunk_inputs(self, run, batch: dict, lo: int, hi: int) -> dict:
         """The clean latents of the chunk's data items (same VAE draw for a whole group)."""

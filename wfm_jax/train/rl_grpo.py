@@ -128,7 +128,7 @@ class GRPO:
         embedding for CFG (one rollout chunk / micro-batch of rows)."""
         if self.guidance <= 1.0:
             return {}
-        return {"uncond": run.encode([""] * run.rollout_chunk)}
+        return {"uncond": run.encode([""] * run.rollout_chunk, negative=True)}
 
     # -- rollout --
     def rollout(self, velocity: Velocity, state, latents, cond, key, uncond=None) -> dict:

@@ -129,8 +129,9 @@ class RLRun:
         return int(self.config.validation.freq)
 
     # -- model calls --
-    def encode(self, prompts) -> dict:
-        ids = self.setup.global_batch(self.text_encoder.tokenize(prompts))
+    def encode(self, prompts, negative: bool = False) -> dict:
+        """The conditioning of `prompts` (negative: of CFG's unconditional branch)."""
+        ids = self.setup.global_batch(self.text_encoder.tokenize(prompts, negative))
         return self.text_encoder(ids)
 
     def initial_latents(self, key, n: int):
@@ -156,7 +157,7 @@ class RLRun:
     def _uncond(self, n: int):
         if float(self.config.policy.diffusers.sample.guidance_scale) <= 1.0:
             return None
-        return self.encode([""] * n)
+        return self.encode([""] * n, negative=True)
 
     def update(self, state, rollout: dict, adv: np.ndarray, key, step: int):
         data = {name: rollout[name] for name in self.algo.train_fields}

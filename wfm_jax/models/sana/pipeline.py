@@ -18,7 +18,8 @@ Sizes must be multiples of 32 (diffusers' check_inputs, whatever the VAE factor)
 
 The instruction is applied by `tokenize`, the one place every caller (generate, training,
 rollouts, validation) goes through, so all of them see the same text. diffusers encodes the
-negative prompt without it; `tokenize(..., instruction=())` gives that encoding.
+negative prompt without it: `tokenize_negative` (what generate and the trainers call for CFG's
+unconditional branch) gives that encoding.
 """
 from __future__ import annotations
 
@@ -179,6 +180,11 @@ class SanaFamily(PipelineFamily):
                              return_tensors="np")
         return {"input_ids": np.asarray(out["input_ids"], np.int32),
                 "attention_mask": np.asarray(out["attention_mask"], np.int32)}
+
+    def tokenize_negative(self, prompts: Sequence[str],
+                          max_sequence_length: int = DEFAULT_MAX_SEQUENCE_LENGTH) -> dict:
+        """diffusers encodes the negative prompt without the instruction."""
+        return self.tokenize(prompts, max_sequence_length, instruction=())
 
     def encode_text_with(self, text_encoders, ids: Mapping,
                          max_sequence_length: int = DEFAULT_MAX_SEQUENCE_LENGTH) -> dict:
