@@ -35,7 +35,8 @@ from wfm_jax.models.cosmos import text_embedding as te
 from wfm_jax.models.family import (PipelineError, PipelineFamily, component_present,
                                    read_model_index, register_family)
 from wfm_jax.models.loading import load_model, read_json
-from wfm_jax.models.wan.vae import as_config, scale_latents, unscale_latents
+from wfm_jax.models.wan.vae import as_config
+from wfm_jax.models.wan.video_latents import WanVideoLatents
 
 COND_KEY = "encoder_hidden_states"
 FRAME_KEYS = ("cond_latents", "cond_mask")  # present together or not at all
@@ -66,7 +67,7 @@ def karras_flow_sigmas(num_steps: int, sigma_min: float, sigma_max: float) -> np
 
 
 @register_family
-class CosmosPipeline(PipelineFamily):
+class CosmosPipeline(WanVideoLatents, PipelineFamily):
     pipeline_class = "Cosmos2_5_PredictBasePipeline"
     family = "cosmos"
     display_name = "Cosmos"
@@ -268,22 +269,3 @@ class CosmosPipeline(PipelineFamily):
         mask = jnp.broadcast_to(mask.reshape(1, 1, t_lat, 1, 1), (b, 1, t_lat, 1, 1))
         return {"cond_latents": c, "cond_mask": mask,
                 "cond_velocity": (jnp.asarray(latents, jnp.float32) - c) * mask}
-
-    # ------------------------------------------------------------------ VAE
-    def posterior_with(self, vae, pixels) -> tuple[jax.Array, jax.Array]:
-        """(B, T, H, W, 3) in [-1, 1], T = 4k+1 -> posterior (mean, std), (B, z, k+1, h, w)."""
-        if pixels.ndim != 5 or pixels.shape[-1] != 3:
-            raise ValueError(f"Cosmos encodes video (batch, frames, height, width, 3); got "
-                             f"{tuple(pixels.shape)}")
-        dist = vae.encode(jnp.moveaxis(jnp.asarray(pixels), -1, 1))
-        return dist.mean, dist.std
-
-    def normalize_latents(self, z: jax.Array) -> jax.Array:
-        return scale_latents(z, self.vae_config)
-
-    def decode_with(self, vae, latents) -> jax.Array:
-        """Normalised latents (B, C, T', h, w) -> (B, 4T'-3, H, W, 3) in [0, 1], as the pipeline
-        with output_type="np" (4k+1 frames: its _match_num_frames leaves them alone)."""
-        video = vae.decode(unscale_latents(latents, self.vae_config))
-        video = jnp.clip(video.astype(jnp.float32) / 2 + 0.5, 0.0, 1.0)
-        return jnp.transpose(video, (0, 2, 3, 4, 1))

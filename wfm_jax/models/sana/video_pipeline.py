@@ -14,12 +14,10 @@ from __future__ import annotations
 
 import math
 
-import jax
-import jax.numpy as jnp
-
 from wfm_jax.models.family import PipelineError, register_family
 from wfm_jax.models.sana.pipeline import SIZE_MULTIPLE, SanaFamily
-from wfm_jax.models.wan.vae import as_config, scale_latents, unscale_latents
+from wfm_jax.models.wan.vae import as_config
+from wfm_jax.models.wan.video_latents import WanVideoLatents
 
 # SanaVideoPipeline.__call__'s complex_human_instruction default
 VIDEO_INSTRUCTION = (
@@ -45,7 +43,7 @@ VIDEO_INSTRUCTION = (
 
 
 @register_family
-class SanaVideoPipeline(SanaFamily):
+class SanaVideoPipeline(WanVideoLatents, SanaFamily):
     pipeline_class = "SanaVideoPipeline"
     family = "sana_video"
     is_video = True
@@ -87,21 +85,3 @@ class SanaVideoPipeline(SanaFamily):
             raise ValueError(f"{frames}x{height}x{width} gives a patch grid {grid}; this model's "
                              f"rotary table covers at most {most} per axis (rope_max_seq_len)")
         return (batch, int(self.transformer_config["in_channels"]), t, height // f, width // f)
-
-    # ------------------------------------------------------------------ VAE
-    def posterior_with(self, vae, pixels) -> tuple[jax.Array, jax.Array]:
-        """(B, T, H, W, 3) in [-1, 1], T = 4k+1 -> the Wan posterior (mean, std)."""
-        if pixels.ndim != 5 or pixels.shape[-1] != 3:
-            raise ValueError(f"SANA-Video encodes video (batch, frames, height, width, 3); got "
-                             f"{tuple(pixels.shape)}")
-        dist = vae.encode(jnp.moveaxis(jnp.asarray(pixels), -1, 1))
-        return dist.mean, dist.std
-
-    def normalize_latents(self, z: jax.Array) -> jax.Array:
-        return scale_latents(z, self.vae_config)
-
-    def decode_with(self, vae, latents) -> jax.Array:
-        """Normalised latents (B, C, T', h, w) -> (B, 4T'-3, H, W, 3) in [0, 1]."""
-        video = vae.decode(unscale_latents(latents, self.vae_config))
-        video = jnp.clip(video.astype(jnp.float32) / 2 + 0.5, 0.0, 1.0)
-        return jnp.transpose(video, (0, 2, 3, 4, 1))

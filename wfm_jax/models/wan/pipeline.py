@@ -25,7 +25,8 @@ import numpy as np
 from wfm_jax.models.family import (PipelineError, PipelineFamily, component_present,
                                    read_model_index, register_family)
 from wfm_jax.models.loading import load_model, read_json
-from wfm_jax.models.wan.vae import as_config, scale_latents, unscale_latents
+from wfm_jax.models.wan.vae import as_config
+from wfm_jax.models.wan.video_latents import WanVideoLatents
 
 DEFAULT_MAX_SEQUENCE_LENGTH = 512  # WanPipeline.__call__'s default
 _REQUIRED = ("transformer", "vae", "scheduler", "text_encoder", "tokenizer")
@@ -62,7 +63,7 @@ def _refuse_wan22(info: Mapping, directory: str) -> None:
 
 
 @register_family
-class WanPipeline(PipelineFamily):
+class WanPipeline(WanVideoLatents, PipelineFamily):
     pipeline_class = "WanPipeline"
     family = "wan"
     display_name = "Wan"
@@ -205,22 +206,3 @@ class WanPipeline(PipelineFamily):
     def velocity_with(self, transformer, latents, timesteps, cond: Mapping) -> jax.Array:
         """The DiT on (B, C, T, h, w) latents; timesteps (B,) 1000 sigma, fed unchanged."""
         return transformer(latents, timesteps, cond[COND_KEY])
-
-    # ------------------------------------------------------------------ VAE
-    def posterior_with(self, vae, pixels) -> tuple[jax.Array, jax.Array]:
-        """(B, T, H, W, 3) in [-1, 1], T = 4k+1 -> posterior (mean, std), (B, z, k+1, h, w)."""
-        if pixels.ndim != 5 or pixels.shape[-1] != 3:
-            raise ValueError(f"Wan encodes video (batch, frames, height, width, 3); got "
-                             f"{tuple(pixels.shape)}")
-        dist = vae.encode(jnp.moveaxis(jnp.asarray(pixels), -1, 1))
-        return dist.mean, dist.std
-
-    def normalize_latents(self, z: jax.Array) -> jax.Array:
-        return scale_latents(z, self.vae_config)
-
-    def decode_with(self, vae, latents) -> jax.Array:
-        """Normalised latents (B, C, T', h, w) -> (B, 4T'-3, H, W, 3) in [0, 1], as
-        WanPipeline(output_type="np"): VideoProcessor's (x / 2 + 0.5).clamp(0, 1)."""
-        video = vae.decode(unscale_latents(latents, self.vae_config))
-        video = jnp.clip(video.astype(jnp.float32) / 2 + 0.5, 0.0, 1.0)
-        return jnp.transpose(video, (0, 2, 3, 4, 1))
