@@ -73,8 +73,8 @@ def test_tiny_wan_sft_loss_falls_and_the_export_loads_in_diffusers(wan_dir, tmp_
     assert np.isfinite(loss).all()
     assert loss[-5:].mean() < loss[:5].mean(), loss
     export = out / "safetensors" / "step_20"
-    pipe = WanPipeline.from_pretrained(str(export), torch_dtype=torch.float32)
-    base = WanPipeline.from_pretrained(wan_dir, torch_dtype=torch.float32)
+    pipe = WanPipeline.from_pretrained(str(export), dtype=torch.float32)
+    base = WanPipeline.from_pretrained(wan_dir, dtype=torch.float32)
     trained = dict(pipe.transformer.named_parameters())
     initial = dict(base.transformer.named_parameters())
     assert trained.keys() == initial.keys()
@@ -89,15 +89,18 @@ def test_tiny_wan_sft_loss_falls_and_the_export_loads_in_diffusers(wan_dir, tmp_
 def test_tiny_wan_nft_reward_rises_through_the_server_as_video(wan_dir, tmp_path):
     out = tmp_path / "nft"
     with _server() as srv:
-        assert _nft(wan_dir, out, 10, *_remote(srv.url, "pixels"),
-                    "--config.validation.freq=10") == 0
+        assert _nft(wan_dir, out, 20, *_remote(srv.url, "pixels"),
+                    "--config.validation.freq=20") == 0
     m = _metrics(out)
-    assert sorted(m) == list(range(1, 11))
-    rewards = np.array([m[s]["train/reward_mean"] for s in range(1, 11)])
-    assert np.isfinite(rewards).all()
-    assert rewards[-5:].mean() > rewards[:5].mean(), rewards
-    assert np.isfinite(m[10]["val/reward_mean"])
-    mp4 = out / "validation" / "step_10.mp4"
+    assert sorted(m) == list(range(1, 21))
+    rewards = np.array([m[s]["train/reward_mean"] for s in range(1, 21)])
+    first, last = rewards[:5], rewards[-5:]
+    # "clearly above": the gain exceeds 3 standard errors of the two 5-step means (measured:
+    # -2.551e-3 -> -2.506e-3, 12 standard errors, seed 0, 8 devices)
+    se = np.sqrt(first.var(ddof=1) / 5 + last.var(ddof=1) / 5)
+    assert last.mean() - first.mean() > 3 * se, (first, last)
+    assert np.isfinite(m[20]["val/reward_mean"])
+    mp4 = out / "validation" / "step_20.mp4"
     assert mp4.is_file() and mp4.stat().st_size > 0
 
 
