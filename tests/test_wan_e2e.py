@@ -86,7 +86,17 @@ def test_tiny_wan_sft_loss_falls_and_the_export_loads_in_diffusers(wan_dir, tmp_
 
 
 @pytest.mark.slow
-def test_tiny_wan_nft_reward_rises_through_the_server_as_video(wan_dir, tmp_path):
+def test_tiny_wan_nft_reward_rises_through_the_server_as_video(wan_dir, tmp_path, monkeypatch):
+    from wfm_jax.train import rl_setup
+
+    methods = []  # what validation samples with: Wan's UniPC on its own timesteps, not Euler
+
+    def recording(*args, method, timesteps, **kw):
+        methods.append((method, timesteps is not None))
+        return sample(*args, method=method, timesteps=timesteps, **kw)
+
+    sample = rl_setup.sample
+    monkeypatch.setattr(rl_setup, "sample", recording)
     out = tmp_path / "nft"
     with _server() as srv:
         assert _nft(wan_dir, out, 20, *_remote(srv.url, "pixels"),
@@ -100,6 +110,7 @@ def test_tiny_wan_nft_reward_rises_through_the_server_as_video(wan_dir, tmp_path
     se = np.sqrt(first.var(ddof=1) / 5 + last.var(ddof=1) / 5)
     assert last.mean() - first.mean() > 3 * se, (first, last)
     assert np.isfinite(m[20]["val/reward_mean"])
+    assert methods and set(methods) == {("unipc", True)}  # traced by the evaluation jit
     mp4 = out / "validation" / "step_20.mp4"
     assert mp4.is_file() and mp4.stat().st_size > 0
 
