@@ -107,8 +107,9 @@ def advantages_for(run, rollout: dict, batch: dict) -> tuple[np.ndarray, dict]:
 
 
 def validate(run, state, step: int) -> dict:
-    """Euler ODE (eval_num_steps) on the validation prompts with the evaluation weights; a
-    captioned grid (PNG for images, mp4 for videos) in output_dir and in wandb."""
+    """The family's deterministic sampler (eval_num_steps) on the validation prompts with the
+    evaluation weights; a captioned grid (PNG for images, mp4 for videos) in output_dir and in
+    wandb."""
     rewards, images, prompts, extra = [], [], [], {}
     for batch in run.validation_batches():
         rows = list(batch["prompt"])
@@ -128,7 +129,7 @@ def validate(run, state, step: int) -> dict:
         return {}
     rewards = np.concatenate(rewards)
     write_validation(np.concatenate(images), prompts, rewards, f"{run.output_dir}/validation",
-                     step, logger=run.logger)
+                     step, fps=run.setup.pipe.default_fps, logger=run.logger)
     metrics = _stats("val/reward", rewards)
     metrics.update({f"val/reward_{k}_mean": float(np.nanmean(np.concatenate(v)))
                     for k, v in extra.items()})

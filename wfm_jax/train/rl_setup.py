@@ -21,7 +21,6 @@ from wfm_jax.data.loader import process_shard
 from wfm_jax.data.prompts import prompt_splits_from_config
 from wfm_jax.mesh import mesh_jit, mesh_size_for
 from wfm_jax.sampling.samplers import sample
-from wfm_jax.sampling.schedule import flow_sigmas
 from wfm_jax.train import setup as train_setup
 from wfm_jax.train.ema import ema_update
 from wfm_jax.train.encode import TextEncoder
@@ -216,8 +215,11 @@ def _compile(run: RLRun) -> dict:
     graphdef, vae_def = s.graphdef, nnx.graphdef(s.pipe.vae)
     family = s.pipe.shell()
     train = cfg.train
-    eval_sigmas = jnp.asarray(flow_sigmas(cfg.policy.diffusers.sample.eval_num_steps,
-                                          s.pipe.shift)[0])
+    # evaluation samples as the family's diffusers pipeline does (SD3: Euler; Wan: UniPC)
+    eval_method = s.pipe.default_solver
+    eval_sigmas, eval_timesteps = s.pipe.sampler_schedule(
+        int(cfg.policy.diffusers.sample.eval_num_steps))
+    eval_sigmas = jnp.asarray(eval_sigmas, jnp.float32)
     guidance = float(cfg.policy.diffusers.sample.guidance_scale)
 
     def decode(vae_state, latents):
@@ -239,8 +241,8 @@ def _compile(run: RLRun) -> dict:
         params = state.params if state.ema is None else state.ema
         velocity = make_velocity(graphdef, frozen, family)
         out = sample(lambda x, t, c: velocity(params, x, t, c), latents, eval_sigmas,
-                     method="euler", cond=cond, uncond=uncond, cfg_scale=guidance,
-                     guide=family.guide)
+                     method=eval_method, cond=cond, uncond=uncond, cfg_scale=guidance,
+                     timesteps=eval_timesteps, guide=family.guide)
         return out.latents, decode(vae_state, out.latents)  # latents: media_type "latent"
 
     n_micro, n_epochs = run.micro_batches, run.mu_iterations
