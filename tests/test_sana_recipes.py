@@ -88,3 +88,38 @@ def test_tiny_recipe_builds_a_sana_pipeline(name, tmp_path, capsys):
 def test_dpm_solver_is_refused_for_grpo():
     with pytest.raises(cfg.ConfigError, match="Flow-GRPO samples with one of"):
         _load("tiny_sana_nft", [("train.train_policy.type", "grpo")])
+
+
+def test_nft_rolls_out_with_sanas_dpm_solver():
+    # SANA's scheduler as NFT's rollout solver: DPM-Solver++ on its own sigma grid, fed
+    # diffusers' truncated timesteps (as SanaPipeline.sampler_schedule gives); the update keeps
+    # the flow grid
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from wfm_jax.sampling.dpm_solver import dpm_solver_flow_schedule
+    from wfm_jax.sampling.samplers import sample
+    from wfm_jax.sampling.schedule import flow_sigmas
+    from wfm_jax.train.rl_nft import NFT
+
+    config = _load("tiny_sana_nft", [("policy.diffusers.sample.num_steps", "4")])
+    algo = NFT(config, 3.0)
+
+    def velocity(params, x, t, cond):
+        return params * x + cond * t[:, None, None, None] / 1000.0
+
+    latents = jax.random.normal(jax.random.key(0), (2, 2, 4, 4))
+    state = type("S", (), {"aux": {"old": jnp.float32(0.3)}})()
+    cond = jnp.ones((2, 1, 1, 1))
+    got = algo.rollout(velocity, state, latents, cond, None)["x0"]
+    sigmas, timesteps = dpm_solver_flow_schedule(4, 3.0)
+    want = sample(lambda x, t, c: velocity(0.3, x, t, c), latents, sigmas, method="dpm_solver",
+                  cond=cond, timesteps=timesteps).latents
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    np.testing.assert_array_equal(np.asarray(algo.rollout_sigmas), sigmas)
+    np.testing.assert_array_equal(np.asarray(algo.rollout_timesteps), timesteps)
+    np.testing.assert_array_equal(np.asarray(algo.sigmas), flow_sigmas(4, 3.0)[0])
+    euler = sample(lambda x, t, c: velocity(0.3, x, t, c), latents, algo.sigmas, method="euler",
+                   cond=cond).latents
+    assert np.abs(np.asarray(got) - np.asarray(euler)).max() > 1e-3
