@@ -60,13 +60,35 @@ def test_tiny_sana_video_nft_runs_with_validation(tmp_path):
     from wfm_jax.tiny import build_tiny_pipeline
     pipe = build_tiny_pipeline(str(tmp_path / "pipe"), family="sana_video")
     out, steps = tmp_path / "nft", 4
-    assert wmain.main(_nft_argv("tiny_sana_video_nft.py", pipe, out, steps)) == 0
+    # rollouts sample train_frames (5), validation inference_frames (the recipe's 9)
+    assert wmain.main(_nft_argv("tiny_sana_video_nft.py", pipe, out, steps,
+                                "--config.policy.diffusers.train_frames=5")) == 0
     m = _metrics(out)
     assert sorted(m) == list(range(1, steps + 1))
     for key in ("train/reward_mean", "train/loss", "train/grad_norm"):
         assert all(np.isfinite(m[s][key]) for s in m), key
     assert "val/reward_mean" in m[steps]
     assert os.path.isfile(out / "validation" / f"step_{steps}.mp4")
+
+
+def test_rollouts_sample_train_frames_and_validation_inference_frames(tmp_path):
+    from types import SimpleNamespace
+
+    from wfm_jax.models import family as family_lib
+    from wfm_jax.tiny import build_tiny_pipeline
+    from wfm_jax.train import setup as setup_lib
+    from wfm_jax.train.rl_setup import RLRun
+
+    config = load_config(os.path.join(CONFIGS, "tiny_sana_video_nft.py"),
+                         [("policy.diffusers.train_frames", "5")])
+    pipe = family_lib.load_pipeline(build_tiny_pipeline(str(tmp_path / "p"),
+                                                        family="sana_video"), family="sana_video")
+    mesh = setup_lib.build_mesh(config)
+    run = SimpleNamespace(config=config, setup=SimpleNamespace(
+        pipe=pipe, batch_sharding=lambda: setup_lib.batch_sharding(mesh)))
+    rollout = RLRun.initial_latents(run, jax.random.key(0), 8)
+    evaluation = RLRun.initial_latents(run, jax.random.key(0), 8, evaluation=True)
+    assert rollout.shape == (8, 4, 2, 4, 4) and evaluation.shape == (8, 4, 3, 4, 4)
 
 
 def _sft_config(pipe, shapes, out, steps):
