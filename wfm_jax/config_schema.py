@@ -23,6 +23,10 @@ SD3_LORA_TARGETS = (
 # Wan2.1 (no cosmos-rl recipe exists): the analogue of its Cosmos-Predict2.5 NFT list, the self-
 # and cross-attention projections and both FFN linears (spec video_models.md §5.5)
 WAN_LORA_TARGETS = ("to_q", "to_k", "to_v", "to_out.0", "ffn.net.0.proj", "ffn.net.2")
+# SANA1.5 and SANA-Video: cosmos-rl's configs/sana/*-lora.toml and *-nft.toml (r 4, alpha 4):
+# the linear self-attention (attn1) and the cross-attention (attn2) projections, no FFN
+SANA_LORA_TARGETS = ("attn1.to_q", "attn1.to_k", "attn1.to_v", "attn1.to_out.0",
+                     "attn2.to_q", "attn2.to_k", "attn2.to_v", "attn2.to_out.0")
 
 DEFAULTS = {
     "train": {
@@ -215,9 +219,10 @@ CHOICES = {
     "policy.diffusers.weighting_scheme": ("logit_normal", "mode", "uniform", "none", "sigma_sqrt",
                                           "cosmap"),
     "policy.diffusers.weight_copy_decay_type": (0, 1, 2),
-    # unipc: NFT's rollout only (Wan's scheduler); Flow-GRPO and DDRL check their own below
+    # unipc, dpm_solver: NFT's rollout only (Wan's and SANA's schedulers, on their own grids);
+    # Flow-GRPO and DDRL check their own below
     "policy.diffusers.sample.solver": ("flow", "euler", "sde", "cps", "dance", "ddim", "dpm1", "dpm2",
-                                       "edm", "unipc"),
+                                       "edm", "unipc", "dpm_solver"),
     "policy.remat": ("none", "full", "dots"),
     "policy.attention_impl": ("auto", "xla", "cudnn", "blockwise", "pallas"),
     "policy.context_parallel_impl": ("auto", "ulysses", "ring"),

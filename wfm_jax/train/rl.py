@@ -114,7 +114,7 @@ def validate(run, state, step: int) -> dict:
     for batch in run.validation_batches():
         rows = list(batch["prompt"])
         cond = run.encode(rows)
-        latents = run.initial_latents(jax.random.key(run.seed + 1), len(rows))
+        latents = run.initial_latents(jax.random.key(run.seed + 1), len(rows), evaluation=True)
         final, pixels = run.evaluate(state, latents, cond)
         imgs = to_uint8(np.asarray(jax.device_get(pixels)))
         media, media_type = reward_media(run.rewards.media_type, imgs, final)

@@ -78,13 +78,16 @@ class NFT:
         tp = config.train.train_policy
         self.solver = {"flow": "euler", "dpm1": "euler"}.get(d.sample.solver, d.sample.solver)
         self.sigmas = jnp.asarray(flow_sigmas(d.sample.num_steps, shift)[0])
-        # the rollout's grid: UniPC (Wan's sampler) steps on its scheduler's sigmas and feeds
-        # the model diffusers' truncated timesteps; the training timesteps stay the flow grid
+        # the rollout's grid: UniPC (Wan's sampler) and DPM-Solver++ (SANA's) step on their
+        # scheduler's sigmas and feed the model diffusers' truncated timesteps; the training
+        # timesteps stay the flow grid at 1000 sigma (what every family's velocity_with takes)
         self.rollout_sigmas, self.rollout_timesteps = self.sigmas, None
-        if self.solver == "unipc":
+        if self.solver in ("unipc", "dpm_solver"):
+            from wfm_jax.sampling.dpm_solver import dpm_solver_flow_schedule
             from wfm_jax.sampling.schedule import unipc_flow_schedule
-            self.rollout_sigmas, self.rollout_timesteps = (
-                jnp.asarray(a) for a in unipc_flow_schedule(d.sample.num_steps, shift))
+            grid = {"unipc": unipc_flow_schedule, "dpm_solver": dpm_solver_flow_schedule}[
+                self.solver](d.sample.num_steps, shift)
+            self.rollout_sigmas, self.rollout_timesteps = (jnp.asarray(a) for a in grid)
         self.num_train = max(1, trained_step_count(d.sample.num_steps, tp.timesteps_fraction))
         self.beta = float(d.nft_beta)
         self.kl_weight = float(tp.kl_beta)

@@ -133,10 +133,14 @@ class RLRun:
         ids = self.setup.global_batch(self.text_encoder.tokenize(prompts, negative))
         return self.text_encoder(ids)
 
-    def initial_latents(self, key, n: int):
+    def initial_latents(self, key, n: int, evaluation: bool = False):
+        """Noise for n rows: rollouts (training data) have train_frames frames, validation
+        samples inference_frames (video families; cosmos-rl's SANA-Video rollout ignored
+        train_frames and always sampled 81)."""
         d = self.config.policy.diffusers
         h, w = d.inference_size
-        shape = self.setup.pipe.latent_shape(n, int(h), int(w), frames=int(d.inference_frames))
+        frames = d.inference_frames if evaluation else d.train_frames
+        shape = self.setup.pipe.latent_shape(n, int(h), int(w), frames=int(frames))
         return _normal(key, shape, self.setup.batch_sharding())
 
     def rollout(self, state, latents, cond, key, inputs: dict | None = None):

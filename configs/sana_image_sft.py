@@ -1,0 +1,55 @@
+"""Full fine-tune of SANA1.5 1.6B on your own images (rectified-flow SFT): cosmos-rl's
+configs/sana/sana-image-sft.toml.
+
+    huggingface-cli download Efficient-Large-Model/SANA1.5_1.6B_1024px_diffusers \
+        --local-dir Efficient-Large-Model/SANA1.5_1.6B_1024px_diffusers
+    python -m wfm_jax.main --config configs/sana_image_sft.py \
+        --config.train.train_policy.dataset.local_dir=/path/to/images   # X.json + X.jpg|png
+
+cosmos-rl's values: AdamW lr 1e-4, weight decay 0.01, eps 1e-5, no warmup, clip 1.0; one image
+per replica on dp_shard_size 8 (global batch 8), logit-normal timesteps, 1024x1024, 300 prompt
+tokens; checkpoints every 30 steps; its validation samples at guidance 4.5 / 50 steps (kept in
+sample.*). It keeps bf16 parameters; here fp32 master weights and bf16 compute (as sd35_sft).
+Unlike cosmos-rl, the text goes through SANA's complex-human-instruction prefix in training as in validation, and the
+Gemma mask reaches the cross-attention (spec video_models.md §5.3).
+"""
+from wfm_jax.config_schema import default_config
+
+
+def get_config():
+    c = default_config()
+    c.train.output_dir = "./outputs/sana_image_sft"
+    c.train.train_policy.type = "sft"
+    c.train.max_steps = 2000
+    c.train.param_dtype = "float32"
+    c.train.compute_dtype = "bfloat16"
+    c.train.train_batch_per_replica = 8  # global: 1 per replica x dp_shard_size 8
+    c.train.train_policy.mini_batch = 1
+    c.train.optm_lr = 1e-4
+    c.train.optm_weight_decay = 0.01
+    c.train.optm_betas = (0.9, 0.999)
+    c.train.optm_eps = 1e-5
+    c.train.optm_warmup_steps = 0
+    c.train.optm_grad_norm_clip = 1.0
+    c.train.ckpt.save_freq = 30
+    c.train.ckpt.max_keep = 3
+    c.train.train_policy.dataset.layout = "paired"
+    c.policy.model_name_or_path = "Efficient-Large-Model/SANA1.5_1.6B_1024px_diffusers"
+    c.policy.family = "sana"
+    c.policy.lora.enable = False
+    d = c.policy.diffusers
+    d.is_video = False
+    d.inference_size = (1024, 1024)
+    d.max_prompt_length = 300  # SanaPipeline's max_sequence_length
+    d.weighting_scheme = "logit_normal"
+    d.logit_mean = 0.0
+    d.logit_std = 1.0
+    d.sample.eval_num_steps = 50
+    d.sample.guidance_scale = 4.5
+    # dp_shard_size 8: parameters sharded over every device, blocks rematerialised
+    # (model_gradient_checkpointing)
+    c.policy.parallelism.data = 1
+    c.policy.parallelism.fsdp = -1
+    c.policy.parallelism.context = 1
+    c.policy.remat = "full"
+    return c

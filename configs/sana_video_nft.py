@@ -1,0 +1,85 @@
+"""DiffusionNFT post-training of SANA-Video 2B (480p): cosmos-rl's
+configs/sana/sana-video-nft.toml.
+
+    huggingface-cli download Efficient-Large-Model/SANA-Video_2B_480p_diffusers \
+        --local-dir Efficient-Large-Model/SANA-Video_2B_480p_diffusers
+    python -m wfm_jax.main --config configs/sana_video_nft.py \
+        --config.train.train_policy.dataset.local_dir=/path/to/prompts.txt
+
+cosmos-rl's values: LoRA r 4 / alpha 4 gaussian on attn1/attn2 q, k, v, out (the "default" and
+"old" adapters); bf16; 480x832, 300 prompt tokens; 10 rollout steps without CFG, 40 for
+evaluation; 8 videos per prompt, global batch 384 (6 x 8 x 8), mini_batch 4; AdamW lr 3e-4,
+weight decay 1e-4, clip 1.0; EMA 0.9 every step; kl_beta 1e-4, nft_beta 1, timestep fraction
+0.99, advantages clipped to [-5, 5], old-policy decay type 1; the reward service's dance_grpo
+(its overall_reward); checkpoints every 20 steps; dp_shard_size 8 with gradient checkpointing.
+
+The rollout sampler: the toml says solver "euler", but cosmos-rl's SANA rollout ignores it and
+steps the pipeline's DPM-Solver++ scheduler (spec video_models.md §5.3), so sample.solver is
+"dpm_solver", on its own sigma grid and truncated timesteps; the update trains on the flow grid at
+1000 sigma. Unlike cosmos-rl, the instruction prefix is the same in rollout, training and
+validation, the Gemma mask reaches the cross-attention in the update as in the rollout, and the
+rollouts sample inference_frames (= train_frames) frames: cosmos-rl's passed `num_frames`, which
+SanaVideoPipeline does not take, so it always sampled 81 whatever train_frames said.
+"""
+from wfm_jax.config_schema import SANA_LORA_TARGETS, default_config
+
+
+def get_config():
+    c = default_config()
+    c.train.output_dir = "./outputs/sana_video_nft"
+    c.train.train_policy.type = "nft"
+    c.train.max_steps = 2000
+    c.train.param_dtype = "bfloat16"
+    c.train.compute_dtype = "bfloat16"
+    c.train.train_batch_per_replica = 384  # 6 x 8 x 8
+    c.train.train_policy.mini_batch = 4
+    c.train.optm_lr = 3e-4
+    c.train.optm_weight_decay = 1e-4
+    c.train.optm_betas = (0.9, 0.999)
+    c.train.optm_eps = 1e-8
+    c.train.optm_warmup_steps = 0
+    c.train.optm_grad_norm_clip = 1.0
+    c.train.ema_enable = True
+    c.train.ema_decay = 0.9
+    c.train.ema_update_step_interval = 1
+    c.train.ckpt.save_freq = 20
+    c.train.train_policy.kl_beta = 1e-4
+    c.train.train_policy.timesteps_fraction = 0.99
+    c.train.train_policy.advantage_low = -5.0
+    c.train.train_policy.advantage_high = 5.0
+    # cosmos-rl's remote-reward advantages: per-prompt mean and unbiased std (as sd35_nft)
+    c.train.train_policy.global_std = False
+    c.train.train_policy.std_ddof = 1
+    c.train.train_policy.use_remote_reward = True
+    c.train.train_policy.remote_reward.reward_fns = [
+        {"name": "dance_grpo", "weight": 1.0, "score_key": "overall_reward"}]
+    c.rollout.n_generation = 8
+    c.policy.model_name_or_path = "Efficient-Large-Model/SANA-Video_2B_480p_diffusers"
+    c.policy.family = "sana_video"
+    c.policy.lora.enable = True
+    c.policy.lora.r = 4
+    c.policy.lora.lora_alpha = 4
+    c.policy.lora.init_lora_weights = "gaussian"
+    c.policy.lora.target_modules = SANA_LORA_TARGETS
+    d = c.policy.diffusers
+    d.is_video = True
+    d.inference_size = (480, 832)
+    d.train_frames = 81  # SanaVideoPipeline's default (4k + 1: 21 latent frames)
+    d.inference_frames = 81
+    d.max_prompt_length = 300
+    d.nft_beta = 1.0
+    d.weight_copy_decay_type = 1
+    d.sample.num_steps = 10
+    d.sample.eval_num_steps = 40
+    d.sample.guidance_scale = 1.0
+    d.sample.noise_level = 1.0  # unused by a deterministic rollout (as in cosmos-rl)
+    d.sample.solver = "dpm_solver"
+    d.sample.deterministic_sampling = True
+    c.policy.parallelism.data = 1
+    c.policy.parallelism.fsdp = -1  # dp_shard_size 8
+    c.policy.parallelism.context = 1
+    c.policy.remat = "full"
+    c.validation.enable = False  # as the toml; point validation.dataset.local_dir to turn it on
+    c.validation.freq = 20
+    c.validation.batch_size = 8
+    return c
