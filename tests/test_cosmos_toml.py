@@ -166,3 +166,33 @@ def test_s3_upload_keys_carry_over(tmp_path, value, want):
                  f's3_bucket = "runs"\ns3_prefix = "sft/a"', src=src)
     ck = cfg.load_config(path).train.ckpt
     assert (ck.upload_s3, ck.s3_bucket, ck.s3_prefix) == (want, "runs", "sft/a")
+
+
+@pytest.mark.parametrize("model,family", [
+    ("Efficient-Large-Model/SANA1.5_1.6B_1024px_diffusers", "sana"),
+    ("Efficient-Large-Model/SANA-Video_2B_480p_diffusers", "sana_video"),
+    ("nvidia/Cosmos-Predict2.5-2B", "cosmos"),
+    ("Wan-AI/Wan2.1-T2V-1.3B-Diffusers", "wan"),
+    ("stabilityai/stable-diffusion-3.5-medium", "sd3")])
+def test_the_model_names_the_family(tmp_path, model, family):
+    """cosmos-rl picks the pipeline from the model: a recipe for another family's model must
+    not run as SD3 (a local dir is read from its model_index.json)."""
+    text = open(NFT).read()
+    start = text.index("model_name_or_path")
+    end = text.index("\n", start)
+    path = tmp_path / "recipe.toml"
+    path.write_text(text[:start] + f'model_name_or_path = "{model}"' + text[end:])
+    from wfm_jax.cosmos_toml import read_recipe
+    out, _ = read_recipe(str(path))
+    assert out["policy.family"] == family
+
+
+def test_a_local_model_dir_names_its_family(tmp_path):
+    from wfm_jax.cosmos_toml import model_family
+    from wfm_jax.tiny import build_tiny_pipeline
+    wan = build_tiny_pipeline(str(tmp_path / "any_name"), family="wan")
+    assert model_family(wan, "r.toml") == "wan"
+    (tmp_path / "odd").mkdir()
+    (tmp_path / "odd" / "model_index.json").write_text('{"_class_name": "FluxPipeline"}')
+    with pytest.raises(ConfigError, match=r"^r.toml: policy.model_name_or_path: .*'FluxPipeline'"):
+        model_family(str(tmp_path / "odd"), "r.toml")

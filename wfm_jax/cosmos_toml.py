@@ -17,6 +17,7 @@ tables drive it:
 from __future__ import annotations
 
 import difflib
+import os
 import tomllib
 from typing import Any, Callable
 
@@ -266,7 +267,30 @@ def _reward_fns(value, source: str) -> list[dict]:
     return fns
 
 
+# cosmos-rl's published model ids -> wfm_jax family (most specific first); a local dir is read
+# from its model_index.json instead, as cosmos-rl chooses its pipeline class
+MODEL_ID_FAMILIES = (("sana-video", "sana_video"), ("sana_video", "sana_video"), ("sana", "sana"),
+                     ("cosmos-predict2.5", "cosmos"), ("wan2.1", "wan"),
+                     ("stable-diffusion-3", "sd3"))
+
+
+def model_family(name: str, source: str) -> str | None:
+    """The wfm_jax family (policy.family) of a cosmos-rl model_name_or_path, or None (the
+    default) when neither a local pipeline dir nor a known model id says."""
+    if os.path.isdir(name):
+        from wfm_jax.models.family import PipelineError, family_class
+        try:
+            return family_class(name).family
+        except PipelineError as exc:
+            raise ConfigError(f"{source}: policy.model_name_or_path: {exc}") from None
+    lowered = name.lower()
+    return next((family for pattern, family in MODEL_ID_FAMILIES if pattern in lowered), None)
+
+
 def _joint(flat: dict, source: str, out: dict) -> None:
+    family = model_family(str(flat.get("policy.model_name_or_path", "")), source)
+    if family is not None:
+        out["policy.family"] = family
     kind = flat.get("train.train_policy.type")
     if kind is not None:
         trainer = flat.get("train.train_policy.trainer_type")
