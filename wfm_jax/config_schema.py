@@ -23,6 +23,8 @@ SD3_LORA_TARGETS = (
 # Wan2.1 (no cosmos-rl recipe exists): the analogue of its Cosmos-Predict2.5 NFT list, the self-
 # and cross-attention projections and both FFN linears (spec video_models.md §5.5)
 WAN_LORA_TARGETS = ("to_q", "to_k", "to_v", "to_out.0", "ffn.net.0.proj", "ffn.net.2")
+# Cosmos-Predict2.5: cosmos-predict2-5-2b-720-nft.toml's list (attn1 and attn2, not crossattn_proj)
+COSMOS_LORA_TARGETS = ("to_q", "to_k", "to_v", "to_out.0", "ff.net.0.proj", "ff.net.2")
 
 DEFAULTS = {
     "train": {
