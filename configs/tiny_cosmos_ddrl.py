@@ -20,7 +20,7 @@ def get_config():
     c.train.param_dtype = "float32"
     c.train.compute_dtype = "float32"
     c.train.train_batch_per_replica = 16  # 4 data items x 4 rollouts
-    c.train.train_policy.mini_batch = 8
+    c.train.train_policy.mini_batch = 2  # per device: 8 devices take the 16 rows at once
     c.train.optm_lr = 3e-3  # random tiny model
     c.train.optm_weight_decay = 1e-4
     c.train.optm_betas = (0.9, 0.99)

@@ -26,7 +26,7 @@ def get_config():
     c.train.param_dtype = "float32"
     c.train.compute_dtype = "float32"
     c.train.train_batch_per_replica = 16  # 4 prompts x 4 videos
-    c.train.train_policy.mini_batch = 8
+    c.train.train_policy.mini_batch = 2  # per device: 8 devices take the 16 rows at once
     c.train.optm_lr = 3e-3  # the random tiny models' NFT value (tiny_wan_nft)
     c.train.optm_weight_decay = 1e-4
     c.train.optm_grad_norm_clip = 1.0

@@ -190,6 +190,14 @@ class PipelineFamily(abc.ABC):
         from wfm_jax.sampling.schedule import flow_sigmas
         return flow_sigmas(num_steps, self.shift)[0], None
 
+    def flow_schedule(self, num_steps: int, solver: str) -> tuple[np.ndarray, np.ndarray | None]:
+        """(sigmas (N+1,) ending in 0, timesteps (N,) or None = 1000 sigma) that a flow sampler
+        `solver` of sampling.samplers steps on for this model (rollouts, validation): the
+        flow-matching schedulers' at the family's shift; a family trained on another sigma range
+        overrides (Cosmos: its Karras flow sigmas)."""
+        from wfm_jax.sampling.schedule import default_flow_schedule
+        return default_flow_schedule(num_steps, self.shift, solver)
+
     @abc.abstractmethod
     def latent_shape(self, batch: int, height: int, width: int,
                      frames: int | None = None) -> tuple[int, ...]:

@@ -98,8 +98,8 @@ class DDRL:
     _STEP_FIELDS = ("x_hat", "x_next", "x0_prev", "sigma_hat", "sigma_next", "sigma_prev_hat",
                     "step")
 
-    def __init__(self, config, shift: float):
-        del shift  # EDM grid, not the flow schedule
+    def __init__(self, config, schedule):
+        del schedule  # the EDM grid of the recipe's edm_sigma_* keys, not a flow schedule
         s, tp = config.policy.diffusers.sample, config.train.train_policy
         self.num_steps = int(s.num_steps)
         self.sigmas = jnp.asarray(edm_sigmas(self.num_steps, s.edm_sigma_min, s.edm_sigma_max,

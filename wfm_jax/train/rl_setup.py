@@ -21,7 +21,6 @@ from wfm_jax.data.loader import process_shard
 from wfm_jax.data.prompts import prompt_splits_from_config
 from wfm_jax.mesh import mesh_jit, mesh_size_for
 from wfm_jax.sampling.samplers import sample
-from wfm_jax.sampling.schedule import flow_sigmas
 from wfm_jax.train import setup as train_setup
 from wfm_jax.train.ema import ema_update
 from wfm_jax.train.encode import TextEncoder
@@ -215,8 +214,8 @@ def _compile(run: RLRun) -> dict:
     graphdef, vae_def = s.graphdef, nnx.graphdef(s.pipe.vae)
     family = s.pipe.shell()
     train = cfg.train
-    eval_sigmas = jnp.asarray(flow_sigmas(cfg.policy.diffusers.sample.eval_num_steps,
-                                          s.pipe.shift)[0])
+    eval_sigmas = jnp.asarray(s.pipe.flow_schedule(cfg.policy.diffusers.sample.eval_num_steps,
+                                                   "euler")[0])
     guidance = float(cfg.policy.diffusers.sample.guidance_scale)
 
     def decode(vae_state, latents):
@@ -430,7 +429,7 @@ def build(config) -> RLRun:
         return dict(algo_cls.init_aux(params), **({"ref": params} if keep_ref else {}))
 
     setup = train_setup.build(config, aux_fn=aux_fn)
-    algo = algo_cls(config, setup.pipe.shift)
+    algo = algo_cls(config, setup.pipe.shell())
     micro_batches, chunk, optimize_chunks = _check_layout(config, setup)
     batcher = group_batcher_from_config(config, train_records,
                                         data_parallel=batch_shards(setup))

@@ -131,6 +131,12 @@ class CosmosPipeline(PipelineFamily):
         sigmas = karras_flow_sigmas(num_steps, float(s["sigma_min"]), float(s["sigma_max"]))
         return sigmas, sigmas[:-1] * np.float32(1000)
 
+    def flow_schedule(self, num_steps: int, solver: str) -> tuple[np.ndarray, np.ndarray]:
+        """Every flow sampler steps on the scheduler's Karras flow sigmas (sigma in about
+        [0.0099, 0.995], the range the DiT was trained on), not the flow-matching grid from 1."""
+        del solver
+        return self.sampler_schedule(num_steps)
+
     @property
     def vae_factors(self) -> tuple[int, int]:
         """(temporal, spatial) as diffusers' pipeline computes them from temperal_downsample."""
