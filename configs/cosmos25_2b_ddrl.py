@@ -17,9 +17,9 @@ def ddrl_720(model: str, output_dir: str, fsdp: int, context: int):
     train_on [0, 2, ..., 18], clip_ratio 1e-4, kl_beta 0 (the released configs; the RLConfig
     default is 0.01), data_beta 0.01, loss_scale 10, use_rl_sigma_and_noise, not
     data_on_first_only, exp_reward off, reference never updated; 93 frames at 720x1280;
-    dataset in cosmos-rl's WFM layout (videos/*.mp4 + metas/*.txt). cosmos-rl's DDRL tomls
-    set min_num_conditional_frames 0 (mixing text2world with 1-frame video2world); wfm_jax
-    trains text2world here."""
+    dataset in cosmos-rl's WFM layout (videos/*.mp4 + metas/*.txt). video2world as cosmos-rl's DDRL
+    tomls: min_num_conditional_frames 0 and max 1 (the RLConfig default), i.e. each data item
+    is text2world or conditioned on its clip's first latent frame, half and half."""
     c = default_config()
     c.train.output_dir = output_dir
     c.train.train_policy.type = "ddrl"
@@ -62,6 +62,8 @@ def ddrl_720(model: str, output_dir: str, fsdp: int, context: int):
     d.train_frames = 93
     d.inference_frames = 93
     d.max_prompt_length = 512
+    d.min_num_conditional_frames = 0
+    d.max_num_conditional_frames = 1
     s = d.sample
     s.solver = "edm"
     s.num_steps = 20

@@ -1,5 +1,6 @@
 """DDRL on a tiny random Cosmos-Predict2.5 pipeline: the shape of cosmos25_2b_ddrl.py (EDM 2ab
-rollouts with churn on Cosmos' sigma range [0.01, 200], no CFG, policy + data loss) at 9 frames
+rollouts with churn on Cosmos' sigma range [0.01, 200], no CFG, policy + data loss,
+text2world mixed with video2world on the clips' first frame) at 9 frames
 of 32x32, rewarded by JPEG compressibility, its data loss on the tiny shapes clips (9-frame mp4s,
 built on first use); no download, a few minutes on 2 CPU cores.
 
@@ -56,6 +57,10 @@ def get_config():
     d.train_frames = 9
     d.inference_frames = 9
     d.max_prompt_length = 16
+    # video2world as cosmos25_2b_ddrl.py: each item text2world or on its clip's first latent
+    # frame (of 3), drawn per item
+    d.min_num_conditional_frames = 0
+    d.max_num_conditional_frames = 1
     s = d.sample
     s.solver = "edm"
     s.num_steps = 10

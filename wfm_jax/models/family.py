@@ -261,6 +261,14 @@ class PipelineFamily(abc.ABC):
         `latents` on the last frames of `frames` ((1 or B, T, H, W, 3) in [0, 1])."""
         raise ValueError(f"a {self.pipeline_class} cannot condition on a video")
 
+    def video_condition(self, video_latents, counts) -> dict:
+        """Families with `supports_video_condition`, for training on clips: cond-dict entries
+        conditioning row i on the first counts[i] latent frames of `video_latents` ((B, C, T',
+        h, w) normalised latents; counts (B,) ints, 0 = unconditioned); jittable. The
+        prediction on conditioned frames is the flow velocity through them, so a sample keeps
+        them and a flow-matching loss there is zero."""
+        raise ValueError(f"a {self.pipeline_class} cannot condition on a video")
+
     def encode_visual(self, pixels, key: jax.Array | None = None) -> jax.Array:
         """Channels-last pixels in [-1, 1] -> normalised latents (the mode, or a sample)."""
         mean, std = self.posterior_with(self.vae, pixels)

@@ -275,6 +275,17 @@ class CosmosPipeline(PipelineFamily):
         return {"cond_latents": c, "cond_mask": mask,
                 "cond_velocity": (jnp.asarray(latents, jnp.float32) - c) * mask}
 
+    def video_condition(self, video_latents, counts) -> dict[str, jax.Array]:
+        """{"cond_latents", "cond_mask"} for row i conditioned on its first counts[i] latent
+        frames (cosmos-rl's world-model training conditions on a clip's first frames; the causal
+        VAE makes them the latents of those frames alone). No cond_velocity: (x - c) / sigma,
+        exact on every flow line through c."""
+        c = jnp.asarray(video_latents, jnp.float32)
+        b, t = c.shape[0], c.shape[2]
+        n = jnp.asarray(counts, jnp.int32).reshape(b, 1)
+        mask = (jnp.arange(t)[None, :] < n).astype(jnp.float32).reshape(b, 1, t, 1, 1)
+        return {"cond_latents": c, "cond_mask": mask}
+
     # ------------------------------------------------------------------ VAE
     def posterior_with(self, vae, pixels) -> tuple[jax.Array, jax.Array]:
         """(B, T, H, W, 3) in [-1, 1], T = 4k+1 -> posterior (mean, std), (B, z, k+1, h, w)."""
