@@ -65,7 +65,73 @@ def test_family_without_karras_sigmas_is_one_line():
         pipe.flow_schedule(10, "dpm2")
 
 
+def test_video_condition_masks_each_row_on_its_first_frames():
+    import jax.numpy as jnp
+    from wfm_jax.tiny_cosmos import scheduler_config
+
+    pipe = _shell(scheduler_config())
+    c = jnp.arange(2 * 4 * 3 * 4 * 4, dtype=jnp.float32).reshape(2, 4, 3, 4, 4)
+    out = pipe.video_condition(c, jnp.asarray([0, 2]))
+    assert set(out) == {"cond_latents", "cond_mask"}
+    np.testing.assert_array_equal(np.asarray(out["cond_mask"]).reshape(2, 3),
+                                  [[0, 0, 0], [1, 1, 0]])
+    # on conditioned frames the velocity is the flow through cond_latents: the x0 it implies
+    # is cond_latents exactly, for any point of that flow line; row 0 is plain text2world
+    import jax
+    from flax import nnx
+    from wfm_jax.models.cosmos.transformer import CosmosTransformer
+    from wfm_jax.tiny_cosmos import transformer_config
+    model = CosmosTransformer(transformer_config(), rngs=nnx.Rngs(0))
+    noise = jax.random.normal(jax.random.key(0), c.shape)
+    sigma = 0.7
+    x = (1 - sigma) * c + sigma * noise
+    text = {"encoder_hidden_states": jax.random.normal(jax.random.key(1), (2, 5, 64))}
+    v = pipe.velocity_with(model, x, jnp.full((2,), 1000 * sigma), {**text, **out})
+    np.testing.assert_allclose(np.asarray(x - sigma * v)[1, :, :2], np.asarray(c)[1, :, :2],
+                               atol=1e-4)
+    plain = pipe.velocity_with(model, x, jnp.full((2,), 1000 * sigma), text)
+    np.testing.assert_array_equal(np.asarray(v)[0], np.asarray(plain)[0])
+
+
+def test_conditional_frame_settings():
+    from wfm_jax.train.rl_ddrl import DDRL
+
+    c = cfg.load_config(os.path.join(CONFIGS, "tiny_cosmos_ddrl.py"),
+                        [("policy.diffusers.max_num_conditional_frames", "2")])
+    algo = DDRL(c, None)
+    counts = algo.conditional_frame_counts(3, [0, 0, 1, 5, 7, 7])
+    assert counts.dtype == np.int32 and set(counts.tolist()) <= {0, 1, 2}
+    assert counts[0] == counts[1] and counts[4] == counts[5]  # one draw per data item
+    np.testing.assert_array_equal(counts, algo.conditional_frame_counts(3, [0, 0, 1, 5, 7, 7]))
+    many = algo.conditional_frame_counts(0, range(60))
+    assert set(many.tolist()) == {0, 1, 2}
+    bad = {(("policy.diffusers.min_num_conditional_frames", "2"),): "need 0 <= min <= max",
+           (("train.train_policy.type", "nft"),
+            ("policy.diffusers.sample.solver", "dpm2")): "only DDRL reads",
+           (("policy.diffusers.sample.guidance_scale", "3.0"),): "with CFG"}
+    for overrides, message in bad.items():
+        with pytest.raises(cfg.ConfigError, match=message):
+            cfg.load_config(os.path.join(CONFIGS, "tiny_cosmos_ddrl.py"), list(overrides))
+    with pytest.raises(cfg.ConfigError, match="cannot condition on video"):
+        cfg.load_config(os.path.join(CONFIGS, "tiny_ddrl.py"),
+                        [("policy.diffusers.max_num_conditional_frames", "1")])
+
+
 # ---------------------------------------------------------------------------- end to end
+
+@pytest.fixture(scope="module")
+def brightness():
+    """A reward a random tiny model raises within 20 steps (the tiny clips' JPEG sizes barely
+    move: 32x32 frames are mostly JPEG header)."""
+    from reward_client.registry import register_reward, unregister_reward
+
+    @register_reward("test_brightness")
+    def _brightness(images, prompts, extras):
+        return images.mean(axis=(1, 2, 3)) / 255.0
+
+    yield "test_brightness"
+    unregister_reward("test_brightness")
+
 
 @pytest.fixture(scope="module")
 def tiny_cosmos(tmp_path_factory):
@@ -104,9 +170,11 @@ def _argv(recipe, model, out, *extra):
 
 
 @pytest.mark.slow
-def test_tiny_cosmos_nft_reward_rises(tiny_cosmos, compile_cache, tmp_path):
+def test_tiny_cosmos_nft_reward_rises(tiny_cosmos, brightness, compile_cache, tmp_path):
     out = tmp_path / "nft"
-    assert wmain.main(_argv("tiny_cosmos_nft.py", tiny_cosmos, out)) == 0
+    reward = f'[{{"name": "{brightness}", "weight": 1.0, "score_key": ""}}]'
+    assert wmain.main(_argv("tiny_cosmos_nft.py", tiny_cosmos, out,
+                            f"--config.train.train_policy.remote_reward.reward_fns={reward}")) == 0
     m = toy.metrics(out)
     assert sorted(m) == list(range(1, 21))
     toy.assert_reward_rises(m)
