@@ -8,6 +8,9 @@ the values of its other SFT recipes and the Wan one (configs/wan21_1_3b_sft.py).
 
 fp32 master weights, bf16 compute; FSDP over every device, each block rematerialised. The
 timestep the DiT sees is sigma (the family converts wfm_jax's 1000 sigma).
+video2world: --config.policy.diffusers.max_num_conditional_frames=1 (or 2; min_... for a
+mix) conditions each clip on its first latent frames (their loss is zero: the velocity there
+is exact).
 """
 from wfm_jax.config_schema import default_config
 

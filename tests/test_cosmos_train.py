@@ -107,7 +107,7 @@ def test_conditional_frame_settings():
     assert set(many.tolist()) == {0, 1, 2}
     bad = {(("policy.diffusers.min_num_conditional_frames", "2"),): "need 0 <= min <= max",
            (("train.train_policy.type", "nft"),
-            ("policy.diffusers.sample.solver", "dpm2")): "only DDRL reads",
+            ("policy.diffusers.sample.solver", "dpm2")): "only DDRL and SFT read",
            (("policy.diffusers.sample.guidance_scale", "3.0"),): "with CFG"}
     for overrides, message in bad.items():
         with pytest.raises(cfg.ConfigError, match=message):

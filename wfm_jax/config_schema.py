@@ -149,7 +149,7 @@ DEFAULTS = {
             "nft_beta": 1.0,
             # video2world in training (cosmos-rl's names): each data item is conditioned on the
             # first n latent frames of its clip, n uniform in [min, max] per item (0: text2world);
-            # needs a family with video conditioning and a trainer reading videos (DDRL)
+            # needs a family with video conditioning and a trainer reading videos (DDRL, SFT)
             "min_num_conditional_frames": 0,
             "max_num_conditional_frames": 0,
             "weight_copy_decay_type": 1,
@@ -291,11 +291,11 @@ def check_conditional_frames(config) -> None:
     if not cls.supports_video_condition:
         raise ConfigError(f"config key '{d}.max_num_conditional_frames' = {hi}: the "
                           f"{config.policy.family!r} family cannot condition on video frames")
-    if kind != "ddrl":
+    if kind not in ("ddrl", "sft"):
         raise ConfigError(f"config key '{d}.max_num_conditional_frames' = {hi}: conditional "
-                          f"frames come from the dataset's videos, which only DDRL reads "
+                          f"frames come from the dataset's videos, which only DDRL and SFT read "
                           f"(train.train_policy.type is {kind!r})")
-    if float(get(config, f"{d}.sample.guidance_scale")) > 1.0:
+    if kind == "ddrl" and float(get(config, f"{d}.sample.guidance_scale")) > 1.0:
         raise ConfigError(f"config key '{d}.max_num_conditional_frames' = {hi} with CFG "
                           f"('{d}.sample.guidance_scale' > 1) is not supported in training")
 
