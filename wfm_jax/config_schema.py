@@ -27,6 +27,8 @@ WAN_LORA_TARGETS = ("to_q", "to_k", "to_v", "to_out.0", "ffn.net.0.proj", "ffn.n
 # the linear self-attention (attn1) and the cross-attention (attn2) projections, no FFN
 SANA_LORA_TARGETS = ("attn1.to_q", "attn1.to_k", "attn1.to_v", "attn1.to_out.0",
                      "attn2.to_q", "attn2.to_k", "attn2.to_v", "attn2.to_out.0")
+# Cosmos-Predict2.5: cosmos-predict2-5-2b-720-nft.toml's list (attn1 and attn2, not crossattn_proj)
+COSMOS_LORA_TARGETS = ("to_q", "to_k", "to_v", "to_out.0", "ff.net.0.proj", "ff.net.2")
 
 DEFAULTS = {
     "train": {
@@ -149,6 +151,11 @@ DEFAULTS = {
             "logit_std": 1.0,
             "mode_scale": 1.29,
             "nft_beta": 1.0,
+            # video2world in training (cosmos-rl's names): each data item is conditioned on the
+            # first n latent frames of its clip, n uniform in [min, max] per item (0: text2world);
+            # needs a family with video conditioning and a trainer reading videos (DDRL, SFT)
+            "min_num_conditional_frames": 0,
+            "max_num_conditional_frames": 0,
             "weight_copy_decay_type": 1,
             "sample": {
                 "num_steps": 10,
@@ -278,6 +285,30 @@ def check_family(config) -> None:
     if config.policy.family not in known:
         raise ConfigError(f"config key 'policy.family' = {config.policy.family!r} is not one of "
                           f"{sorted(known)}")
+
+
+@register_check
+def check_conditional_frames(config) -> None:
+    from wfm_jax.models.family import family_named
+    d = "policy.diffusers"
+    lo, hi = (int(_required(config, f"{d}.{k}_num_conditional_frames")) for k in ("min", "max"))
+    if not 0 <= lo <= hi:
+        raise ConfigError(f"config keys '{d}.min_num_conditional_frames' = {lo} and "
+                          f"'{d}.max_num_conditional_frames' = {hi} need 0 <= min <= max")
+    if hi == 0:
+        return
+    kind = get(config, "train.train_policy.type")
+    cls = family_named(config.policy.family)
+    if not cls.supports_video_condition:
+        raise ConfigError(f"config key '{d}.max_num_conditional_frames' = {hi}: the "
+                          f"{config.policy.family!r} family cannot condition on video frames")
+    if kind not in ("ddrl", "sft"):
+        raise ConfigError(f"config key '{d}.max_num_conditional_frames' = {hi}: conditional "
+                          f"frames come from the dataset's videos, which only DDRL and SFT read "
+                          f"(train.train_policy.type is {kind!r})")
+    if kind == "ddrl" and float(get(config, f"{d}.sample.guidance_scale")) > 1.0:
+        raise ConfigError(f"config key '{d}.max_num_conditional_frames' = {hi} with CFG "
+                          f"('{d}.sample.guidance_scale' > 1) is not supported in training")
 
 
 @register_check

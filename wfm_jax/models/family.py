@@ -191,6 +191,14 @@ class PipelineFamily(abc.ABC):
         from wfm_jax.sampling.schedule import flow_sigmas
         return flow_sigmas(num_steps, self.shift)[0], None
 
+    def flow_schedule(self, num_steps: int, solver: str) -> tuple[np.ndarray, np.ndarray | None]:
+        """(sigmas (N+1,) ending in 0, timesteps (N,) or None = 1000 sigma) that a flow sampler
+        `solver` of sampling.samplers steps on for this model (rollouts, validation): the
+        flow-matching schedulers' at the family's shift; a family trained on another sigma range
+        overrides (Cosmos: its Karras flow sigmas)."""
+        from wfm_jax.sampling.schedule import default_flow_schedule
+        return default_flow_schedule(num_steps, self.shift, solver)
+
     @abc.abstractmethod
     def latent_shape(self, batch: int, height: int, width: int,
                      frames: int | None = None) -> tuple[int, ...]:
@@ -258,6 +266,14 @@ class PipelineFamily(abc.ABC):
     def condition_from_video(self, vae, frames, num_conditional_frames: int, latents) -> dict:
         """Families with `supports_video_condition`: cond-dict entries conditioning the initial
         `latents` on the last frames of `frames` ((1 or B, T, H, W, 3) in [0, 1])."""
+        raise ValueError(f"a {self.pipeline_class} cannot condition on a video")
+
+    def video_condition(self, video_latents, counts) -> dict:
+        """Families with `supports_video_condition`, for training on clips: cond-dict entries
+        conditioning row i on the first counts[i] latent frames of `video_latents` ((B, C, T',
+        h, w) normalised latents; counts (B,) ints, 0 = unconditioned); jittable. The
+        prediction on conditioned frames is the flow velocity through them, so a sample keeps
+        them and a flow-matching loss there is zero."""
         raise ValueError(f"a {self.pipeline_class} cannot condition on a video")
 
     def encode_visual(self, pixels, key: jax.Array | None = None) -> jax.Array:

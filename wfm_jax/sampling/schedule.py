@@ -89,3 +89,24 @@ def unipc_flow_schedule(num_steps: int, shift: float = 3.0, num_train_timesteps:
         s[0] -= 1e-6
     timesteps = (s * num_train_timesteps).astype(np.int64).astype(np.float32)
     return np.concatenate([s, [0.0]]).astype(np.float32), timesteps
+
+
+def default_flow_schedule(num_steps: int, shift: float, solver: str):
+    """(sigmas (N+1,), timesteps (N,) or None = 1000 sigma) a flow sampler of sampling.samplers
+    steps on with the flow-matching schedulers' defaults at `shift`: UniPC's grid (and its
+    truncated timesteps) for "unipc", DPMSolverMultistepScheduler's for "dpm_solver",
+    FlowMatchEulerDiscreteScheduler's for every other."""
+    if solver == "unipc":
+        return unipc_flow_schedule(num_steps, shift)
+    if solver == "dpm_solver":
+        from wfm_jax.sampling.dpm_solver import dpm_solver_flow_schedule
+        return dpm_solver_flow_schedule(num_steps, shift)
+    return flow_sigmas(num_steps, shift)[0], None
+
+
+def flow_schedule_of(source, num_steps: int, solver: str = "euler"):
+    """The (sigmas, timesteps) of `solver`: from a model family's `flow_schedule` (its own noise
+    range), or, for a bare flow shift (toy models), the defaults at that shift."""
+    if hasattr(source, "flow_schedule"):
+        return source.flow_schedule(num_steps, solver)
+    return default_flow_schedule(num_steps, float(source), solver)

@@ -54,7 +54,9 @@ def rollout_batch(run, state, batch: dict, key, timers: Timers) -> dict:
         key, k_lat, k_alg = jax.random.split(key, 3)
         cond = run.encode(rows)
         latents = run.initial_latents(k_lat, len(rows))
-        inputs = run.chunk_inputs(batch, lo, lo + chunk)
+        inputs = dict(run.chunk_inputs(batch, lo, lo + chunk))
+        # an algorithm's per-row conditioning (video2world frames of its data) joins the text's
+        cond = {**cond, **inputs.pop("cond", {})}
         fields, pixels = run.rollout(state, latents, cond, k_alg, inputs)  # pixels: uint8 already
         media, media_type = reward_media(run.rewards.media_type, pixels,
                                          run.algo.final_latents(fields))

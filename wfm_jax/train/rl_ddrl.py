@@ -98,8 +98,8 @@ class DDRL:
     _STEP_FIELDS = ("x_hat", "x_next", "x0_prev", "sigma_hat", "sigma_next", "sigma_prev_hat",
                     "step")
 
-    def __init__(self, config, shift: float):
-        del shift  # EDM grid, not the flow schedule
+    def __init__(self, config, schedule):
+        del schedule  # the EDM grid of the recipe's edm_sigma_* keys, not a flow schedule
         s, tp = config.policy.diffusers.sample, config.train.train_policy
         self.num_steps = int(s.num_steps)
         self.sigmas = jnp.asarray(edm_sigmas(self.num_steps, s.edm_sigma_min, s.edm_sigma_max,
@@ -126,6 +126,10 @@ class DDRL:
         self.seed = int(config.train.seed)
         self.frames = int(config.policy.diffusers.train_frames)  # video data: window length
         self.train_fields = self._STEP_FIELDS + (("noise", "data_x0") if self.data_beta else ())
+        # video2world: the first n latent frames of each item's clip, n per item in [lo, hi]
+        d = config.policy.diffusers
+        self.cond_frames = (int(d.min_num_conditional_frames), int(d.max_num_conditional_frames))
+        self.reads_data = bool(self.data_beta) or self.cond_frames[1] > 0
         self._encoder = None
 
     # -- loop hooks --
@@ -168,14 +172,16 @@ class DDRL:
 
     def prepare(self, run) -> dict:
         """Once per run: the VAE encoder for the data latents; the CFG negative embedding."""
-        if self.data_beta:
+        if self.reads_data:
             from wfm_jax.train.encode import VisualEncoder
             self._encoder = VisualEncoder(run.setup.pipe, out_sharding=run.setup.batch_sharding())
         return {"uncond": run.encode([""] * run.rollout_chunk, negative=True)} if self.guidance > 1 else {}
 
     def chunk_inputs(self, run, batch: dict, lo: int, hi: int) -> dict:
-        """The clean latents of the chunk's data items (same VAE draw for a whole group)."""
-        if not self.data_beta:
+        """The clean latents of the chunk's data items (same VAE draw for a whole group) and,
+        for video2world, the conditioning on their first frames (the same for a group: its
+        rollouts are compared with each other)."""
+        if not self.reads_data:
             return {}
         from wfm_jax.data.webdataset import load_record_media
         records, index = batch["records"][lo:hi], np.asarray(batch["index"][lo:hi])
@@ -187,7 +193,21 @@ class DDRL:
         pixels = np.stack([loaded[i] for i in index.tolist()])
         pixels, ids = run.setup.global_batch((pixels, index.astype(np.int32)))
         key = jax.random.fold_in(self.vae_key, int(batch["step"]))
-        return {"data_x0": self._encoder(pixels, key, ids)}
+        data_x0 = self._encoder(pixels, key, ids)
+        out = {"data_x0": data_x0} if self.data_beta else {}
+        if self.cond_frames[1] > 0:
+            counts = self.conditional_frame_counts(step, index)
+            counts = run.setup.global_batch(counts)
+            out["cond"] = run.setup.pipe.video_condition(data_x0, counts)
+        return out
+
+    def conditional_frame_counts(self, step: int, index) -> np.ndarray:
+        """(rows,) int32: each item's number of conditional latent frames, uniform in
+        [min_num_conditional_frames, max_num_conditional_frames], fixed by (seed, step, item)
+        so a resumed run draws the same."""
+        lo, hi = self.cond_frames
+        return np.asarray([np.random.default_rng((self.seed, step, int(i), 1)).integers(lo, hi + 1)
+                           for i in np.asarray(index).tolist()], np.int32)
 
     def advantages(self, rewards, groups):
         # unclipped: the loop clips every algorithm's advantages once to [advantage_low, _high]

@@ -37,7 +37,7 @@ from wfm_jax.algorithms.grpo import grpo_loss
 from wfm_jax.sampling import steps as S
 from wfm_jax.sampling.guidance import cfg_combine, uses_cfg
 from wfm_jax.sampling.samplers import draw_window_start, sample
-from wfm_jax.sampling.schedule import flow_sigmas
+from wfm_jax.sampling.schedule import flow_schedule_of
 
 F32 = jnp.float32
 Velocity = Callable[[Any, jax.Array, jax.Array, Any], jax.Array]
@@ -99,11 +99,12 @@ class GRPO:
     train_fields = ("traj", "sigmas", "log_prob")
     keeps_old = True
 
-    def __init__(self, config, shift: float):
+    def __init__(self, config, schedule):
+        """schedule: the model family (its flow_schedule) or a bare flow shift."""
         s, tp = config.policy.diffusers.sample, config.train.train_policy
         self.method = SOLVERS[s.solver]  # config_schema.check_rl_samplers vets solver / window
         self.num_steps = int(s.num_steps)
-        self.sigmas = jnp.asarray(flow_sigmas(self.num_steps, shift)[0])
+        self.sigmas = jnp.asarray(flow_schedule_of(schedule, self.num_steps, self.method)[0])
         self.window = int(s.sde_window_size) or None
         if self.window is not None:
             self.window_range = tuple(int(v) for v in s.sde_window_range)

@@ -72,22 +72,21 @@ class NFT:
     name = "nft"
     train_fields = ("x0",)
 
-    def __init__(self, config, shift: float):
-        from wfm_jax.sampling.schedule import flow_sigmas
+    def __init__(self, config, schedule):
+        """schedule: the model family (its flow_schedule) or a bare flow shift."""
+        from wfm_jax.sampling.schedule import flow_schedule_of
         d = config.policy.diffusers
         tp = config.train.train_policy
         self.solver = {"flow": "euler", "dpm1": "euler"}.get(d.sample.solver, d.sample.solver)
-        self.sigmas = jnp.asarray(flow_sigmas(d.sample.num_steps, shift)[0])
+        self.sigmas = jnp.asarray(flow_schedule_of(schedule, d.sample.num_steps)[0])
         # the rollout's grid: UniPC (Wan's sampler) and DPM-Solver++ (SANA's) step on their
         # scheduler's sigmas and feed the model diffusers' truncated timesteps; the training
         # timesteps stay the flow grid at 1000 sigma (what every family's velocity_with takes)
         self.rollout_sigmas, self.rollout_timesteps = self.sigmas, None
         if self.solver in ("unipc", "dpm_solver"):
-            from wfm_jax.sampling.dpm_solver import dpm_solver_flow_schedule
-            from wfm_jax.sampling.schedule import unipc_flow_schedule
-            grid = {"unipc": unipc_flow_schedule, "dpm_solver": dpm_solver_flow_schedule}[
-                self.solver](d.sample.num_steps, shift)
-            self.rollout_sigmas, self.rollout_timesteps = (jnp.asarray(a) for a in grid)
+            sigmas, timesteps = flow_schedule_of(schedule, d.sample.num_steps, self.solver)
+            self.rollout_sigmas = jnp.asarray(sigmas)
+            self.rollout_timesteps = None if timesteps is None else jnp.asarray(timesteps)
         self.num_train = max(1, trained_step_count(d.sample.num_steps, tp.timesteps_fraction))
         self.beta = float(d.nft_beta)
         self.kl_weight = float(tp.kl_beta)

@@ -219,10 +219,11 @@ def _compile(run: RLRun) -> dict:
     graphdef, vae_def = s.graphdef, nnx.graphdef(s.pipe.vae)
     family = s.pipe.shell()
     train = cfg.train
-    # evaluation samples as the family's diffusers pipeline does (SD3: Euler; Wan: UniPC)
+    # evaluation samples as the family's diffusers pipeline does (SD3: Euler; Wan and Cosmos:
+    # UniPC; SANA: DPM-Solver++), on the family's own noise range (Cosmos: its Karras sigmas)
     eval_method = s.pipe.default_solver
-    eval_sigmas, eval_timesteps = s.pipe.sampler_schedule(
-        int(cfg.policy.diffusers.sample.eval_num_steps))
+    eval_sigmas, eval_timesteps = s.pipe.flow_schedule(
+        int(cfg.policy.diffusers.sample.eval_num_steps), eval_method)
     eval_sigmas = jnp.asarray(eval_sigmas, jnp.float32)
     guidance = float(cfg.policy.diffusers.sample.guidance_scale)
 
@@ -437,7 +438,7 @@ def build(config) -> RLRun:
         return dict(algo_cls.init_aux(params), **({"ref": params} if keep_ref else {}))
 
     setup = train_setup.build(config, aux_fn=aux_fn)
-    algo = algo_cls(config, setup.pipe.shift)
+    algo = algo_cls(config, setup.pipe.shell())
     micro_batches, chunk, optimize_chunks = _check_layout(config, setup)
     batcher = group_batcher_from_config(config, train_records,
                                         data_parallel=batch_shards(setup))

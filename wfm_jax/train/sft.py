@@ -33,7 +33,7 @@ from wfm_jax.train.metrics import MetricsLogger, check_finite
 from wfm_jax.train.state import train_state_update
 
 F32 = jnp.float32
-_KEY_VAE, _KEY_T, _KEY_NOISE = 1, 2, 3  # fold_in tags of one micro-step's key
+_KEY_VAE, _KEY_T, _KEY_NOISE, _KEY_COND = 1, 2, 3, 4  # fold_in tags of one micro-step's key
 
 
 def sample_timesteps(key, ids, table_t, table_s, scheme: str, **density):
@@ -66,10 +66,13 @@ _STEPS: dict = {}  # step key -> jitted step: a resumed run in the same process 
 
 
 def make_train_step(setup, shift: float, scheme: str, logit_mean: float, logit_std: float,
-                    mode_scale: float) -> Callable:
+                    mode_scale: float, cond_frames: tuple[int, int] = (0, 0)) -> Callable:
     """jit((state, frozen, x0, cond, ids) -> (state, {"loss", "grad_norm"})); cond is the
-    family's conditioning dict, x0 its diffusers-layout latents (4-D images, 5-D video)."""
-    loss_args = (float(shift), scheme, float(logit_mean), float(logit_std), float(mode_scale))
+    family's conditioning dict, x0 its diffusers-layout latents (4-D images, 5-D video).
+    cond_frames (lo, hi), hi > 0: video2world, each clip conditioned on its first n latent
+    frames, n uniform in [lo, hi] per sample (the family's video_condition)."""
+    loss_args = (float(shift), scheme, float(logit_mean), float(logit_std), float(mode_scale),
+                 tuple(int(v) for v in cond_frames))
     key = _step_key(setup, loss_args)
     if key not in _STEPS:
         if len(_STEPS) >= 4:
@@ -78,7 +81,8 @@ def make_train_step(setup, shift: float, scheme: str, logit_mean: float, logit_s
     return _STEPS[key]
 
 
-def _build_train_step(setup, shift, scheme, logit_mean, logit_std, mode_scale) -> Callable:
+def _build_train_step(setup, shift, scheme, logit_mean, logit_std, mode_scale,
+                      cond_frames) -> Callable:
     t_cfg = setup.config.train
     tx, graphdef, family = setup.tx, setup.graphdef, setup.pipe.shell()
     table_t, table_s = (jnp.asarray(a) for a in training_table(shift))
@@ -93,6 +97,11 @@ def _build_train_step(setup, shift, scheme, logit_mean, logit_std, mode_scale) -
                                              table_s, scheme, **density)
         noise = per_sample_normal(jax.random.fold_in(key, _KEY_NOISE), ids, x0.shape[1:])
         x_t = sft_loss.noisy_latents(x0, noise, sigmas)
+        if cond_frames[1] > 0:  # the conditioned frames' loss is zero: their velocity is exact
+            k_cond = jax.random.fold_in(key, _KEY_COND)
+            counts = jax.vmap(lambda i: jax.random.randint(
+                jax.random.fold_in(k_cond, i), (), cond_frames[0], cond_frames[1] + 1))(ids)
+            cond = {**cond, **family.video_condition(x0, counts)}
 
         def loss_fn(params):
             model = setup_lib.merge(graphdef, params, frozen)
@@ -148,7 +157,9 @@ class SFTTrainer:
             self.text = TextEncoder(pipe, d.max_prompt_length, out_sharding=data)
             self.visual = VisualEncoder(pipe, out_sharding=data)
             self.step_fn = make_train_step(s, pipe.shift, d.weighting_scheme, d.logit_mean,
-                                           d.logit_std, d.mode_scale)
+                                           d.logit_std, d.mode_scale,
+                                           (d.min_num_conditional_frames,
+                                            d.max_num_conditional_frames))
         except BaseException:
             self.loader.close()
             if hasattr(self, "setup"):

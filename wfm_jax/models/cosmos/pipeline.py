@@ -132,6 +132,12 @@ class CosmosPipeline(WanVideoLatents, PipelineFamily):
         sigmas = karras_flow_sigmas(num_steps, float(s["sigma_min"]), float(s["sigma_max"]))
         return sigmas, sigmas[:-1] * np.float32(1000)
 
+    def flow_schedule(self, num_steps: int, solver: str) -> tuple[np.ndarray, np.ndarray]:
+        """Every flow sampler steps on the scheduler's Karras flow sigmas (sigma in about
+        [0.0099, 0.995], the range the DiT was trained on), not the flow-matching grid from 1."""
+        del solver
+        return self.sampler_schedule(num_steps)
+
     @property
     def vae_factors(self) -> tuple[int, int]:
         """(temporal, spatial) as diffusers' pipeline computes them from temperal_downsample."""
@@ -269,3 +275,15 @@ class CosmosPipeline(WanVideoLatents, PipelineFamily):
         mask = jnp.broadcast_to(mask.reshape(1, 1, t_lat, 1, 1), (b, 1, t_lat, 1, 1))
         return {"cond_latents": c, "cond_mask": mask,
                 "cond_velocity": (jnp.asarray(latents, jnp.float32) - c) * mask}
+
+    def video_condition(self, video_latents, counts) -> dict[str, jax.Array]:
+        """{"cond_latents", "cond_mask"} for row i conditioned on its first counts[i] latent
+        frames (cosmos-rl's world-model training conditions on a clip's first frames; the causal
+        VAE makes them the latents of those frames alone). No cond_velocity: (x - c) / sigma,
+        exact on every flow line through c."""
+        c = jnp.asarray(video_latents, jnp.float32)
+        b, t = c.shape[0], c.shape[2]
+        n = jnp.asarray(counts, jnp.int32).reshape(b, 1)
+        mask = (jnp.arange(t)[None, :] < n).astype(jnp.float32).reshape(b, 1, t, 1, 1)
+        return {"cond_latents": c, "cond_mask": mask}
+

@@ -1,0 +1,81 @@
+"""Flow-GRPO post-training of Cosmos-Predict2.5-2B: cosmos-rl's 480 GRPO recipe
+(cosmos-predict2-5-2b-480-grpo*.toml, native WFM stack; spec video_models.md §5.2): 93 frames at
+432x768 (its video_size [768, 432]), context parallel 1.
+
+    python -m wfm_jax.main --config configs/cosmos25_2b_grpo.py \
+        --config.train.train_policy.dataset.local_dir=/path/to/prompts.txt
+    python -m wfm_jax.main --config configs/cosmos25_2b_grpo.py:mock_data   # no dataset
+
+`:mock_data` (cosmos-rl's ...-480-grpo-mock-data.toml, a quick rollout of the pipeline) trains on
+the bundled prompt file configs/prompts/tiny.txt instead of a dataset.
+
+cosmos-rl's values (RLConfig defaults, config/wfm/__init__.py): num_rollout 2 videos per prompt,
+10 sample steps, no CFG (guidance 0 in its form: w = 1 in the standard one), clip_ratio 1e-4,
+kl_beta 0.01, use_same_seed within a group. Its native stack samples with EDM 2ab + churn; the
+Flow-GRPO log-prob needs the flow SDE, which wfm_jax runs on Cosmos' Karras flow-sigma range
+(the family's sampler_schedule) with noise_level 0.7. Full fine-tune (the native stack has no
+LoRA), bf16 compute on fp32 master weights. Text2world (conditional frames 0).
+"""
+import os
+
+from wfm_jax.config_schema import default_config
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+MODEL = "nvidia/Cosmos-Predict2.5-2B"  # revision diffusers/base/post-trained
+
+
+def get_config(arg=None):
+    if arg not in (None, "", "mock_data"):
+        raise ValueError(f"unknown recipe argument {arg!r}; the one argument is 'mock_data'")
+    c = default_config()
+    c.train.output_dir = "./outputs/cosmos25_2b_grpo"
+    c.train.train_policy.type = "grpo"
+    c.train.max_steps = 2000
+    c.train.param_dtype = "float32"
+    c.train.compute_dtype = "bfloat16"
+    c.train.train_batch_per_replica = 64  # 32 prompts x 2 rollouts
+    c.train.train_policy.mini_batch = 1
+    c.train.train_policy.mu_iterations = 1
+    c.train.optm_lr = 1e-5
+    c.train.optm_weight_decay = 1e-4
+    c.train.optm_betas = (0.9, 0.999)
+    c.train.optm_grad_norm_clip = 1.0
+    c.train.ema_enable = True
+    c.train.ema_decay = 0.9
+    c.train.ckpt.save_freq = 50
+    tp = c.train.train_policy
+    tp.kl_beta = 0.01
+    tp.clip_range = 1e-4
+    tp.advantage_low = -5.0
+    tp.advantage_high = 5.0
+    tp.timesteps_fraction = 0.99
+    tp.use_remote_reward = True
+    tp.remote_reward.reward_fns = [
+        {"name": "dance_grpo", "weight": 1.0, "score_key": "overall_reward"}]
+    if arg == "mock_data":
+        c.train.output_dir = "./outputs/cosmos25_2b_grpo_mock"
+        tp.dataset.local_dir = os.path.join(HERE, "prompts", "tiny.txt")
+    c.rollout.n_generation = 2  # num_rollout
+    c.policy.model_name_or_path = MODEL
+    c.policy.family = "cosmos"
+    c.policy.lora.enable = False
+    d = c.policy.diffusers
+    d.is_video = True
+    d.inference_size = (432, 768)  # cosmos-rl video_size [W, H] = [768, 432]
+    d.train_frames = 93
+    d.inference_frames = 93
+    d.max_prompt_length = 512
+    d.sample.num_steps = 10
+    d.sample.eval_num_steps = 36
+    d.sample.guidance_scale = 1.0
+    d.sample.noise_level = 0.7
+    d.sample.solver = "sde"
+    d.sample.deterministic_sampling = False
+    c.policy.parallelism.data = 1
+    c.policy.parallelism.fsdp = -1
+    c.policy.parallelism.context = 1
+    c.policy.remat = "full"
+    c.validation.enable = True
+    c.validation.freq = 50
+    c.validation.batch_size = 8
+    return c

@@ -1,0 +1,80 @@
+"""DiffusionNFT post-training of Cosmos-Predict2.5-2B (text2world): cosmos-rl's
+cosmos-predict2-5-2b-720-nft.toml (spec video_models.md §5.2), 93 frames at 512x512.
+
+    huggingface-cli download nvidia/Cosmos-Predict2.5-2B --revision diffusers/base/post-trained \
+        --local-dir nvidia/Cosmos-Predict2.5-2B
+    python -m wfm_jax.main --config configs/cosmos25_2b_nft.py \
+        --config.train.train_policy.dataset.local_dir=/path/to/prompts.txt
+
+cosmos-rl's values: LoRA r 32, alpha 64, gaussian init on to_q/to_k/to_v/to_out.0/ff.net.0.proj/
+ff.net.2 (attn1 and attn2; crossattn_proj frozen); 512x512, 93 frames; 10 rollout steps, guidance
+1 (no CFG), 12 videos per prompt, batch 576 (48 prompts x 12); kl_beta 1.0; deterministic dpm2 at
+noise_level 0.7 (cosmos-rl swallows these three and always samples stochastically: wfm_jax
+honours them). Timesteps: wfm_jax feeds the family 1000*sigma in rollout and training alike (the
+Cosmos family divides by 1000 before the DiT); cosmos-rl feeds sigma at rollout and ~1000 sigma in
+training. Text2world only (cosmos-rl's diffusers NFT stack passes a zero condition mask).
+Optimizer values cosmos-rl's NFT recipes share (lr 3e-4, wd 1e-4, betas (0.9, 0.999), clip 1.0,
+EMA 0.9 every step, bf16 params).
+"""
+from wfm_jax.config_schema import COSMOS_LORA_TARGETS, default_config
+
+MODEL = "nvidia/Cosmos-Predict2.5-2B"  # revision diffusers/base/post-trained
+
+
+def get_config():
+    c = default_config()
+    c.train.output_dir = "./outputs/cosmos25_2b_nft"
+    c.train.train_policy.type = "nft"
+    c.train.max_steps = 2000
+    c.train.param_dtype = "bfloat16"
+    c.train.compute_dtype = "bfloat16"
+    c.train.train_batch_per_replica = 576  # 48 prompts x 12 videos
+    c.train.train_policy.mini_batch = 4
+    c.train.optm_lr = 3e-4
+    c.train.optm_weight_decay = 1e-4
+    c.train.optm_betas = (0.9, 0.999)
+    c.train.optm_grad_norm_clip = 1.0
+    c.train.ema_enable = True
+    c.train.ema_decay = 0.9
+    c.train.ema_update_step_interval = 1
+    c.train.ckpt.save_freq = 20
+    tp = c.train.train_policy
+    tp.kl_beta = 1.0
+    tp.timesteps_fraction = 0.99
+    tp.advantage_low = -5.0
+    tp.advantage_high = 5.0
+    tp.global_std = False  # cosmos-rl's remote-reward advantages: per-prompt mean and std
+    tp.std_ddof = 1
+    tp.use_remote_reward = True
+    tp.remote_reward.reward_fns = [
+        {"name": "dance_grpo", "weight": 1.0, "score_key": "overall_reward"}]
+    c.rollout.n_generation = 12
+    c.policy.model_name_or_path = MODEL
+    c.policy.family = "cosmos"
+    c.policy.lora.enable = True
+    c.policy.lora.r = 32
+    c.policy.lora.lora_alpha = 64
+    c.policy.lora.init_lora_weights = "gaussian"
+    c.policy.lora.target_modules = COSMOS_LORA_TARGETS
+    d = c.policy.diffusers
+    d.is_video = True
+    d.inference_size = (512, 512)
+    d.train_frames = 93
+    d.inference_frames = 93
+    d.max_prompt_length = 512  # cosmos-rl's max_prompt_length (the rollout's text length)
+    d.nft_beta = 1.0
+    d.weight_copy_decay_type = 1
+    d.sample.num_steps = 10
+    d.sample.eval_num_steps = 36  # Cosmos2_5_PredictBasePipeline's default
+    d.sample.guidance_scale = 1.0
+    d.sample.noise_level = 0.7
+    d.sample.solver = "dpm2"
+    d.sample.deterministic_sampling = True
+    c.policy.parallelism.data = -1
+    c.policy.parallelism.fsdp = 1
+    c.policy.parallelism.context = 1
+    c.policy.remat = "full"
+    c.validation.enable = True
+    c.validation.freq = 20
+    c.validation.batch_size = 8
+    return c

@@ -1,0 +1,220 @@
+"""Cosmos-Predict2.5 through the shared trainers (issue #13, Training): rollouts and validation
+step on the family's own sigma range (Cosmos' Karras flow sigmas, not the flow-matching grid
+from 1), tiny Cosmos NFT raises its reward, tiny Cosmos DDRL trains with its data loss on
+videos in cosmos-rl's WFM layout (videos/ + metas/), and a killed DDRL run resumes bit for bit."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from tests import _rl_toy as toy
+from tests._resume import assert_resumed_run_matches, kill_and_resume, persistent_compile_cache
+from wfm_jax import config as cfg
+from wfm_jax import main as wmain
+
+CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs")
+
+
+def _shell(scheduler_config):
+    from wfm_jax.models.cosmos.pipeline import CosmosPipeline
+    from wfm_jax.tiny_cosmos import transformer_config
+    from wfm_jax.tiny_wan import vae_config
+    return CosmosPipeline("", None, None, None, None, transformer_config(), vae_config(),
+                          scheduler_config)
+
+
+def test_rl_rollouts_step_on_the_family_sigma_range():
+    from wfm_jax.models.cosmos.pipeline import karras_flow_sigmas
+    from wfm_jax.sampling.schedule import flow_sigmas, unipc_flow_schedule
+    from wfm_jax.tiny_cosmos import scheduler_config
+    from wfm_jax.train.rl_grpo import GRPO
+    from wfm_jax.train.rl_nft import NFT
+
+    pipe = _shell(scheduler_config())
+    want = karras_flow_sigmas(10, 0.01, 200.0)
+    assert 0.99 < want[0] < 0.996 and want[-1] == 0  # 200 / 201, never the pure-noise sigma 1
+    for solver in ("dpm2", "unipc", "euler"):
+        c = cfg.load_config(os.path.join(CONFIGS, "tiny_cosmos_nft.py"),
+                            [("policy.diffusers.sample.solver", solver)])
+        nft = NFT(c, pipe)
+        np.testing.assert_array_equal(np.asarray(nft.sigmas), want)
+        np.testing.assert_array_equal(np.asarray(nft.rollout_sigmas), want)
+    c = cfg.load_config(os.path.join(CONFIGS, "cosmos25_2b_grpo.py"))
+    np.testing.assert_array_equal(np.asarray(GRPO(c, pipe).sigmas), want)
+    # a bare shift (and every family that does not override flow_schedule) keeps the
+    # flow-matching schedulers' grids
+    c = cfg.load_config(os.path.join(CONFIGS, "tiny_nft.py"))
+    np.testing.assert_array_equal(np.asarray(NFT(c, 3.0).sigmas), flow_sigmas(10, 3.0)[0])
+    c = cfg.load_config(os.path.join(CONFIGS, "tiny_cosmos_nft.py"),
+                        [("policy.diffusers.sample.solver", "unipc")])
+    unipc = NFT(c, 3.0)
+    np.testing.assert_array_equal(np.asarray(unipc.rollout_timesteps),
+                                  unipc_flow_schedule(10, 3.0)[1])
+
+
+def test_family_without_karras_sigmas_is_one_line():
+    from wfm_jax.models.family import PipelineError
+    from wfm_jax.tiny_cosmos import scheduler_config
+
+    pipe = _shell(dict(scheduler_config(), use_karras_sigmas=False))
+    with pytest.raises(PipelineError, match="use_karras_sigmas"):
+        pipe.flow_schedule(10, "dpm2")
+
+
+def test_video_condition_masks_each_row_on_its_first_frames():
+    import jax.numpy as jnp
+    from wfm_jax.tiny_cosmos import scheduler_config
+
+    pipe = _shell(scheduler_config())
+    c = jnp.arange(2 * 4 * 3 * 4 * 4, dtype=jnp.float32).reshape(2, 4, 3, 4, 4)
+    out = pipe.video_condition(c, jnp.asarray([0, 2]))
+    assert set(out) == {"cond_latents", "cond_mask"}
+    np.testing.assert_array_equal(np.asarray(out["cond_mask"]).reshape(2, 3),
+                                  [[0, 0, 0], [1, 1, 0]])
+    # on conditioned frames the velocity is the flow through cond_latents: the x0 it implies
+    # is cond_latents exactly, for any point of that flow line; row 0 is plain text2world
+    import jax
+    from flax import nnx
+    from wfm_jax.models.cosmos.transformer import CosmosTransformer
+    from wfm_jax.tiny_cosmos import transformer_config
+    model = CosmosTransformer(transformer_config(), rngs=nnx.Rngs(0))
+    noise = jax.random.normal(jax.random.key(0), c.shape)
+    sigma = 0.7
+    x = (1 - sigma) * c + sigma * noise
+    text = {"encoder_hidden_states": jax.random.normal(jax.random.key(1), (2, 5, 64))}
+    v = pipe.velocity_with(model, x, jnp.full((2,), 1000 * sigma), {**text, **out})
+    np.testing.assert_allclose(np.asarray(x - sigma * v)[1, :, :2], np.asarray(c)[1, :, :2],
+                               atol=1e-4)
+    plain = pipe.velocity_with(model, x, jnp.full((2,), 1000 * sigma), text)
+    np.testing.assert_array_equal(np.asarray(v)[0], np.asarray(plain)[0])
+
+
+def test_conditional_frame_settings():
+    from wfm_jax.train.rl_ddrl import DDRL
+
+    c = cfg.load_config(os.path.join(CONFIGS, "tiny_cosmos_ddrl.py"),
+                        [("policy.diffusers.max_num_conditional_frames", "2")])
+    algo = DDRL(c, None)
+    counts = algo.conditional_frame_counts(3, [0, 0, 1, 5, 7, 7])
+    assert counts.dtype == np.int32 and set(counts.tolist()) <= {0, 1, 2}
+    assert counts[0] == counts[1] and counts[4] == counts[5]  # one draw per data item
+    np.testing.assert_array_equal(counts, algo.conditional_frame_counts(3, [0, 0, 1, 5, 7, 7]))
+    many = algo.conditional_frame_counts(0, range(60))
+    assert set(many.tolist()) == {0, 1, 2}
+    bad = {(("policy.diffusers.min_num_conditional_frames", "2"),): "need 0 <= min <= max",
+           (("train.train_policy.type", "nft"),
+            ("policy.diffusers.sample.solver", "dpm2")): "only DDRL and SFT read",
+           (("policy.diffusers.sample.guidance_scale", "3.0"),): "with CFG"}
+    for overrides, message in bad.items():
+        with pytest.raises(cfg.ConfigError, match=message):
+            cfg.load_config(os.path.join(CONFIGS, "tiny_cosmos_ddrl.py"), list(overrides))
+    with pytest.raises(cfg.ConfigError, match="cannot condition on video"):
+        cfg.load_config(os.path.join(CONFIGS, "tiny_ddrl.py"),
+                        [("policy.diffusers.max_num_conditional_frames", "1")])
+
+
+# ---------------------------------------------------------------------------- end to end
+
+@pytest.fixture(scope="module")
+def brightness():
+    """A reward a random tiny model raises within 20 steps (the tiny clips' JPEG sizes barely
+    move: 32x32 frames are mostly JPEG header)."""
+    from reward_client.registry import register_reward, unregister_reward
+
+    @register_reward("test_brightness")
+    def _brightness(images, prompts, extras):
+        return images.mean(axis=(1, 2, 3)) / 255.0
+
+    yield "test_brightness"
+    unregister_reward("test_brightness")
+
+
+@pytest.fixture(scope="module")
+def tiny_cosmos(tmp_path_factory):
+    from wfm_jax.tiny import build_tiny_pipeline
+    return build_tiny_pipeline(str(tmp_path_factory.mktemp("cosmos") / "pipe"), seed=0,
+                               family="cosmos")
+
+
+@pytest.fixture(scope="module")
+def wfm_videos(tmp_path_factory):
+    """The tiny shapes clips (9 frames of 32x32) in cosmos-rl's WFM layout."""
+    from wfm_jax.data.tiny_dataset import build_shapes_dataset
+    root = tmp_path_factory.mktemp("wfm")
+    clips = build_shapes_dataset(str(root / "clips"), count=8, frames=9)
+    out = root / "wfm"
+    (out / "videos").mkdir(parents=True)
+    (out / "metas").mkdir()
+    for name in sorted(os.listdir(clips)):
+        stem, ext = os.path.splitext(name)
+        if ext == ".mp4":
+            shutil.copy(os.path.join(clips, name), out / "videos" / name)
+            with open(os.path.join(clips, stem + ".json")) as f:
+                (out / "metas" / f"{stem}.txt").write_text(json.load(f)["prompt"])
+    return str(out)
+
+
+@pytest.fixture(scope="module")
+def compile_cache(tmp_path_factory):
+    with persistent_compile_cache(tmp_path_factory.mktemp("jax_cache")):
+        yield
+
+
+def _argv(recipe, model, out, *extra):
+    return ["--config", os.path.join(CONFIGS, recipe), f"--config.policy.model_name_or_path={model}",
+            f"--config.train.output_dir={out}", *extra]
+
+
+@pytest.mark.slow
+def test_tiny_cosmos_nft_reward_rises(tiny_cosmos, brightness, compile_cache, tmp_path):
+    out = tmp_path / "nft"
+    reward = f'[{{"name": "{brightness}", "weight": 1.0, "score_key": ""}}]'
+    assert wmain.main(_argv("tiny_cosmos_nft.py", tiny_cosmos, out,
+                            f"--config.train.train_policy.remote_reward.reward_fns={reward}")) == 0
+    m = toy.metrics(out)
+    assert sorted(m) == list(range(1, 21))
+    toy.assert_reward_rises(m)
+    assert "val/reward_mean" in m[10] and "val/reward_mean" in m[20]
+    assert os.path.isfile(out / "validation" / "step_20.mp4")
+
+
+def _ddrl_argv(model, videos, out, *extra):
+    return _argv("tiny_cosmos_ddrl.py", model, out,
+                 f"--config.train.train_policy.dataset.local_dir={videos}",
+                 "--config.train.train_policy.dataset.layout=wfm",
+                 "--config.train.train_policy.dataset.build_tiny=False",
+                 "--config.train.max_steps=4", "--config.validation.enable=False",
+                 "--config.train.ckpt.export_safetensors=False", *extra)
+
+
+@pytest.fixture(scope="module")
+def ddrl_run(tiny_cosmos, wfm_videos, compile_cache, tmp_path_factory):
+    out = tmp_path_factory.mktemp("ddrl")
+    assert wmain.main(_ddrl_argv(tiny_cosmos, wfm_videos, out, "--config.train.ckpt.save_freq=4")
+                      ) == 0
+    return out
+
+
+@pytest.mark.slow
+def test_tiny_cosmos_ddrl_trains_with_its_data_loss_on_wfm_videos(ddrl_run):
+    m = toy.metrics(ddrl_run)
+    assert sorted(m) == [1, 2, 3, 4]
+    for step in m.values():
+        assert step["train/data_loss"] > 0 and np.isfinite(step["train/loss"])
+        assert step["train/first_epoch_ratio_abs_dev"] == 0.0
+    # the data term moves the policy: its loss differs from step to step
+    assert len({m[s]["train/data_loss"] for s in m}) == 4
+
+
+@pytest.mark.slow
+def test_tiny_cosmos_ddrl_resume_is_bit_identical(ddrl_run, tiny_cosmos, wfm_videos,
+                                                   compile_cache, tmp_path, monkeypatch):
+    out = tmp_path / "resumed"
+    argv = _ddrl_argv(tiny_cosmos, wfm_videos, out, "--config.train.ckpt.save_freq=2")
+    read = kill_and_resume(monkeypatch, argv, kill_after=3, resume_to=4)
+    assert read == {"killed": [0, 1, 2], "resumed": [2, 3]}
+    assert_resumed_run_matches(out, ddrl_run, 4)
