@@ -1,6 +1,7 @@
-"""The Wan DiT on the 8-device mesh (data=2 x fsdp=2 x context=2, the 12 video tokens split over
-`context`): its forward and one whole SFT train step (loss, gradient norm, updated parameters,
-EMA) equal the single-device ones in fp32; policy.remat reaches the loaded transformer."""
+"""The Wan, Cosmos and SANA DiTs on the 8-device mesh
+(data=2 x fsdp=2 x context=2, the tokens split over `context`): its forward and one whole SFT
+train step (loss, gradient norm, updated parameters, EMA) equal the single-device ones in fp32;
+policy.remat reaches the loaded transformer. Text comes from the family's own encoder."""
 from __future__ import annotations
 
 import jax
@@ -12,47 +13,57 @@ from wfm_jax import mesh as wmesh
 from wfm_jax.config_schema import default_config
 from wfm_jax.train import setup as setup_lib, sft
 
-BATCH, TEXT = 4, 8  # rows split over data x fsdp = 4; 12 video tokens over context = 2
+BATCH = 4  # rows split over data x fsdp = 4; the tokens (12 to 32) over context = 2
 SIZES = dict(data=2, fsdp=2, context=2)
+PROMPTS = ["a red circle", "two blue squares", "a yellow triangle on black", ""]
+# family -> (frames, text tokens): 9 frames of 32x32 give 12 tokens (Wan, Cosmos), SANA-Video's
+# 5 frames 32; Cosmos' chat template alone is about 100 tokens of the tiny byte-level vocab
+# SANA-Video is not here yet: its forward under fsdp=2 x context=2 differs from one device by
+# ~1e-2 (fsdp or context alone, and data=8, agree to 4e-7): an open bug, issue J's note
+FAMILIES = {"wan": (9, 16), "cosmos": (9, 128), "sana": (None, 16)}
 
 
-@pytest.fixture(scope="module")
-def wan_dir(tmp_path_factory):
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def family_dir(request, tmp_path_factory):
     from wfm_jax.tiny import build_tiny_pipeline
-    return build_tiny_pipeline(str(tmp_path_factory.mktemp("wan") / "pipe"), seed=0, family="wan")
+    path = str(tmp_path_factory.mktemp(request.param) / "pipe")
+    return request.param, build_tiny_pipeline(path, seed=0, family=request.param)
 
 
-def _config(wan_dir, out_dir, remat="none"):
+def _config(family_dir, out_dir, remat="none"):
+    family, model_dir = family_dir
     c = default_config()
     c.train.output_dir = str(out_dir)
     c.train.param_dtype = c.train.compute_dtype = "float32"
     c.train.optm_lr, c.train.optm_warmup_steps = 1e-3, 0
     c.train.ema_enable, c.train.ema_decay = True, 0.9
-    c.policy.family, c.policy.diffusers.is_video = "wan", True
-    c.policy.model_name_or_path = wan_dir
+    c.policy.family = family
+    c.policy.diffusers.is_video = FAMILIES[family][0] is not None
+    c.policy.model_name_or_path = model_dir
     c.policy.remat = remat
     return c
 
 
-def _inputs(pipe):
+def _inputs(pipe, family):
+    frames, tokens = FAMILIES[family]
     rng = np.random.default_rng(0)
-    x0 = rng.standard_normal(pipe.latent_shape(BATCH, 32, 32, frames=9)).astype(np.float32)
-    text = rng.standard_normal((BATCH, TEXT, pipe.transformer_config["text_dim"]))
-    return x0, pipe.cond_from_embedding(text.astype(np.float32)), np.arange(BATCH, dtype=np.int32)
+    x0 = rng.standard_normal(pipe.latent_shape(BATCH, 32, 32, frames=frames)).astype(np.float32)
+    cond = jax.tree.map(np.asarray, pipe.encode_prompt(PROMPTS, tokens))
+    return x0, cond, np.arange(BATCH, dtype=np.int32)
 
 
-def _run(wan_dir, out_dir, monkeypatch, n_devices, remat="none"):
+def _run(family_dir, out_dir, monkeypatch, n_devices, remat="none"):
     """(velocity, loss metrics, updated params, EMA) of one SFT step on an n-device mesh."""
     sizes = SIZES if n_devices == 8 else dict(data=1, fsdp=1, context=1)
     mesh = wmesh.make_mesh(devices=jax.devices()[:n_devices], **sizes)
     monkeypatch.setattr(setup_lib, "build_mesh", lambda config: mesh)
-    setup = setup_lib.build(_config(wan_dir, out_dir, remat))
+    setup = setup_lib.build(_config(family_dir, out_dir, remat))
     try:
         pipe, rows = setup.pipe, setup.batch_sharding()
         # the recipe's policy.remat reached the DiT the step runs
         assert setup_lib.merge(setup.graphdef, setup.state.params, setup.frozen).remat == remat
         x0, cond, ids = (jax.device_put(a, rows) for a in jax.tree.map(jnp.asarray,
-                                                                        _inputs(pipe)))
+                                                                        _inputs(pipe, family_dir[0])))
         t = jax.device_put(jnp.array([999.0, 700.0, 300.0, 20.0]), rows)
         family, graphdef = pipe.shell(), setup.graphdef
         forward = wmesh.mesh_jit(
@@ -68,13 +79,12 @@ def _run(wan_dir, out_dir, monkeypatch, n_devices, remat="none"):
 
 
 @pytest.mark.slow
-def test_wan_forward_and_sft_step_on_8_devices_equal_one_device(wan_dir, tmp_path,
-                                                                 monkeypatch):
+def test_forward_and_sft_step_on_8_devices_equal_one_device(family_dir, tmp_path, monkeypatch):
     if jax.device_count() < 8:
         pytest.skip("needs XLA_FLAGS=--xla_force_host_platform_device_count=8")
-    one = _run(wan_dir, tmp_path / "one", monkeypatch, 1)
+    one = _run(family_dir, tmp_path / "one", monkeypatch, 1)
     # remat "full" on the mesh: rematerialised blocks must not change a number either
-    eight = _run(wan_dir, tmp_path / "eight", monkeypatch, 8, remat="full")
+    eight = _run(family_dir, tmp_path / "eight", monkeypatch, 8, remat="full")
     np.testing.assert_allclose(eight[0], one[0], atol=1e-5, rtol=1e-5)
     for key in ("loss", "grad_norm"):
         np.testing.assert_allclose(eight[1][key], one[1][key], atol=1e-5, rtol=1e-5)
