@@ -57,3 +57,17 @@ def test_plan_refuses_what_it_cannot_plan(model_dir):
         _plan(model_dir, "--config.train.train_policy.type=nft", "--config.rollout.n_generation=4")
     with pytest.raises(SystemExit):
         plan_lib.parse_args(["--bogus"])
+
+
+def test_main_refuses_a_run_that_cannot_fit_before_loading_weights(tmp_path, monkeypatch,
+                                                                   capsys):
+    from wfm_jax.main import EXIT_BAD_INPUT, main
+    monkeypatch.setenv(plan_lib.MEMORY_ENV, str(1 << 20))  # a 1 MiB device
+    out = tmp_path / "run"
+    code = main(["--config", "configs/tiny_sft.py", f"--config.train.output_dir={out}",
+                 f"--config.policy.model_name_or_path={tmp_path / 'tiny_sd3'}",
+                 f"--config.train.train_policy.dataset.local_dir={tmp_path / 'shapes'}"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == EXIT_BAD_INPUT
+    assert len(err) == 1 and "does not fit" in err[0] and "> 0.00 GiB" in err[0], err
+    assert not (out / "checkpoints").exists()  # nothing trained, nothing saved

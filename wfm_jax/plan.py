@@ -201,7 +201,7 @@ def collective_bytes(hlo_text: str) -> dict[str, int]:
     return out
 
 
-def plan(args) -> dict:
+def plan(args, config=None) -> dict:
     import jax
     import jax.numpy as jnp
     from flax import nnx
@@ -212,8 +212,8 @@ def plan(args) -> dict:
     from wfm_jax.train import setup as setup_lib, sft
     from wfm_jax.train.state import TrainState
 
-    overrides = [tuple(kv.split("=", 1)) for kv in args.set]
-    config = load_config(args.config, overrides)
+    if config is None:
+        config = load_config(args.config, [tuple(kv.split("=", 1)) for kv in args.set])
     t, d = config.train, config.policy.diffusers
     if t.train_policy.type != "sft":
         raise SystemExit(f"wfm_jax.plan: train.train_policy.type={t.train_policy.type!r}: only "
@@ -272,8 +272,10 @@ def plan(args) -> dict:
         "ema_bytes": _per_device_bytes(state.ema) if state.ema is not None else 0,
         "train_state_bytes": _per_device_bytes(state),
         "transformer_frozen_bytes": _per_device_bytes(frozen),
-        # SD3's CLIP-L/G + T5-XXL + VAE; other families' encoders are not counted yet
-        "encoders_vae_bytes": frozen_bytes(mesh, rules, frozen_dtype) if family == "sd3" else 0,
+        # SD3.5's CLIP-L/G + T5-XXL + VAE (a transformer fed by T5-XXL: 4096-wide text); tiny
+        # and other families' encoders are not counted yet
+        "encoders_vae_bytes": (frozen_bytes(mesh, rules, frozen_dtype)
+                               if family == "sd3" and cfg["joint_attention_dim"] == 4096 else 0),
         "step_argument_bytes": int(m.argument_size_in_bytes),
         "step_temp_bytes": int(m.temp_size_in_bytes),
         "step_output_bytes": int(m.output_size_in_bytes),
@@ -318,6 +320,48 @@ def fit_line(r: dict) -> str:
     return (f"  peak {r['total_bytes'] / GiB:.1f} GiB per device ({r['total_bytes'] / 1e9:.1f} "
             f"GB): {verdict} a {r['device_kind']} ({r['device_memory_bytes'] / 1e9:.0f} GB; "
             f"CPU analysis: GPU temp is lower)")
+
+
+MEMORY_ENV = "WFM_JAX_DEVICE_MEMORY_BYTES"  # per-device limit main checks against (any backend)
+
+
+def check_fits(config) -> dict | None:
+    """main's check before any weight is read: plan the recipe's step on this run's devices and
+    raise train.setup.SetupError (one line, the numbers) when its peak exceeds a device's memory.
+
+    Runs on accelerators (the limit: $WFM_JAX_DEVICE_MEMORY_BYTES, else the device's own
+    bytes_limit) and wherever $WFM_JAX_DEVICE_MEMORY_BYTES is set (CPU included); recipes plan
+    cannot build yet (RL steps, families other than SD3 and Wan) are not checked."""
+    import jax
+
+    from wfm_jax.train.setup import SetupError, ensure_tiny_assets
+    limit = os.environ.get(MEMORY_ENV)
+    if limit is None:
+        if jax.default_backend() == "cpu":
+            return None
+        limit = (jax.local_devices()[0].memory_stats() or {}).get("bytes_limit")
+        if not limit:
+            return None
+    if (config.train.train_policy.type != "sft" or str(config.policy.family) not in ("sd3", "wan")
+            or config.policy.lora.enable):
+        return None
+    ensure_tiny_assets(config)  # a tiny recipe's model dir holds the config.json to plan from
+    devices = jax.device_count()
+    context = max(1, int(config.policy.parallelism.context))
+    args = parse_args(["--devices", str(devices), "--batch-per-device",
+                       str(max(1, int(config.train.train_batch_per_replica) * context // devices))])
+    r = plan(args, config)
+    r["device_kind"] = jax.devices()[0].device_kind
+    r["device_memory_bytes"], r["fits"] = int(limit), r["total_bytes"] <= int(limit)
+    if not r["fits"]:
+        raise SetupError(
+            f"this run does not fit: {r['total_bytes'] / GiB:.2f} GiB per device (train state "
+            f"{r['train_state_bytes'] / GiB:.2f}, frozen "
+            f"{(r['transformer_frozen_bytes'] + r['encoders_vae_bytes']) / GiB:.2f}, "
+            f"step temp {r['step_temp_bytes'] / GiB:.2f}) > {int(limit) / GiB:.2f} GiB of "
+            f"{r['device_kind']} memory; try policy.remat=full, more fsdp, a smaller batch "
+            f"(python -m wfm_jax.plan --config ... for the figures)")
+    return r
 
 
 def main(argv=None) -> int:
