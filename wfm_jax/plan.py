@@ -25,6 +25,7 @@ import json
 import math
 import os
 import sys
+import time
 
 GiB = 2 ** 30
 
@@ -255,7 +256,9 @@ def plan(args, config=None) -> dict:
         traced = step.jitted.trace(state, frozen, arg(x_shape),
                                    {k: arg(v) for k, v in cond_shapes.items()},
                                    arg((batch,), jnp.int32))
+        start = time.perf_counter()
         compiled = traced.lower().compile()
+        compile_seconds = time.perf_counter() - start
     m = compiled.memory_analysis()
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
@@ -276,6 +279,7 @@ def plan(args, config=None) -> dict:
         # and other families' encoders are not counted yet
         "encoders_vae_bytes": (frozen_bytes(mesh, rules, frozen_dtype)
                                if family == "sd3" and cfg["joint_attention_dim"] == 4096 else 0),
+        "compile_seconds": round(compile_seconds, 1),
         "step_argument_bytes": int(m.argument_size_in_bytes),
         "step_temp_bytes": int(m.temp_size_in_bytes),
         "step_output_bytes": int(m.output_size_in_bytes),
