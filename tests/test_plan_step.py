@@ -71,3 +71,22 @@ def test_main_refuses_a_run_that_cannot_fit_before_loading_weights(tmp_path, mon
     assert code == EXIT_BAD_INPUT
     assert len(err) == 1 and "does not fit" in err[0] and "> 0.00 GiB" in err[0], err
     assert not (out / "checkpoints").exists()  # nothing trained, nothing saved
+
+
+def test_plan_builds_a_wan_step(tmp_path):
+    wan = dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=16, in_channels=16,
+               out_channels=16, text_dim=32, freq_dim=32, ffn_dim=64, num_layers=3,
+               cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6,
+               rope_max_seq_len=32)
+    (tmp_path / "transformer").mkdir()
+    (tmp_path / "transformer" / "config.json").write_text(json.dumps(wan))
+    args = plan_lib.parse_args(["--config", "configs/tiny_wan_sft.py", "--devices", "2",
+                                "--batch-per-device", "1", "--size", "64", "--remat", "full",
+                                f"--config.policy.model_name_or_path={tmp_path}",
+                                "--config.policy.parallelism.data=2"])
+    r = plan_lib.plan(args)
+    assert r["family"] == "wan" and r["frames"] == 9 and r["remat"] == "full"
+    rows = r["global_batch"] // 2
+    batch = 4 * rows * (16 * 3 * 8 * 8 + 16 * 32 + 1)  # latents (3 frames), text, ids
+    assert r["step_argument_bytes"] == r["train_state_bytes"] + r["transformer_frozen_bytes"] + batch
+    assert r["flops_per_step"] > 0 and r["encoders_vae_bytes"] == 0
