@@ -182,7 +182,10 @@ DEFAULTS = {
         # tokens split over parallelism.context: ulysses (all-to-all heads <-> sequence), ring
         # (K/V rotated round the devices), auto (ulysses when the heads divide, else ring)
         "context_parallel_impl": "auto",
+        # per block: none|full|dots|dots_no_batch|offload (GPU/TPU; `dots` on CPU), see
+        # models/layers/remat.py
         "remat": "none",
+        "scan_layers": True,  # runs of identical blocks as one lax.scan (same checkpoint layout)
     },
     "rollout": {"n_generation": 24},
     "validation": {
@@ -230,7 +233,7 @@ CHOICES = {
     # Flow-GRPO and DDRL check their own below
     "policy.diffusers.sample.solver": ("flow", "euler", "sde", "cps", "dance", "ddim", "dpm1", "dpm2",
                                        "edm", "unipc", "dpm_solver"),
-    "policy.remat": ("none", "full", "dots"),
+    "policy.remat": ("none", "full", "dots", "dots_no_batch", "offload"),
     "policy.attention_impl": ("auto", "xla", "cudnn", "blockwise", "pallas"),
     "policy.context_parallel_impl": ("auto", "ulysses", "ring"),
 }

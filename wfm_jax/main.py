@@ -81,6 +81,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     try:
         config = prepare(argv)
+        from wfm_jax.plan import check_fits
+        check_fits(config)  # on accelerators: refuse what cannot fit before loading weights
         from wfm_jax.train.preempt import sigterm_stops_after_step
         with sigterm_stops_after_step():
             step = train(config)

@@ -140,6 +140,7 @@ def load_pipeline(config, mesh=None, rules=None) -> PipelineFamily:
             frozen_param_dtype=DTYPES[config.train.compute_dtype],
             transformer_options=dict(attention_impl=config.policy.attention_impl,
                                      remat=config.policy.remat,
+                                     scan_layers=bool(config.policy.scan_layers),
                                      context_parallel_impl=config.policy.context_parallel_impl))
     except (PipelineError, FileNotFoundError) as e:
         raise SetupError(f"{e} ({MODEL_FLAG})") from e

@@ -25,7 +25,7 @@ from wfm_jax.models.cosmos.embeddings import CosmosTimeEmbedding, PatchEmbed, re
 from wfm_jax.models.cosmos.rope import check_head_dim, rope_tables
 from wfm_jax.models.layers.attention import check_attention_impl
 from wfm_jax.models.layers.linear import Linear
-from wfm_jax.models.layers.remat import call_block, check_remat
+from wfm_jax.models.layers.remat import check_remat, run_blocks
 
 # diffusers CosmosTransformer3DModel.__init__ defaults
 DEFAULTS = dict(in_channels=16, out_channels=16, num_attention_heads=32, attention_head_dim=128,
@@ -93,18 +93,20 @@ class CosmosTransformer(nnx.Module):
     attention_impl: "xla", "cudnn", "auto" or None, as for the SD3 and Wan models.
     context_parallel_impl: "auto" | "ulysses" | "ring" for the self-attention when a mesh splits
     the tokens over `context` (layers.context_parallel); cross-attention stays local.
-    remat: "none" | "full" | "dots" per block (layers.remat.REMAT_POLICIES).
+    remat: a layers.remat.REMAT_POLICIES name, per block; scan_layers: run the (identical)
+    blocks as one lax.scan over their stacked weights (same parameters either way).
     Parameter paths are diffusers module names ("transformer_blocks.3.attn1.to_q.kernel").
     """
 
     def __init__(self, config: dict, *, dtype=None, param_dtype=jnp.float32, rngs: nnx.Rngs,
-                 attention_impl="xla", remat: str = "none", context_parallel_impl="auto"):
+                 attention_impl="xla", remat: str = "none", context_parallel_impl="auto",
+                 scan_layers: bool = False):
         cfg = cosmos_config(config)
         self._config_items = tuple(sorted(cfg.items()))  # hashable: part of the static graph
         self.dtype = jnp.dtype(dtype or param_dtype)
         check_attention_impl(attention_impl, self.dtype)
         check_remat(remat)
-        self.remat = remat
+        self.remat, self.scan_layers = remat, bool(scan_layers)
         heads, head_dim = cfg["num_attention_heads"], cfg["attention_head_dim"]
         dim = heads * head_dim
         self.head_dim, self.patch_size = head_dim, cfg["patch_size"]
@@ -190,9 +192,10 @@ class CosmosTransformer(nnx.Module):
         if self.crossattn_proj is not None:
             context = jax.nn.gelu(self.crossattn_proj[0](context), approximate=False)
         context = mesh.constrain(context, TOKEN_AXES)
-        for block in self.transformer_blocks:
-            x = mesh.constrain(call_block(block, self.remat, x, context, e, temb, rope),
-                               TOKEN_AXES)
+        x = run_blocks(
+            self.transformer_blocks, x,
+            lambda block, x: mesh.constrain(block(x, context, e, temb, rope), TOKEN_AXES),
+            remat=self.remat, scan_layers=self.scan_layers)
         x, _ = self.norm_out(x, e, temb, self.dtype)
         x = self.proj_out(x)
         # proj_out's vectors are ordered (ph, pw, pt, C): not the patchify order (diffusers:

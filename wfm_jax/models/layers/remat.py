@@ -1,21 +1,60 @@
-"""Configurable rematerialisation of a model's repeated blocks (`policy.remat`)."""
+"""Rematerialisation and layer scan of a model's repeated blocks (`policy.remat`,
+`policy.scan_layers`), shared by every family's transformer.
+
+Policies (per block):
+  none          keep every activation for the backward;
+  full          keep only the block's inputs, recompute the whole block;
+  dots          keep matmul outputs without batch dims (the linear layers), recompute the rest;
+  dots_no_batch keep every matmul output (attention's batched QK^T / PV included: S x S on the
+                XLA attention path), recompute the elementwise work only;
+  offload       as `dots`, but the kept matmul outputs go to pinned host memory (GPU, TPU). The
+                CPU backend has no separate host memory space: there it runs as `dots` (one
+                warning line).
+
+The parameter layout never changes: one module per block (`blocks.3.attn1.to_q.kernel`), so
+checkpoints and converter tables are the same with scan on or off. A scanned run stacks its
+blocks' weights inside the traced step (a copy in each layer's compute dtype, sharded like them).
+"""
 from __future__ import annotations
 
+import warnings
+
 import jax
+import jax.numpy as jnp
 from flax import nnx
 
-# "none": keep every activation; "full": recompute the whole block in the backward pass;
-# "dots": keep only matmul outputs without batch dims (the linear layers), recompute the rest.
+from wfm_jax.models.layers.linear import Linear
+
 REMAT_POLICIES = {
     "none": None,
     "full": jax.checkpoint_policies.nothing_saveable,
     "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    "dots_no_batch": jax.checkpoint_policies.dots_saveable,
+    "offload": jax.checkpoint_policies.offload_dot_with_no_batch_dims("device", "pinned_host"),
 }
 
 
 def check_remat(remat: str) -> None:
     if remat not in REMAT_POLICIES:
         raise ValueError(f"remat must be one of {sorted(REMAT_POLICIES)}, got {remat!r}")
+
+
+def resolve_remat(remat: str) -> str:
+    """The policy that runs on this backend: `offload` needs a host memory space (not CPU)."""
+    check_remat(remat)
+    if remat == "offload" and jax.default_backend() == "cpu":
+        warnings.warn("policy.remat=offload: the CPU backend has no pinned host memory; "
+                      "running remat=dots instead", stacklevel=3)
+        return "dots"
+    return remat
+
+
+def checkpointed(fn, remat: str, *, prevent_cse: bool = True):
+    """fn under jax.checkpoint with the named policy (fn itself for "none")."""
+    remat = resolve_remat(remat)
+    if remat == "none":
+        return fn
+    return jax.checkpoint(fn, policy=REMAT_POLICIES[remat], prevent_cse=prevent_cse)
 
 
 def call_block(block: nnx.Module, remat: str, *args):
@@ -32,4 +71,65 @@ def call_block(block: nnx.Module, remat: str, *args):
     def pure(state, *a):
         return nnx.merge(graphdef, state)(*a)
 
-    return jax.checkpoint(pure, policy=REMAT_POLICIES[remat])(state, *args)
+    return checkpointed(pure, remat)(state, *args)
+
+
+def compute_state(block: nnx.Module) -> nnx.State:
+    """The block's state with each Linear's weights already cast to its compute dtype (the cast
+    it does at use anyway; fp32 parts such as AdaLN modulation stay fp32): the scanned stack then
+    holds half the bytes, and FSDP gathers bf16, not fp32."""
+    casts = {path: m.dtype for path, m in nnx.iter_graph(block)
+             if isinstance(m, Linear) and m.dtype is not None}
+    flat = []
+    for path, var in nnx.state(block).flat_state():
+        dtype = casts.get(tuple(path[:-1]))
+        if dtype is not None and path[-1] in _LINEAR_WEIGHTS:
+            var = var.replace(var.get_value().astype(dtype))
+        flat.append((path, var))
+    return nnx.State.from_flat_path(flat)
+
+
+_LINEAR_WEIGHTS = ("kernel", "bias", "lora_a", "lora_b")
+
+
+def block_groups(blocks, scan_layers: bool) -> list[list[int]]:
+    """Runs of consecutive blocks with one structure (one graphdef): each run of two or more is
+    one lax.scan when scan_layers, else every block is its own group."""
+    groups, last = [], None
+    for i, block in enumerate(blocks):
+        graphdef = nnx.graphdef(block)
+        if groups and scan_layers and graphdef == last:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+        last = graphdef
+    return groups
+
+
+def run_blocks(blocks, carry, apply, *, remat: str, scan_layers: bool):
+    """carry through every block in order: carry = apply(block, carry), each block under the
+    remat policy; runs of identical blocks as one lax.scan over their stacked weights.
+
+    apply(block, carry) -> carry closes over what every block reads alike (text, rope, temb).
+    Scanned, XLA keeps one block's activations (and under FSDP one block's gathered weights)
+    live at a time and the policy applies per iteration; unrolled, it may schedule every
+    recomputation before the backward, and remat saves less.
+    """
+    for group in block_groups(blocks, scan_layers):
+        graphdef = nnx.graphdef(blocks[group[0]])
+
+        def pure(state, carry, graphdef=graphdef):
+            return apply(nnx.merge(graphdef, state), carry)
+
+        if len(group) == 1:
+            if remat == "none":
+                carry = apply(blocks[group[0]], carry)
+            else:
+                carry = checkpointed(pure, remat)(nnx.state(blocks[group[0]]), carry)
+            continue
+        # inside a scan XLA cannot CSE the recompute away: the barrier against it is not needed
+        fn = checkpointed(pure, remat, prevent_cse=False)
+        stacked = jax.tree.map(lambda *xs: jnp.stack(xs),
+                               *[compute_state(blocks[i]) for i in group])
+        carry, _ = jax.lax.scan(lambda c, s, fn=fn: (fn(s, c), None), carry, stacked)
+    return carry

@@ -7,8 +7,8 @@ with `video=True`), with scale_shift_table (6, D) + the timestep projection as m
 
 Modulation and the residual sums are fp32 (the norms too); the modulation is (B, T, 6, D) with
 T = 1 (one timestep per sample) or T = N (one per token, which diffusers' video model
-broadcasts). The patch grid is static: `call_block` below checkpoints the block with it closed
-over (layers.remat.call_block passes every argument through jax.checkpoint as a traced value).
+broadcasts). The patch grid is static: the transformer passes it closed over in the function
+layers.remat.run_blocks checkpoints (jax.checkpoint sees only traced arguments).
 """
 from __future__ import annotations
 
@@ -20,7 +20,6 @@ from flax import nnx
 
 from wfm_jax.models.layers.linear import param
 from wfm_jax.models.layers.norms import LayerNorm
-from wfm_jax.models.layers.remat import REMAT_POLICIES
 from wfm_jax.models.sana.cross_attention import SanaCrossAttention
 from wfm_jax.models.sana.glumbconv import GLUMBConv, GLUMBTempConv
 from wfm_jax.models.sana.linear_attention import SanaLinearAttention
@@ -66,16 +65,3 @@ class SanaBlock(nnx.Module):
         h = modulate(self.norm2, x, c_shift, c_scale, self.dtype)
         h = self.ff(h.reshape(h.shape[0], *grid, h.shape[-1]))
         return gated_residual(x, c_gate, h.reshape(x.shape))
-
-
-def call_block(block: SanaBlock, remat: str, grid, *args):
-    """block(*args, grid=grid), checkpointed with the named policy unless remat is "none"; a pure
-    function of the block's state as in layers.remat.call_block (safe inside other traces)."""
-    if remat == "none":
-        return block(*args, grid=grid)
-    graphdef, state = nnx.split(block)
-
-    def pure(state, *a):
-        return nnx.merge(graphdef, state)(*a, grid=grid)
-
-    return jax.checkpoint(pure, policy=REMAT_POLICIES[remat])(state, *args)

@@ -23,8 +23,8 @@ from wfm_jax.models.layers.attention import check_context_parallel_impl
 from wfm_jax import mesh
 from wfm_jax.models.layers.linear import Linear, param
 from wfm_jax.models.layers.norms import LayerNorm
-from wfm_jax.models.layers.remat import check_remat
-from wfm_jax.models.sana.block import SanaBlock, call_block
+from wfm_jax.models.layers.remat import check_remat, run_blocks
+from wfm_jax.models.sana.block import SanaBlock
 from wfm_jax.models.sana.cross_attention import mask_bias
 from wfm_jax.models.sana.embeddings import PatchEmbed2D, caption_layers, time_embedding
 
@@ -76,13 +76,14 @@ def sana_config(config: dict) -> dict:
 
 class SanaBase(nnx.Module):
     """What SANA1.5 and SANA-Video share; subclasses make the patch embedding and say how the
-    tokens map back to latents. dtype: compute dtype (None: param_dtype); remat: "none" | "full"
-    | "dots" per block; attention_impl: accepted for the common loader interface, "auto" / "xla"
+    tokens map back to latents. dtype: compute dtype (None: param_dtype); remat: a
+    layers.remat.REMAT_POLICIES name, per block; scan_layers: the blocks as one lax.scan; attention_impl: accepted for the common loader interface, "auto" / "xla"
     / None (the only softmax attention is the masked cross-attention, run by XLA)."""
 
     video = False
 
-    def __init__(self, cfg: dict, *, dtype, param_dtype, rngs: nnx.Rngs, attention_impl, remat):
+    def __init__(self, cfg: dict, *, dtype, param_dtype, rngs: nnx.Rngs, attention_impl, remat,
+                 scan_layers):
         if attention_impl not in ATTENTION_IMPLS:
             raise ValueError(f"SANA attention_impl must be one of {ATTENTION_IMPLS} (its masked "
                              f"cross-attention runs on XLA), got {attention_impl!r}")
@@ -91,6 +92,7 @@ class SanaBase(nnx.Module):
                                           for k, v in cfg.items()))  # hashable: static graph
         self.dtype = jnp.dtype(dtype or param_dtype)
         self.remat, self.guidance_embeds = remat, cfg["guidance_embeds"]
+        self.scan_layers = bool(scan_layers)
         self.out_channels = cfg["out_channels"]
         dim = cfg["num_attention_heads"] * cfg["attention_head_dim"]
         kw = dict(rngs=rngs, dtype=self.dtype, param_dtype=param_dtype)
@@ -148,9 +150,11 @@ class SanaBase(nnx.Module):
         context = self.caption_projection(jnp.asarray(encoder_hidden_states).astype(self.dtype))
         context = mesh.constrain(self.caption_norm(context), TOKEN_AXES)
         bias = mask_bias(encoder_attention_mask, b, context.shape[1])
-        for block in self.transformer_blocks:
-            x = call_block(block, self.remat, grid, x, context, bias, tproj, rope)
-            x = mesh.constrain(x, TOKEN_AXES)
+        x = run_blocks(
+            self.transformer_blocks, x,
+            lambda block, x: mesh.constrain(block(x, context, bias, tproj, rope, grid=grid),
+                                            TOKEN_AXES),
+            remat=self.remat, scan_layers=self.scan_layers)
         mod = self.scale_shift_table[...].astype(jnp.float32) + temb[:, :, None]  # (B, T, 2, D)
         y = self.norm_out(x.astype(jnp.float32)) * (1.0 + mod[:, :, 1]) + mod[:, :, 0]
         return self.proj_out(y.astype(self.dtype))
@@ -160,13 +164,15 @@ class SanaTransformer(SanaBase):
     """SANA1.5 velocity model: (B, C, H, W) latents -> (B, C_out, H, W) in the compute dtype."""
 
     def __init__(self, config: dict, *, dtype=None, param_dtype=jnp.float32, rngs: nnx.Rngs,
-                 attention_impl="xla", remat: str = "none", context_parallel_impl="auto"):
+                 attention_impl="xla", remat: str = "none", context_parallel_impl="auto",
+                 scan_layers: bool = False):
         # linear attention splits over `context` with one psum of its K.V state, never Ulysses or
         # a ring: the option is accepted (one recipe key for every family) and only checked
         check_context_parallel_impl(context_parallel_impl)
         cfg = sana_config(config)
         super().__init__(cfg, dtype=dtype, param_dtype=param_dtype, rngs=rngs,
-                         attention_impl=attention_impl, remat=remat)
+                         attention_impl=attention_impl, remat=remat,
+                         scan_layers=scan_layers)
         dim = cfg["num_attention_heads"] * cfg["attention_head_dim"]
         self.patch_size = cfg["patch_size"]
         self.patch_embed = PatchEmbed2D(sample_size=cfg["sample_size"], patch_size=self.patch_size,

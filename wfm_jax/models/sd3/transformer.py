@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import warnings
 
-import jax
 import jax.numpy as jnp
 from flax import nnx
 
@@ -16,7 +15,8 @@ from wfm_jax import mesh
 from wfm_jax.models.layers.attention import check_attention_impl
 from wfm_jax.models.layers.embeddings import CombinedTimestepTextProjEmbeddings, PatchEmbed
 from wfm_jax.models.layers.linear import Linear
-from wfm_jax.models.layers.remat import REMAT_POLICIES, call_block, check_remat  # noqa: F401 (re-exported)
+from wfm_jax.models.layers.remat import (  # noqa: F401 (re-exported)
+    REMAT_POLICIES, block_groups, call_block, check_remat, run_blocks)
 from wfm_jax.models.sd3.blocks import AdaLayerNormContinuous, JointTransformerBlock
 
 # diffusers SD3Transformer2DModel.__init__ defaults
@@ -50,23 +50,6 @@ def sd3_config(config: dict) -> dict:
     return cfg
 
 
-def _compute_state(block: nnx.Module) -> nnx.State:
-    """The block's state with each Linear's weights already cast to its compute dtype (the cast
-    it does at use anyway; the AdaLN modulation, fp32, stays fp32)."""
-    casts = {path: m.dtype for path, m in nnx.iter_graph(block)
-             if isinstance(m, Linear) and m.dtype is not None}
-    flat = []
-    for path, var in nnx.state(block).flat_state():
-        dtype = casts.get(tuple(path[:-1]))
-        if dtype is not None and path[-1] in _LINEAR_WEIGHTS:
-            var = var.replace(var.get_value().astype(dtype))
-        flat.append((path, var))
-    return nnx.State.from_flat_path(flat)
-
-
-_LINEAR_WEIGHTS = ("kernel", "bias", "lora_a", "lora_b")
-
-
 class SD3Transformer(nnx.Module):
     """MMDiT velocity model; call layout and meaning identical to the diffusers forward.
 
@@ -75,7 +58,7 @@ class SD3Transformer(nnx.Module):
     XLA: layers.attention.resolve_attention_impl) or None (JAX's default: XLA).
     context_parallel_impl: "auto" | "ulysses" | "ring", the scheme when a mesh splits the tokens
     over `context` (layers.context_parallel).
-    remat: "none" | "full" | "dots" per transformer block (see REMAT_POLICIES).
+    remat: a layers.remat.REMAT_POLICIES name, per transformer block.
     scan_layers: run each stretch of identical blocks as one lax.scan (block_groups); False
     unrolls them (the parameters are the same either way: one module per block).
     The output is in the compute dtype (as diffusers returns the model dtype). Parameter paths
@@ -122,60 +105,19 @@ class SD3Transformer(nnx.Module):
     def config(self) -> dict:
         return dict(self._config_items)
 
-    def _block_fn(self, graphdef, scanned: bool):
-        """pure(state, x, c, temb) -> (c, x) of one block, under the remat policy.
-
-        A pure function of the block's state (not nnx.remat, which writes the state back after
-        the call and so fails when the model was merged inside another trace, such as the RL
-        rollout's lax.scan: "Cannot mutate Param from a different trace level")."""
-        def pure(state, x, c, t):
-            return nnx.merge(graphdef, state)(x, c, t)
-
-        if self.remat == "none":
-            return pure
-        # inside a scan XLA cannot CSE the recompute away, so the barrier against it is not needed
-        return jax.checkpoint(pure, policy=REMAT_POLICIES[self.remat], prevent_cse=not scanned)
-
     def block_groups(self) -> list[list[int]]:
-        """Runs of consecutive blocks with one structure (SD3.5-M: the dual-attention blocks
-        0..12, the plain ones, the context_pre_only last block): each run of two or more is
-        one lax.scan."""
-        groups, last = [], None
-        for i, block in enumerate(self.transformer_blocks):
-            graphdef = nnx.graphdef(block)
-            if groups and self.scan_layers and graphdef == last:
-                groups[-1].append(i)
-            else:
-                groups.append([i])
-            last = graphdef
-        return groups
+        """Runs of identical blocks (SD3.5-M: the dual-attention blocks 0..12, the plain ones,
+        the context_pre_only last block): each run of two or more is one lax.scan."""
+        return block_groups(self.transformer_blocks, self.scan_layers)
 
     def _run_blocks(self, x, c, temb):
-        blocks = self.transformer_blocks
-        for group in self.block_groups():
-            graphdef = nnx.graphdef(blocks[group[0]])
-            fn = self._block_fn(graphdef, scanned=len(group) > 1)
-            if len(group) == 1:
-                c, x = fn(nnx.state(blocks[group[0]]), x, c, temb)
-                x = mesh.constrain(x, TOKEN_AXES)
-                c = None if c is None else mesh.constrain(c, TOKEN_AXES)
-                continue
-            # Scan over the run with the weights stacked on a leading layer axis: XLA then
-            # keeps one block's activations (and, under FSDP, one block's gathered weights)
-            # live at a time, and the remat policy applies per iteration. Unrolled, it schedules
-            # every recomputation before the backward and remat saves nothing. The stack is a
-            # copy of the run's weights (sharded like them) made inside the step, in the dtype
-            # each layer computes in: half the bytes, and FSDP gathers bf16, not fp32.
-            stacked = jax.tree.map(lambda *xs: jnp.stack(xs),
-                                   *[_compute_state(blocks[i]) for i in group])
+        def apply(block, carry):
+            c, x = block(carry[0], carry[1], temb)
+            return mesh.constrain(x, TOKEN_AXES), None if c is None else mesh.constrain(
+                c, TOKEN_AXES)
 
-            def body(carry, state, fn=fn):
-                x, c = carry
-                c, x = fn(state, x, c, temb)
-                return (mesh.constrain(x, TOKEN_AXES), mesh.constrain(c, TOKEN_AXES)), None
-
-            (x, c), _ = jax.lax.scan(body, (x, c), stacked)
-        return x, c
+        return run_blocks(self.transformer_blocks, (x, c), apply, remat=self.remat,
+                          scan_layers=self.scan_layers)
 
     def __call__(self, hidden_states, encoder_hidden_states, pooled_projections, timestep):
         """(B,C,H,W) latents, (B,L,joint_dim) text, (B,pooled_dim), (B,) float t -> (B,C_out,H,W)."""

@@ -22,7 +22,7 @@ from wfm_jax.models.layers.feedforward import FeedForward
 from wfm_jax.models.layers.linear import Linear, param
 from wfm_jax.models.layers.modulation import gated_residual, modulate
 from wfm_jax.models.layers.norms import LayerNorm
-from wfm_jax.models.layers.remat import call_block, check_remat
+from wfm_jax.models.layers.remat import check_remat, run_blocks
 from wfm_jax.models.wan.attention import WanAttention
 from wfm_jax.models.wan.embeddings import PatchEmbed3D, WanConditionEmbedder
 from wfm_jax.models.wan.rope import rope_tables
@@ -96,18 +96,20 @@ class WanTransformer(nnx.Module):
     attention_impl: "xla", "cudnn", "auto" or None, as for the SD3 model.
     context_parallel_impl: "auto" | "ulysses" | "ring" for the self-attention when a mesh splits
     the tokens over `context`; the cross-attention keeps the text K/V whole on every shard.
-    remat: "none" | "full" | "dots" per block (layers.remat.REMAT_POLICIES).
+    remat: a layers.remat.REMAT_POLICIES name, per block; scan_layers: run the (identical)
+    blocks as one lax.scan over their stacked weights (same parameters either way).
     Parameter paths are diffusers module names ("blocks.3.attn1.to_q.kernel").
     """
 
     def __init__(self, config: dict, *, dtype=None, param_dtype=jnp.float32, rngs: nnx.Rngs,
-                 attention_impl="xla", remat: str = "none", context_parallel_impl="auto"):
+                 attention_impl="xla", remat: str = "none", context_parallel_impl="auto",
+                 scan_layers: bool = False):
         cfg = wan_config(config)
         self._config_items = tuple(sorted(cfg.items()))  # hashable: part of the static graph
         self.dtype = jnp.dtype(dtype or param_dtype)
         check_attention_impl(attention_impl, self.dtype)
         check_remat(remat)
-        self.remat = remat
+        self.remat, self.scan_layers = remat, bool(scan_layers)
         heads, head_dim = cfg["num_attention_heads"], cfg["attention_head_dim"]
         dim = heads * head_dim
         self.head_dim, self.patch_size = head_dim, cfg["patch_size"]
@@ -142,8 +144,9 @@ class WanTransformer(nnx.Module):
         t = jnp.broadcast_to(jnp.asarray(timestep, jnp.float32).reshape(-1), (b,))
         temb, tproj, context = self.condition_embedder(t, encoder_hidden_states.astype(self.dtype))
         context = mesh.constrain(context, TOKEN_AXES)
-        for block in self.blocks:
-            x = mesh.constrain(call_block(block, self.remat, x, context, tproj, rope), TOKEN_AXES)
+        x = run_blocks(self.blocks, x,
+                       lambda block, x: mesh.constrain(block(x, context, tproj, rope), TOKEN_AXES),
+                       remat=self.remat, scan_layers=self.scan_layers)
         mod = self.scale_shift_table[...].astype(jnp.float32) + temb[:, None]
         x = self.proj_out(modulate(self.norm_out, x, mod[:, 0], mod[:, 1], self.dtype))
         (f, h, w), (pt, ph, pw) = grid, self.patch_size
