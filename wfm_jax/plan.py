@@ -244,7 +244,7 @@ def plan(args, config=None) -> dict:
     setup = _Setup(config, mesh, tuple(rules), graphdef, frozen, tx, state_sh,
                    _family_shell(family, cfg))
     step = sft._build_train_step(setup, 3.0, d.weighting_scheme, float(d.logit_mean),
-                                 float(d.logit_std), float(d.mode_scale))
+                                 float(d.logit_std), float(d.mode_scale), (0, 0))
     batch = args.batch_per_device * mesh.devices.size // mesh.shape["context"]
     size = args.size or int(d.inference_size[0])
     frames = args.frames or int(d.train_frames)
