@@ -1,4 +1,5 @@
-"""python -m wfm_jax.bench --suite cpu|gpu [--out results.json] [--only NAME ...]
+"""python -m wfm_jax.bench --suite cpu|gpu|cosmos_cpu|cosmos_gpu [--out results.json] [--only NAME ...]
+python -m wfm_jax.bench --suite cosmos_gpu --xla-memory [--xla-devices 8] [--remat full]
 python -m wfm_jax.bench --suite rl [--out rl.json] [--steps 20] [--seeds 0,1,2] [--batch N]
 
 Runs each workload on wfm_jax and on the PyTorch diffusers (+ peft) stack, writes the JSON and a
@@ -9,19 +10,23 @@ samples seen (bench/rl_curves.py). See docs/bench_notes.md for what every figure
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 
 WORKLOAD_NAMES = ("train_full", "train_lora", "rollout", "reward")
+SUITE_NAMES = ("cpu", "gpu", "tiny", "cosmos_cpu", "cosmos_gpu", "cosmos_tiny", "rl")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m wfm_jax.bench",
                                 description=__doc__.splitlines()[0])
-    p.add_argument("--suite", choices=("cpu", "gpu", "tiny", "rl"), default="cpu",
+    p.add_argument("--suite", choices=SUITE_NAMES, default="cpu",
                    help="gpu: real SD3.5-Medium shapes; cpu: scaled down for 2 cores; "
-                        "tiny: smallest shapes, 1 repeat (the test's mode); rl: reward curves "
-                        "of the tiny NFT / GRPO / DDRL recipes")
+                        "tiny: smallest shapes, 1 repeat (the test's mode); cosmos_gpu / "
+                        "cosmos_cpu / cosmos_tiny: the same for Cosmos-Predict2.5-2B at the NFT "
+                        "recipe's 93 x 512^2; rl: reward curves of the tiny NFT / GRPO / DDRL "
+                        "recipes")
     p.add_argument("--tiny", action="store_true", help="same as --suite tiny")
     p.add_argument("--out", default=None,
                    help="JSON path (default outputs/bench/<suite>.json); the .md goes beside it")
@@ -57,11 +62,18 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="rl suite: runs at once (curves unchanged; wall times then not comparable)")
     p.add_argument("--batch", type=int, default=None,
                    help="rl suite: global batch of each run (default: the recipes' common one)")
+    p.add_argument("--xla-memory", action="store_true",
+                   help="instead of timing: compile (not run) the suite's full and LoRA train "
+                        "steps on --xla-devices simulated CPU devices (fsdp mesh, abstract "
+                        "weights, train-batch rows per device) and report XLA's per-device "
+                        "memory analysis")
+    p.add_argument("--xla-devices", type=int, default=8, help="--xla-memory: fsdp devices")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.tiny:
         args.suite = "tiny"
-    for name in ("repeats", "train_batch", "rollout_batch", "steps", "batch", "jobs"):
+    for name in ("repeats", "train_batch", "rollout_batch", "steps", "batch", "jobs",
+                 "xla_devices"):
         value = getattr(args, name)
         if value is not None and value < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {value}")
@@ -72,7 +84,10 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    isolate = args.isolate if args.isolate is not None else args.suite == "gpu"
+    isolate = args.isolate if args.isolate is not None else args.suite.endswith("gpu")
+    if args.xla_memory:
+        from wfm_jax.bench.xla_memory import use_virtual_devices
+        use_virtual_devices(args.xla_devices)  # before anything starts jax's backend
     if not isolate and args.worker is None:
         # jax and torch share the device: jax must not grab 75% of it up front
         os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
@@ -103,6 +118,8 @@ def main(argv=None) -> int:
                       train_batch=args.train_batch, rollout_batch=args.rollout_batch)
     options = Options(attention=args.attention, remat=args.remat, torch_compile=args.torch_compile,
                       profile=os.path.abspath(args.profile) if args.profile else None)
+    if args.xla_memory:
+        return _run_xla_memory(suite, options, args.xla_devices, out, command)
     try:
         result = runner.run_suite(suite, only=args.only, options=options, isolate=isolate,
                                   stacks=tuple(args.stacks or runner.STACKS), command=command)
@@ -118,6 +135,24 @@ def main(argv=None) -> int:
               for s, r in rec["stacks"].items() if r["status"] != "ok"]
     if failed:
         print(f"bench: failed runs: {', '.join(failed)} (errors in the JSON)", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _run_xla_memory(suite, options, devices: int, out: str, command: str) -> int:
+    from wfm_jax.bench import devices, report, xla_memory
+    result = {"schema_version": report.SCHEMA_VERSION, "suite": suite.name,
+              "shapes": suite.shapes(), "options": dataclasses.asdict(options),
+              "command": command, "environment": devices.environment(),
+              "xla_memory": xla_memory.run(suite, options, devices)}
+    md = xla_memory.markdown(result)
+    report.write_json_atomic(result, out)
+    report.write_text_atomic(os.path.splitext(out)[0] + ".md", md)
+    print(md, end="")
+    print(f"wrote {out} and {os.path.splitext(out)[0]}.md")
+    failed = [k for k, r in result["xla_memory"].items() if "error" in r]
+    if failed:
+        print(f"bench: failed compiles: {', '.join(failed)} (errors in the JSON)", file=sys.stderr)
         return 1
     return 0
 

@@ -94,22 +94,32 @@ def lora_forward(config: dict, latent_h: int, latent_w: int, text_len: int,
 def train_step(config: dict, batch: int, latent_h: int, latent_w: int, text_len: int, *,
                lora_targets_: Iterable[str] | None = None, lora_rank: int = 0,
                remat: str = "none") -> dict:
-    """FLOPs of one train step over `batch` samples.
+    """FLOPs of one SD3 train step over `batch` samples (see `train_step_from`)."""
+    fwd = mmdit_forward(config, latent_h, latent_w, text_len)
+    lora = (None if lora_targets_ is None else
+            lora_forward(config, latent_h, latent_w, text_len, lora_targets_, lora_rank))
+    return train_step_from(fwd, lora, _outside_blocks(config, latent_h, latent_w, text_len),
+                           batch, remat)
+
+
+def train_step_from(fwd: dict, lora: float | None, outside: float, batch: int,
+                    remat: str = "none") -> dict:
+    """FLOPs of one train step over `batch` samples, from a per-sample forward count `fwd`
+    ({"linear", "attention", "total", "first_layer"}), the LoRA branches' forward (None: full
+    fine-tune) and the forward FLOPs outside the blocks (never rematerialised).
 
     model: the MFU numerator (conventions above). autodiff: the matmul FLOPs a full fine-tune's
     backward really runs (model minus the first layers' input gradients, which nothing needs).
     recompute: extra forward FLOPs remat adds (blocks only), not part of MFU.
     """
-    fwd = mmdit_forward(config, latent_h, latent_w, text_len)
-    if lora_targets_ is None:
+    if lora is None:
         model = 3.0 * fwd["total"]
         autodiff = model - fwd["first_layer"]
         lora = 0.0
     else:
-        lora = lora_forward(config, latent_h, latent_w, text_len, lora_targets_, lora_rank)
         model = 2.0 * fwd["linear"] + 3.0 * fwd["attention"] + 3.0 * lora
         autodiff = None  # which frozen input gradients autodiff prunes depends on the targets
-    block_fwd = fwd["total"] - _outside_blocks(config, latent_h, latent_w, text_len) + lora
+    block_fwd = fwd["total"] - outside + lora
     recompute = 0.0 if remat in (None, "none") else block_fwd
     return {"model": batch * model, "forward": batch * (fwd["total"] + lora),
             "autodiff": None if autodiff is None else batch * autodiff,
@@ -165,6 +175,67 @@ def rollout(config: dict, vae_config: dict, batch: int, steps: int, latent_h: in
     dec = vae_decode(vae_config, latent_h, latent_w)
     return {"model": batch * (steps * fwd + dec), "transformer": batch * steps * fwd,
             "vae_decode": batch * dec}
+
+
+# ----------------------------------------------------------------------------- Cosmos DiT
+# CosmosTransformer3DModel forward, per sample, with D = heads * head_dim, T latent frames (one
+# timestep per frame, as the family feeds it), N = (T/pt)(h/ph)(w/pw) tokens, L text tokens of
+# width W (crossattn_proj: W -> E = encoder_hidden_states_channels = text_embed_dim), F = mlp_ratio
+# D, r = adaln_lora_dim, P = pt ph pw, C_in = in_channels + 1 (padding mask):
+#   embeddings  2 N P C_in D (patchify) + 2 L W E (crossattn_proj) + 2 T (D^2 + 3 D^2) (time MLP)
+#   per block   adaLN-LoRA x3: 3 * 2 T (D r + 3 r D)
+#               self-attention: 4 * 2 N D^2 (q, k, v, out) + 4 N^2 D (scores, weights x values)
+#               cross-attention: 2 * 2 N D^2 (q, out) + 2 * 2 L E D (k, v) + 4 N L D
+#               MLP: 2 * 2 N D F
+#   output      2 T (D r + 2 r D) (adaLN-LoRA, 2 chunks) + 2 N D P C_out (proj_out)
+
+
+def _cosmos_dims(config: dict, frames: int, latent_h: int, latent_w: int) -> dict:
+    from wfm_jax.models.cosmos.transformer import cosmos_config
+    cfg = cosmos_config(config)
+    pt, ph, pw = cfg["patch_size"]
+    d = cfg["num_attention_heads"] * cfg["attention_head_dim"]
+    return dict(cfg=cfg, d=d, n=(frames // pt) * (latent_h // ph) * (latent_w // pw),
+                t=frames, r=cfg["adaln_lora_dim"], f=int(d * cfg["mlp_ratio"]),
+                e=cfg["encoder_hidden_states_channels"] if cfg["use_crossattn_projection"]
+                else cfg["text_embed_dim"], p=pt * ph * pw)
+
+
+def cosmos_forward(config: dict, frames: int, latent_h: int, latent_w: int,
+                   text_len: int) -> dict:
+    """Per-sample forward FLOPs of the Cosmos DiT (conventions above): {"linear", "attention",
+    "total", "first_layer", "outside_blocks"}."""
+    k = _cosmos_dims(config, frames, latent_h, latent_w)
+    cfg, d, n, t, r, ff, e, p = (k[x] for x in ("cfg", "d", "n", "t", "r", "f", "e", "p"))
+    first = _lin(n, p * (cfg["in_channels"] + int(cfg["concat_padding_mask"])), d)
+    first += _lin(t, d, d)  # time MLP linear_1: its input (the sinusoid) needs no gradient
+    if cfg["use_crossattn_projection"]:
+        first += _lin(text_len, cfg["crossattn_proj_in_channels"], e)
+    head = _lin(t, d, r) + _lin(t, r, 2 * d) + _lin(n, d, p * cfg["out_channels"])
+    outside = first + _lin(t, d, 3 * d) + head
+    block = 3 * (_lin(t, d, r) + _lin(t, r, 3 * d))
+    block += 6 * _lin(n, d, d) + 2 * _lin(text_len, e, d) + 2 * _lin(n, d, ff)
+    attention = cfg["num_layers"] * (4.0 * n * n * d + 4.0 * n * text_len * d)
+    linear = outside + cfg["num_layers"] * block
+    return {"linear": linear, "attention": attention, "total": linear + attention,
+            "first_layer": first, "outside_blocks": outside}
+
+
+def cosmos_lora_forward(config: dict, frames: int, latent_h: int, latent_w: int, text_len: int,
+                        targets: Iterable[str], rank: int) -> float:
+    """Per-sample forward FLOPs of the LoRA branches x A B on the Cosmos blocks' linears."""
+    k = _cosmos_dims(config, frames, latent_h, latent_w)
+    d, n, ff, e = k["d"], k["n"], k["f"], k["e"]
+    # module -> (rows, fan_in, fan_out)
+    mods = {"attn1.to_q": (n, d, d), "attn1.to_k": (n, d, d), "attn1.to_v": (n, d, d),
+            "attn1.to_out.0": (n, d, d), "attn2.to_q": (n, d, d),
+            "attn2.to_k": (text_len, e, d), "attn2.to_v": (text_len, e, d),
+            "attn2.to_out.0": (n, d, d), "ff.net.0.proj": (n, d, ff), "ff.net.2": (n, ff, d)}
+    total = 0.0
+    for m, (rows, fan_in, fan_out) in mods.items():
+        if any(m == x or m.endswith("." + x) for x in targets):
+            total += _lin(rows, fan_in, rank) + _lin(rows, rank, fan_out)
+    return k["cfg"]["num_layers"] * total
 
 
 # ----------------------------------------------------------------------------- jaxpr count

@@ -10,11 +10,11 @@ SHIFT = 3.0  # SD3 / SD3.5 scheduler shift
 
 def train_batch(suite, seed: int = 0) -> dict[str, np.ndarray]:
     """x0 (clean latents), noise, per-sample sigmas/timesteps drawn as SD3 training does
-    (logit-normal u -> index into the shifted table), text embeddings and pooled projections."""
-    cfg = suite.transformer
+    (logit-normal u -> index into the shifted table), and the family's text inputs. Every family
+    gets the same sigma draw; timesteps are 1000 sigma (the family maps them for its model)."""
     rng = np.random.default_rng(seed)
-    b, s = suite.train_batch, suite.latent_size
-    latent = (b, cfg["in_channels"], s, s)
+    b = suite.train_batch
+    latent = suite.workload.latent_shape(suite, b)
     u = 1.0 / (1.0 + np.exp(-rng.standard_normal(b)))
     table_t, table_s = training_table(SHIFT)
     idx = np.clip(np.floor(u * len(table_t)).astype(np.int64), 0, len(table_t) - 1)
@@ -22,22 +22,14 @@ def train_batch(suite, seed: int = 0) -> dict[str, np.ndarray]:
             "noise": rng.standard_normal(latent, dtype=np.float32),
             "sigmas": table_s[idx].astype(np.float32),
             "timesteps": table_t[idx].astype(np.float32),
-            **text_inputs(cfg, b, suite.text_len, rng)}
+            **suite.workload.text_inputs(suite, b, rng)}
 
 
 def rollout_batch(suite, seed: int = 1) -> dict[str, np.ndarray]:
-    cfg = suite.transformer
     rng = np.random.default_rng(seed)
-    b, s = suite.rollout_batch, suite.latent_size
-    return {"noise": rng.standard_normal((b, cfg["in_channels"], s, s), dtype=np.float32),
-            **text_inputs(cfg, b, suite.text_len, rng)}
-
-
-def text_inputs(cfg: dict, batch: int, text_len: int, rng) -> dict[str, np.ndarray]:
-    return {"prompt_embeds": rng.standard_normal((batch, text_len, cfg["joint_attention_dim"]),
-                                                 dtype=np.float32),
-            "pooled_projections": rng.standard_normal((batch, cfg["pooled_projection_dim"]),
-                                                      dtype=np.float32)}
+    b = suite.rollout_batch
+    return {"noise": rng.standard_normal(suite.workload.latent_shape(suite, b), dtype=np.float32),
+            **suite.workload.text_inputs(suite, b, rng)}
 
 
 def reward_batch(shape, seed: int = 2) -> np.ndarray:

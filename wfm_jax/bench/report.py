@@ -48,18 +48,12 @@ def busy_reasons(ctx: dict) -> list[str]:
 
 
 def workload_flops(suite, name: str) -> dict | None:
-    from wfm_jax.bench import flops
-    from wfm_jax.bench.suites import LORA_TARGETS
-    s, t = suite.latent_size, suite.transformer
-    fwd = flops.mmdit_forward(t, s, s, suite.text_len)
+    wl = suite.workload
+    fwd = wl.forward_flops(suite)
     if name.startswith("train"):
-        per = flops.train_step(t, suite.train_batch, s, s, suite.text_len,
-                               lora_targets_=LORA_TARGETS if name == "train_lora" else None,
-                               lora_rank=suite.lora_rank)
-        return {**per, "forward_per_sample": fwd}
+        return {**wl.train_flops(suite, name == "train_lora"), "forward_per_sample": fwd}
     if name == "rollout":
-        return {**flops.rollout(t, suite.vae, suite.rollout_batch, suite.rollout_steps, s, s,
-                                suite.text_len), "forward_per_sample": fwd}
+        return {**wl.rollout_flops(suite), "forward_per_sample": fwd}
     return None
 
 

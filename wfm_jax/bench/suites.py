@@ -1,9 +1,15 @@
 """Benchmark shapes: the real SD3.5-Medium workloads (gpu), a scaled-down copy (cpu), and a
-smallest-possible copy for the test (tiny). Every workload of a suite reads its shapes from here.
+smallest-possible copy for the test (tiny); the same three for Cosmos-Predict2.5-2B (cosmos_gpu,
+cosmos_cpu, cosmos_tiny). Every workload of a suite reads its shapes from here; what differs
+between model families (inputs, the forward call, the sampler grid, the decode, FLOP counts) is
+in bench/families.py, chosen by `Suite.family`.
 """
 from __future__ import annotations
 
 import dataclasses
+
+from wfm_jax.models.cosmos.transformer import COSMOS25_PREDICT_2B
+from wfm_jax.models.wan.vae import WAN21_LATENTS_MEAN, WAN21_LATENTS_STD
 
 # Optimizer of each train workload (identical in both stacks): AdamW behind global-norm clipping.
 # Full fine-tune: torch's AdamW defaults with a fine-tuning rate; LoRA: the SD3.5 NFT recipe.
@@ -13,6 +19,9 @@ OPTIM = {"full": dict(lr=1e-5, weight_decay=1e-2, betas=(0.9, 0.999), eps=1e-8, 
 # machines lack; tests/test_bench.py checks the two agree).
 LORA_TARGETS = ("attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0",
                 "attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj", "attn.to_add_out")
+# = wfm_jax.config_schema.COSMOS_LORA_TARGETS (configs/cosmos25_2b_nft.py: attn1 and attn2, the
+# MLP; crossattn_proj frozen).
+COSMOS_LORA_TARGETS = ("to_q", "to_k", "to_v", "to_out.0", "ff.net.0.proj", "ff.net.2")
 
 # stabilityai/stable-diffusion-3.5-medium transformer/config.json (MMDiT-X): 24 blocks of
 # 24 heads x 64, dual attention in blocks 0..12, qk RMS-norm, 384x384 position table.
@@ -46,6 +55,32 @@ TINY_VAE = dict(SD3_VAE, down_block_types=("DownEncoderBlock2D",),
                 norm_num_groups=4, sample_size=8)
 
 
+# Cosmos-Predict2.5-2B's DiT as released (models/cosmos/transformer.py COSMOS25_PREDICT_2B): 28
+# blocks of 16 heads x 128, adaLN-LoRA 256, crossattn_proj from the Reason1 embedding
+# (28 x 3584 = 100,352 wide) to 1024. Its VAE: the Wan2.1 AutoencoderKLWan (diffusers defaults:
+# base_dim 96, z 16, x4 time, x8 space), decoded in fp32 as the pipeline does.
+COSMOS_2B = dict(COSMOS25_PREDICT_2B)
+WAN21_VAE = dict(base_dim=96, decoder_base_dim=None, z_dim=16, dim_mult=(1, 2, 4, 4),
+                 num_res_blocks=2, attn_scales=(), temperal_downsample=(False, True, True),
+                 dropout=0.0, latents_mean=WAN21_LATENTS_MEAN, latents_std=WAN21_LATENTS_STD,
+                 is_residual=False, in_channels=3, out_channels=3, patch_size=None,
+                 scale_factor_temporal=4, scale_factor_spatial=8)
+# Cosmos' scheduler (Cosmos2_5_PredictBasePipeline's UniPC on Karras sigmas, flow-mapped).
+COSMOS_SIGMAS = dict(sigma_min=0.01, sigma_max=200.0)
+# Same structure (adaLN-LoRA, crossattn_proj, per-frame timesteps, RoPE), small for 2 cores.
+COSMOS_CPU = dict(COSMOS_2B, num_attention_heads=4, attention_head_dim=32, num_layers=4,
+                  text_embed_dim=128, encoder_hidden_states_channels=128, adaln_lora_dim=32,
+                  crossattn_proj_in_channels=1024, max_size=(32, 64, 64))
+COSMOS_CPU_VAE = dict(WAN21_VAE, base_dim=8, num_res_blocks=1)
+# The spec's tiny twin (video_models.md §4.1, wfm_jax/tiny_cosmos.py) with the tiny Wan VAE.
+COSMOS_TINY = dict(COSMOS_2B, in_channels=5, out_channels=4, num_attention_heads=2,
+                   attention_head_dim=12, num_layers=2, mlp_ratio=2.0, text_embed_dim=16,
+                   encoder_hidden_states_channels=16, adaln_lora_dim=8, max_size=(8, 32, 32),
+                   crossattn_proj_in_channels=64)
+COSMOS_TINY_VAE = dict(WAN21_VAE, base_dim=8, z_dim=4, num_res_blocks=1,
+                       latents_mean=(-0.25, 0.1, 0.4, -0.05), latents_std=(1.6, 0.7, 1.1, 2.2))
+
+
 @dataclasses.dataclass(frozen=True)
 class Suite:
     name: str
@@ -64,22 +99,30 @@ class Suite:
     # XLA backend optimisation level 0 (halves CPU compile time): only for the test's tiny
     # suite, whose figures are never read; recorded in the JSON.
     fast_compile: bool = False
+    family: str = "sd3"  # a bench/families.py FAMILIES key
+    frames: int = 1  # latent frames (video families; the video has 4 (frames - 1) + 1)
+
+    @property
+    def workload(self):
+        """The family's bench pieces (bench/families.py)."""
+        from wfm_jax.bench.families import for_suite
+        return for_suite(self)
 
     @property
     def image_size(self) -> int:
-        return self.latent_size * 2 ** (len(self.vae["block_out_channels"]) - 1)
+        return self.workload.image_size(self)
 
     def shapes(self) -> dict:
         """What the JSON records about the workload shapes."""
         t = self.transformer
         return {"transformer": {k: list(v) if isinstance(v, tuple) else v for k, v in t.items()},
-                "vae_block_out_channels": list(self.vae["block_out_channels"]),
-                "latent": [t["in_channels"], self.latent_size, self.latent_size],
+                **self.workload.vae_shape(self),
+                "latent": list(self.workload.latent_shape(self, 1)[1:]),
                 "image_size": self.image_size, "text_len": self.text_len,
                 "train_batch": self.train_batch, "rollout_batch": self.rollout_batch,
                 "rollout_steps": self.rollout_steps, "reward_batch": list(self.reward_shape),
                 "lora_rank": self.lora_rank, "lora_alpha": self.lora_alpha,
-                "fast_compile": self.fast_compile}
+                "fast_compile": self.fast_compile, **self.workload.extra_shapes(self)}
 
     @property
     def compiler_options(self) -> dict | None:
@@ -100,6 +143,25 @@ SUITES = {
     "tiny": Suite("tiny", TINY_TRANSFORMER, TINY_VAE, latent_size=8, text_len=8, train_batch=2,
                   rollout_batch=2, rollout_steps=10, reward_shape=(2, 32, 32, 3), lora_rank=4,
                   lora_alpha=8.0, warmup=0, repeats=1, fast_compile=True),
+    # Cosmos-Predict2.5-2B, the NFT recipe's shape (configs/cosmos25_2b_nft.py): 93 frames at
+    # 512^2 -> latent 16 x 24 x 64 x 64 -> 24 x 32 x 32 = 24,576 tokens; the Reason1 embedding
+    # of 512 tokens; train batch 1 (per device); LoRA r 32, alpha 64 on the recipe's targets;
+    # rollout: 10 deterministic DPM-Solver++(2M) steps on Cosmos' Karras flow sigmas, no CFG,
+    # batch 4 (the recipe's mini_batch: one chunk per device), then the fp32 Wan VAE decode.
+    "cosmos_gpu": Suite("cosmos_gpu", COSMOS_2B, WAN21_VAE, latent_size=64, text_len=512,
+                        train_batch=1, rollout_batch=4, rollout_steps=10,
+                        reward_shape=(8, 512, 512, 3), lora_rank=32, lora_alpha=64.0, warmup=1,
+                        repeats=5, family="cosmos", frames=24),
+    # 17 frames at 128^2 -> latent 16 x 5 x 16 x 16 -> 320 tokens; 64 text tokens, 1024 wide
+    "cosmos_cpu": Suite("cosmos_cpu", COSMOS_CPU, COSMOS_CPU_VAE, latent_size=16, text_len=64,
+                        train_batch=1, rollout_batch=1, rollout_steps=10,
+                        reward_shape=(8, 128, 128, 3), lora_rank=32, lora_alpha=64.0, warmup=1,
+                        repeats=3, family="cosmos", frames=5),
+    # 9 frames at 32^2 -> latent 4 x 3 x 4 x 4 -> 12 tokens (the spec's tiny pipeline shape)
+    "cosmos_tiny": Suite("cosmos_tiny", COSMOS_TINY, COSMOS_TINY_VAE, latent_size=4, text_len=8,
+                         train_batch=2, rollout_batch=2, rollout_steps=4,
+                         reward_shape=(2, 32, 32, 3), lora_rank=4, lora_alpha=8.0, warmup=0,
+                         repeats=1, fast_compile=True, family="cosmos", frames=3),
 }
 
 

@@ -4,15 +4,14 @@ Same weights (weights.random_state_dict), same inputs (inputs.py), same precisio
 wfm_jax workloads: full fine-tune = fp32 master weights under bf16 autocast; LoRA = bf16 frozen
 base, fp32 adapters, bf16 autocast (diffusers' train_dreambooth_lora_sd3 recipe); rollout = bf16
 weights, fp32 latents through diffusers' DPMSolverMultistepScheduler (DPM-Solver++ 2M for flow
-models) on the SD3 sigma grid, then the VAE decode.
+models) on the family's sigma grid (bench/families.py), then the VAE decode (fp32 for Cosmos).
 """
 from __future__ import annotations
 
 import numpy as np
 
-from wfm_jax.bench import devices, flops, inputs, timing, weights
-from wfm_jax.bench.suites import LORA_TARGETS, OPTIM
-from wfm_jax.sampling.schedule import flow_sigmas
+from wfm_jax.bench import devices, inputs, timing, weights
+from wfm_jax.bench.suites import OPTIM
 
 
 def device():
@@ -44,7 +43,8 @@ def _add_lora(model, suite):
     from peft import LoraConfig
     model.requires_grad_(False)
     model.add_adapter(LoraConfig(r=suite.lora_rank, lora_alpha=suite.lora_alpha,
-                                 init_lora_weights="gaussian", target_modules=list(LORA_TARGETS)))
+                                 init_lora_weights="gaussian",
+                                 target_modules=list(suite.workload.lora_targets)))
     layers = {name[: -len(".lora_A.default")]: mod
               for name, mod in model.named_modules() if name.endswith(".lora_A.default")}
     a = weights.lora_a({p: m.in_features for p, m in layers.items()}, suite.lora_rank)
@@ -61,29 +61,29 @@ def train(suite, mode: str, options, peak_flops: float | None) -> dict:
     import torch
     dev = device()
     lora = mode == "lora"
-    model = weights.torch_module("transformer", suite.transformer, dev,
+    wl = suite.workload
+    model = weights.torch_module(wl.transformer_class, suite.transformer, dev,
                                  torch.bfloat16 if lora else torch.float32)
     if options.remat != "none":
         model.enable_gradient_checkpointing()
     model.train()
     trainable = _add_lora(model, suite) if lora else list(model.parameters())
     if not lora:
-        model.pos_embed.pos_embed.requires_grad_(False)  # a buffer already; kept explicit
+        wl.torch_freeze(model)
+        trainable = [p for p in trainable if p.requires_grad]
     o = OPTIM[mode]
     opt = torch.optim.AdamW(trainable, lr=o["lr"], betas=o["betas"], eps=o["eps"],
                             weight_decay=o["weight_decay"])
     forward = _maybe_compile(model, options)
     b = {k: torch.from_numpy(v).to(dev) for k, v in inputs.train_batch(suite).items()}
-    s = b["sigmas"][:, None, None, None]
+    s = b["sigmas"].view(-1, *([1] * (b["x0"].ndim - 1)))
     losses = []
 
     def call():
         opt.zero_grad(set_to_none=True)
         x_t = (1.0 - s) * b["x0"] + s * b["noise"]
         with torch.autocast(dev.type, dtype=torch.bfloat16):
-            v = forward(hidden_states=x_t, encoder_hidden_states=b["prompt_embeds"],
-                        pooled_projections=b["pooled_projections"], timestep=b["timesteps"],
-                        return_dict=False)[0]
+            v = wl.torch_velocity(forward, x_t, b, b["sigmas"], b["timesteps"])
         loss = ((v.float() - (b["noise"] - b["x0"])) ** 2).mean()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(trainable, o["clip"])
@@ -93,13 +93,10 @@ def train(suite, mode: str, options, peak_flops: float | None) -> dict:
 
     devices.torch_reset_peak(dev)
     t = timing.time_calls(call, _sync(dev), warmup=suite.warmup, repeats=suite.repeats)
-    lat = suite.latent_size
-    f = flops.train_step(suite.transformer, suite.train_batch, lat, lat, suite.text_len,
-                         lora_targets_=LORA_TARGETS if lora else None, lora_rank=suite.lora_rank,
-                         remat=options.remat)
+    f = wl.train_flops(suite, lora, options.remat)
     compile_s, compile_note = _compile_figure(t, options)
     return timing.record(
-        "torch", f"diffusers SD3Transformer2DModel{' + peft LoRA' if lora else ''}, "
+        "torch", f"diffusers {wl.transformer_class}{' + peft LoRA' if lora else ''}, "
         f"{'torch.compile' if options.torch_compile else 'eager'}, autocast bf16, "
         f"torch.optim.AdamW (default impl), grad checkpointing={options.remat != 'none'}",
         t, samples=suite.train_batch, flops=f["model"], peak_flops=peak_flops,
@@ -121,40 +118,40 @@ def dpm_scheduler():
 def rollout(suite, options, peak_flops: float | None) -> dict:
     import torch
     dev = device()
-    transformer = _maybe_compile(
-        weights.torch_module("transformer", suite.transformer, dev, torch.bfloat16).eval(), options)
-    vae = weights.torch_module("vae", suite.vae, dev, torch.bfloat16).eval()
+    wl = suite.workload
+    transformer = _maybe_compile(weights.torch_module(
+        wl.transformer_class, suite.transformer, dev, torch.bfloat16).eval(), options)
+    vae_dtype = torch.float32 if wl.vae_fp32 else torch.bfloat16
+    vae = weights.torch_module(wl.vae_class, suite.vae, dev, vae_dtype).eval()
     b = {k: torch.from_numpy(v).to(dev) for k, v in inputs.rollout_batch(suite).items()}
-    emb, pooled = b["prompt_embeds"].to(torch.bfloat16), b["pooled_projections"].to(torch.bfloat16)
-    sigmas, _ = flow_sigmas(suite.rollout_steps, inputs.SHIFT)
+    text = {k: v.to(torch.bfloat16) for k, v in b.items() if k != "noise"}
+    sigmas = wl.rollout_sigmas(suite)
     sched = dpm_scheduler()
-    scale, shift = suite.vae["scaling_factor"], suite.vae["shift_factor"]
     outputs = []
 
     @torch.no_grad()
     def call():
         sched.set_timesteps(suite.rollout_steps)
-        sched.sigmas = torch.from_numpy(sigmas)  # the SD3 grid wfm_jax samples on
+        sched.sigmas = torch.from_numpy(sigmas)  # the grid wfm_jax samples on
         x = b["noise"]
         for i, t in enumerate(sched.timesteps):
+            sig = torch.full((x.shape[0],), float(sigmas[i]), device=dev)
             ts = torch.full((x.shape[0],), float(sigmas[i] * np.float32(1000)), device=dev)
-            v = transformer(hidden_states=x.to(torch.bfloat16), encoder_hidden_states=emb,
-                            pooled_projections=pooled, timestep=ts, return_dict=False)[0]
+            v = wl.torch_velocity(transformer, x.to(torch.bfloat16), text, sig, ts)
             x = sched.step(v.float(), t, x).prev_sample
-        image = vae.decode((x / scale + shift).to(torch.bfloat16), return_dict=False)[0]
-        image = (image.float() / 2 + 0.5).clamp(0, 1)
+        image = wl.torch_decode(vae, suite, x)
         outputs.append(image)
         return image
 
     devices.torch_reset_peak(dev)
     t = timing.time_calls(call, _sync(dev), warmup=suite.warmup, repeats=suite.repeats)
-    lat = suite.latent_size
-    f = flops.rollout(suite.transformer, suite.vae, suite.rollout_batch, suite.rollout_steps,
-                      lat, lat, suite.text_len)
+    f = wl.rollout_flops(suite)
     compile_s, compile_note = _compile_figure(t, options)
     return timing.record(
-        "torch", "diffusers SD3Transformer2DModel + DPMSolverMultistepScheduler (2M, flow) + "
-        f"AutoencoderKL.decode, bf16, {'torch.compile' if options.torch_compile else 'eager'}",
+        "torch", f"diffusers {wl.transformer_class} + DPMSolverMultistepScheduler (2M, flow; "
+        f"{wl.sampler_name}) + {wl.vae_class}.decode, bf16"
+        f"{' (VAE fp32)' if wl.vae_fp32 else ''}, "
+        f"{'torch.compile' if options.torch_compile else 'eager'}",
         t, samples=suite.rollout_batch, flops=f["model"], peak_flops=peak_flops,
         memory=devices.torch_peak_memory(dev), compile_time_s=compile_s,
         compile_note=compile_note, extra={"output_mean": float(outputs[0].mean())})

@@ -1,4 +1,5 @@
-"""wfm_jax train steps: full fine-tune and LoRA of the SD3 MMDiT, flow-matching loss, AdamW.
+"""wfm_jax train steps: full fine-tune and LoRA of the suite's transformer (SD3 MMDiT, Cosmos DiT:
+bench/families.py), flow-matching loss, AdamW.
 
 One jitted step = noise mix -> transformer forward (bf16 compute) -> loss -> grads -> global-norm
 clip -> AdamW, with params and optimizer state donated, as the SFT trainer runs it. Full: fp32
@@ -16,7 +17,7 @@ from flax import nnx
 from wfm_jax.algorithms.sft import flow_matching_loss, noisy_latents
 from wfm_jax.mesh import make_mesh, mesh_jit
 from wfm_jax.bench import devices, flops, inputs, timing, weights
-from wfm_jax.bench.suites import LORA_TARGETS, OPTIM
+from wfm_jax.bench.suites import OPTIM
 from wfm_jax.models.layers.attention import resolve_attention_impl
 from wfm_jax.models.layers.embeddings import Buffer
 from wfm_jax.models.state import path_str
@@ -26,15 +27,17 @@ from wfm_jax.train.optim import apply_gradients, make_optimizer
 TRAINABLE_FULL = nnx.All(nnx.Param, nnx.Not(Buffer), nnx.Not(nnx.LoRAParam))
 
 
-def build_model(suite, mode: str, options):
+def build_model(suite, mode: str, options, **model_options):
     """The transformer with identical random weights (and LoRA adapters for mode "lora")."""
     lora = mode == "lora"
-    model = weights.jax_module("transformer", suite.transformer, dtype=jnp.bfloat16,
+    wl = suite.workload
+    model = weights.jax_module(wl.transformer_class, suite.transformer, dtype=jnp.bfloat16,
                                param_dtype=jnp.bfloat16 if lora else jnp.float32,
-                               attention_impl=options.attention_impl, remat=options.remat)
+                               attention_impl=options.attention_impl, remat=options.remat,
+                               **model_options)
     if lora:
-        attach_lora(model, LORA_TARGETS, suite.lora_rank, suite.lora_alpha)
-        layers = find_targets(model, LORA_TARGETS)
+        attach_lora(model, wl.lora_targets, suite.lora_rank, suite.lora_alpha)
+        layers = find_targets(model, wl.lora_targets)
         a = weights.lora_a({p: m.in_features for p, m in layers.items()}, suite.lora_rank)
         device = jax.local_devices()[0]
         for path, layer in layers.items():
@@ -42,22 +45,29 @@ def build_model(suite, mode: str, options):
     return model
 
 
-def make_step(graphdef, tx):
+def step_fn(graphdef, tx, suite):
+    """The train step (params, opt_state, rest, batch) -> (params, opt_state, loss), unjitted."""
+    wl = suite.workload
+
     def step(params, opt_state, rest, batch):
         x_t = noisy_latents(batch["x0"], batch["noise"], batch["sigmas"])
 
         def loss_fn(p):
             model = nnx.merge(graphdef, p, rest)
-            v = model(x_t, batch["prompt_embeds"], batch["pooled_projections"],
-                      batch["timesteps"])
+            v = wl.jax_velocity(suite, model, x_t, batch)
             return flow_matching_loss(v, batch["noise"], batch["x0"], batch["sigmas"])
 
         loss, grads = jax.value_and_grad(loss_fn)(params)
         params, opt_state, _ = apply_gradients(tx, params, opt_state, grads)
         return params, opt_state, loss
 
+    return step
+
+
+def make_step(graphdef, tx, suite):
     # one device, but under a mesh as training runs: the activation constraints are traced
-    return mesh_jit(step, mesh=make_mesh(devices=jax.local_devices()[:1]), donate_argnums=(0, 1))
+    return mesh_jit(step_fn(graphdef, tx, suite), mesh=make_mesh(devices=jax.local_devices()[:1]),
+                    donate_argnums=(0, 1))
 
 
 def optimizer(mode: str):
@@ -67,10 +77,7 @@ def optimizer(mode: str):
 
 
 def step_flops(suite, mode: str, remat: str) -> dict:
-    s = suite.latent_size
-    return flops.train_step(suite.transformer, suite.train_batch, s, s, suite.text_len,
-                            lora_targets_=LORA_TARGETS if mode == "lora" else None,
-                            lora_rank=suite.lora_rank, remat=remat)
+    return suite.workload.train_flops(suite, mode == "lora", remat)
 
 
 def run(suite, mode: str, options, peak_flops: float | None) -> dict:
@@ -87,7 +94,7 @@ def run(suite, mode: str, options, peak_flops: float | None) -> dict:
     device = jax.local_devices()[0]
     batch = {k: jax.device_put(v, device) for k, v in inputs.train_batch(suite).items()}
     start = time.perf_counter()
-    compiled = make_step(graphdef, tx).lower(params, opt_state, rest, batch).compile(
+    compiled = make_step(graphdef, tx, suite).lower(params, opt_state, rest, batch).compile(
         compiler_options=suite.compiler_options)
     compile_s = time.perf_counter() - start
     timing.progress(f"train_{mode}/wfm_jax: compiled in {compile_s:.1f} s")
@@ -105,7 +112,8 @@ def run(suite, mode: str, options, peak_flops: float | None) -> dict:
     f = step_flops(suite, mode, options.remat)
     n_trained = sum(x.size for x in jax.tree.leaves(params))
     return timing.record(
-        "wfm_jax", f"wfm_jax SD3Transformer ({'LoRA' if mode == 'lora' else 'full'}), "
+        "wfm_jax", f"wfm_jax {suite.workload.transformer_class} "
+        f"({'LoRA' if mode == 'lora' else 'full'}), "
         f"jit + donation, attention={attention_impl}, remat={options.remat}",
         t, samples=suite.train_batch, flops=f["model"], peak_flops=peak_flops,
         memory=devices.jax_peak_memory(),
@@ -118,13 +126,13 @@ def run(suite, mode: str, options, peak_flops: float | None) -> dict:
 
 
 def resolved_attention(transformer, suite) -> str | None:
-    """The attention kernel the model's layers run for the suite's joint sequence ("auto" is
+    """The attention kernel the model's layers run for the suite's longest sequence ("auto" is
     resolved at construction on GPU/TPU, per sequence length elsewhere)."""
-    attn = transformer.transformer_blocks[0].attn
+    attn = suite.workload.attention_module(transformer)
     if attn.attention_impl != "auto":
         return attn.attention_impl
-    tokens = (suite.latent_size // transformer.patch_size) ** 2 + suite.text_len
-    return resolve_attention_impl("auto", transformer.dtype, attn.head_dim, seq_len=tokens)
+    return resolve_attention_impl("auto", transformer.dtype, attn.head_dim,
+                                  seq_len=suite.workload.tokens(suite))
 
 
 def xla_plan_bytes(compiled) -> int | None:

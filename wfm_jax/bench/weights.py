@@ -18,9 +18,14 @@ _CLASSES = {"transformer": "SD3Transformer2DModel", "vae": "AutoencoderKL"}
 POOL = 1 << 24
 
 
+def class_name(kind: str) -> str:
+    """"transformer" / "vae" (the SD3 pair) or a diffusers class name itself."""
+    return _CLASSES.get(kind, kind)
+
+
 def diffusers_class(kind: str):
     import diffusers
-    return getattr(diffusers, _CLASSES[kind])
+    return getattr(diffusers, class_name(kind))
 
 
 def _meta_module(kind: str, config: dict):
@@ -58,7 +63,8 @@ def _state_dict(kind: str, config_json: str, seed: int) -> dict[str, np.ndarray]
 
 
 def random_state_dict(kind: str, config: dict, seed: int = 0) -> dict[str, np.ndarray]:
-    """diffusers key -> fp32 array for a `kind` ("transformer" | "vae") built from `config`."""
+    """diffusers key -> fp32 array for a `kind` ("transformer" | "vae" | a diffusers class name)
+    built from `config`."""
     return _state_dict(kind, json.dumps(config, sort_keys=True, default=list), seed)
 
 
@@ -89,7 +95,7 @@ def jax_module(kind: str, config: dict, *, dtype, param_dtype, seed: int = 0, **
     from converters.table import convert_to_jax
     from wfm_jax.models.state import flat_shapes, path_str
 
-    cfg = dict(config, _class_name=_CLASSES[kind])
+    cfg = dict(config, _class_name=class_name(kind))
     spec = spec_for(cfg)
     model = nnx.eval_shape(lambda: spec.make_model(config, dtype=dtype, param_dtype=param_dtype,
                                                    rngs=nnx.Rngs(0), **options))
@@ -109,7 +115,7 @@ def jax_module(kind: str, config: dict, *, dtype, param_dtype, seed: int = 0, **
         var.set_value(jax.device_put(value.astype(var.dtype, copy=False), device))
     progress(f"{kind}: placed on {device.platform} in {time.perf_counter() - start:.1f} s")
     if variables:  # nothing but table-mapped parameters may exist: fail rather than time garbage
-        raise ValueError(f"{_CLASSES[kind]}: variables without weights: {sorted(variables)[:8]}")
+        raise ValueError(f"{class_name(kind)}: variables without weights: {sorted(variables)[:8]}")
     return model
 
 
