@@ -140,10 +140,10 @@ def main(argv=None) -> int:
 
 
 def _run_xla_memory(suite, options, devices: int, out: str, command: str) -> int:
-    from wfm_jax.bench import devices, report, xla_memory
+    from wfm_jax.bench import devices as device_info, report, xla_memory
     result = {"schema_version": report.SCHEMA_VERSION, "suite": suite.name,
               "shapes": suite.shapes(), "options": dataclasses.asdict(options),
-              "command": command, "environment": devices.environment(),
+              "command": command, "environment": device_info.environment(),
               "xla_memory": xla_memory.run(suite, options, devices)}
     md = xla_memory.markdown(result)
     report.write_json_atomic(result, out)

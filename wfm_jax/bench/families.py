@@ -213,6 +213,7 @@ class Cosmos(BenchFamily):
         """diffusers' call as Cosmos2_5_PredictBasePipeline makes it in text2world: sigma per
         latent frame, a zero condition mask, a zero padding mask."""
         import torch
+        _torchvision_shim()
         n, _, t, h, w = x_t.shape
         frame_t = sigmas.reshape(n, 1, 1, 1, 1).expand(n, 1, t, 1, 1).to(x_t.dtype)
         mask = torch.zeros((n, 1, t, h, w), dtype=x_t.dtype, device=x_t.device)
@@ -253,6 +254,22 @@ class Cosmos(BenchFamily):
         dec = wan_decode_flops(suite.vae, suite.frames, suite.latent_size)
         b, n = suite.rollout_batch, suite.rollout_steps
         return {"model": b * (n * fwd + dec), "transformer": b * n * fwd, "vae_decode": b * dec}
+
+
+def _torchvision_shim() -> None:
+    """diffusers' Cosmos forward resizes the padding mask with torchvision, which this project
+    does not install (it pulls CUDA wheels): the same nearest resize through torch alone, only
+    where torchvision is absent (the mask is zeros here, so any resize gives the same)."""
+    from diffusers.models.transformers import transformer_cosmos
+    if hasattr(transformer_cosmos, "transforms"):
+        return
+    from types import SimpleNamespace
+
+    import torch.nn.functional as F
+    transformer_cosmos.transforms = SimpleNamespace(
+        functional=SimpleNamespace(resize=lambda img, size, interpolation=None:
+                                   F.interpolate(img, size=size, mode="nearest")),
+        InterpolationMode=SimpleNamespace(NEAREST="nearest"))
 
 
 def wan_decode_flops(vae_config: dict, frames: int, latent_size: int) -> float:

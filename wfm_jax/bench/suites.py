@@ -60,9 +60,11 @@ TINY_VAE = dict(SD3_VAE, down_block_types=("DownEncoderBlock2D",),
 # (28 x 3584 = 100,352 wide) to 1024. Its VAE: the Wan2.1 AutoencoderKLWan (diffusers defaults:
 # base_dim 96, z 16, x4 time, x8 space), decoded in fp32 as the pipeline does.
 COSMOS_2B = dict(COSMOS25_PREDICT_2B)
-WAN21_VAE = dict(base_dim=96, decoder_base_dim=None, z_dim=16, dim_mult=(1, 2, 4, 4),
-                 num_res_blocks=2, attn_scales=(), temperal_downsample=(False, True, True),
-                 dropout=0.0, latents_mean=WAN21_LATENTS_MEAN, latents_std=WAN21_LATENTS_STD,
+# Lists, not tuples: diffusers' AutoencoderKLWan concatenates them with lists.
+WAN21_VAE = dict(base_dim=96, decoder_base_dim=None, z_dim=16, dim_mult=[1, 2, 4, 4],
+                 num_res_blocks=2, attn_scales=[], temperal_downsample=[False, True, True],
+                 dropout=0.0, latents_mean=list(WAN21_LATENTS_MEAN),
+                 latents_std=list(WAN21_LATENTS_STD),
                  is_residual=False, in_channels=3, out_channels=3, patch_size=None,
                  scale_factor_temporal=4, scale_factor_spatial=8)
 # Cosmos' scheduler (Cosmos2_5_PredictBasePipeline's UniPC on Karras sigmas, flow-mapped).
@@ -78,7 +80,7 @@ COSMOS_TINY = dict(COSMOS_2B, in_channels=5, out_channels=4, num_attention_heads
                    encoder_hidden_states_channels=16, adaln_lora_dim=8, max_size=(8, 32, 32),
                    crossattn_proj_in_channels=64)
 COSMOS_TINY_VAE = dict(WAN21_VAE, base_dim=8, z_dim=4, num_res_blocks=1,
-                       latents_mean=(-0.25, 0.1, 0.4, -0.05), latents_std=(1.6, 0.7, 1.1, 2.2))
+                       latents_mean=[-0.25, 0.1, 0.4, -0.05], latents_std=[1.6, 0.7, 1.1, 2.2])
 
 
 @dataclasses.dataclass(frozen=True)
