@@ -355,3 +355,128 @@ def test_rl_seed_curves_reach_table_and_png(tmp_path):
     assert "| 0.570 | 20 | - |" in rl_compare.reach_markdown(reach, levels)
     png = rl_compare.plot_png(curves, str(tmp_path / "rl.png"), "t")
     assert Image.open(png).size == (720, 440)
+
+
+# ----------------------------------------------------------------------------- Cosmos workload
+
+from wfm_jax.bench.suites import COSMOS_LORA_TARGETS, COSMOS_TINY  # noqa: E402
+from wfm_jax.models.cosmos import CosmosTransformer  # noqa: E402
+
+# 3 blocks, T = 2 latent frames, non-square latents, no padding-mask channel in one variant
+C_CFG = dict(COSMOS_TINY, num_layers=3)
+CT, CH, CW, CL = 2, 4, 6, 5
+
+
+def _abstract_cosmos(cfg, lora_rank: int = 0):
+    def make():
+        m = CosmosTransformer(cfg, rngs=nnx.Rngs(0))
+        if lora_rank:
+            attach_lora(m, COSMOS_LORA_TARGETS, lora_rank, 2.0 * lora_rank)
+        return m
+    return nnx.eval_shape(make)
+
+
+def _cosmos_call(cfg):
+    """The family's call: per-frame sigma (B, 1, T, 1, 1) and a zero condition mask."""
+    x = jnp.zeros((B, cfg["out_channels"], CT, CH, CW), jnp.float32)
+    t = jnp.full((B, 1, CT, 1, 1), 0.5, jnp.float32)
+    text = jnp.zeros((B, CL, cfg["crossattn_proj_in_channels"]), jnp.float32)
+    mask = jnp.zeros((B, 1, CT, CH, CW), jnp.float32)
+    return lambda model: model(x, t, text, condition_mask=mask)
+
+
+@pytest.mark.parametrize("variant", ["base", "lora", "no_proj"])
+def test_cosmos_forward_flops_match_jaxpr(variant):
+    cfg = dict(C_CFG, use_crossattn_projection=False, crossattn_proj_in_channels=16) \
+        if variant == "no_proj" else C_CFG
+    rank = 4 if variant == "lora" else 0
+    graph, state = nnx.split(_abstract_cosmos(cfg, rank))
+    call = _cosmos_call(cfg)
+    got = _jaxpr_flops(lambda s: call(nnx.merge(graph, s)), state)
+    want = flops.cosmos_forward(cfg, CT, CH, CW, CL)["total"]
+    if rank:
+        want += flops.cosmos_lora_forward(cfg, CT, CH, CW, CL, COSMOS_LORA_TARGETS, rank)
+    assert got == B * want
+
+
+def test_cosmos_full_finetune_flops_match_autodiff():
+    graph, params, rest = nnx.split(_abstract_cosmos(C_CFG), nnx.Param, ...)
+    call = _cosmos_call(C_CFG)
+
+    def loss(p, r):
+        return jnp.mean(call(nnx.merge(graph, p, r)).astype(jnp.float32) ** 2)
+
+    got = _jaxpr_flops(jax.grad(loss), params, rest)
+    fwd = flops.cosmos_forward(C_CFG, CT, CH, CW, CL)
+    want = flops.train_step_from(fwd, None, fwd["outside_blocks"], B)
+    assert got == want["autodiff"]
+    lora = flops.cosmos_lora_forward(C_CFG, CT, CH, CW, CL, COSMOS_LORA_TARGETS, 4)
+    graph, adapters, rest = nnx.split(_abstract_cosmos(C_CFG, 4), nnx.LoRAParam, ...)
+    got = _jaxpr_flops(jax.grad(lambda p, r: jnp.mean(call(nnx.merge(graph, p, r)) ** 2)),
+                       adapters, rest)
+    want = flops.train_step_from(fwd, lora, fwd["outside_blocks"], B)
+    assert want["forward"] < got <= want["model"]
+
+
+def test_cosmos_suites_shapes():
+    """The real suite is the NFT recipe's shape: 93 x 512^2 -> 24 x 64 x 64 latents, 24,576
+    tokens, 512 Reason1 tokens of crossattn_proj's width; LoRA on the recipe's targets."""
+    from wfm_jax.config_schema import COSMOS_LORA_TARGETS as recipe_targets
+    from wfm_jax.models.cosmos import COSMOS25_PREDICT_2B
+    s = get_suite("cosmos_gpu").shapes()
+    assert s["transformer"]["num_layers"] == COSMOS25_PREDICT_2B["num_layers"]
+    assert (s["video_frames"], s["image_size"], s["latent"]) == (93, 512, [16, 24, 64, 64])
+    assert s["tokens"] == 24 * 32 * 32 and s["text_len"] == 512
+    assert s["text_width"] == COSMOS25_PREDICT_2B["crossattn_proj_in_channels"]
+    assert tuple(s["lora_targets"]) == tuple(recipe_targets)
+    assert (s["lora_rank"], s["lora_alpha"], s["train_batch"]) == (32, 64.0, 1)
+    assert "family" not in get_suite("gpu").shapes()  # the SD3 JSON keeps its keys
+
+
+def test_cosmos_xla_memory_compiles_on_a_mesh():
+    """The abstract compile behind --xla-memory, on the tiny shape: fsdp splits the weights."""
+    from wfm_jax.bench import xla_memory
+    n = len(jax.devices())
+    rec = xla_memory.compile_step(get_suite("cosmos_tiny"), "full", Options(), devices=n)
+    model = _abstract_cosmos(COSMOS_TINY)
+    total = sum(x.size * 4 for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+    assert rec["mesh"]["fsdp"] == n and rec["global_batch"] == 2 * n
+    assert rec["params_bytes"] <= total and rec["params_bytes"] * n >= total
+    if n > 1:
+        assert rec["params_bytes"] < total
+    # AdamW mu, nu in fp32 like the params, plus replicated step counts
+    assert 2 * rec["params_bytes"] <= rec["optimizer_bytes"] < 2 * rec["params_bytes"] + 64
+    for key in ("argument_bytes", "temp_bytes", "output_bytes", "plan_bytes"):
+        assert isinstance(rec[key], int) and rec[key] > 0, key
+
+
+@pytest.fixture(scope="module")
+def cosmos_tiny_result(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench") / "cosmos.json"
+    result = runner.run_suite(get_suite("cosmos_tiny"),
+                              only=("train_full", "train_lora", "rollout"))
+    report.write(result, str(out))
+    return json.loads(out.read_text()), out.with_suffix(".md").read_text()
+
+
+@pytest.mark.slow
+def test_cosmos_tiny_suite_both_stacks(cosmos_tiny_result):
+    """Every figure for both stacks; same weights and inputs: the same trained parameter count,
+    the same first loss (to bf16 precision) and the same decoded rollout (mean)."""
+    result, md = cosmos_tiny_result
+    assert result["shapes"]["family"] == "cosmos"
+    assert set(result["workloads"]) == {"train_full", "train_lora", "rollout"}
+    for name, w in result["workloads"].items():
+        assert set(w["stacks"]) == {"wfm_jax", "torch"}, name
+        for stack, rec in w["stacks"].items():
+            assert rec["status"] == "ok", (name, stack, rec.get("error"))
+            _check_figures(rec)
+            assert "Cosmos" in rec["impl"], rec["impl"]
+        assert name in md
+        assert w["flops"]["forward_per_sample"]["total"] > 0
+    for name in ("train_full", "train_lora"):
+        s = result["workloads"][name]["stacks"]
+        assert s["wfm_jax"]["trained_params"] == s["torch"]["trained_params"], name
+        np.testing.assert_allclose(s["wfm_jax"]["first_loss"], s["torch"]["first_loss"], rtol=5e-2)
+    r = result["workloads"]["rollout"]["stacks"]
+    np.testing.assert_allclose(r["wfm_jax"]["output_mean"], r["torch"]["output_mean"], atol=2e-2)
