@@ -92,7 +92,7 @@ def compile_step(suite, mode: str, options, *, devices: int = 8, scan: bool = Tr
     step = wmesh.mesh_jit(step_fn(graphdef, tx, suite), mesh=mesh, donate_argnums=(0, 1))
     start = time.perf_counter()
     lowered = step.lower(params, opt_state, rest, batch)
-    compiled = lowered.compile()
+    compiled = lowered.compile(compiler_options=suite.compiler_options)
     seconds = time.perf_counter() - start
     m = compiled.memory_analysis()
     return {"mode": mode, "devices": devices, "mesh": {k: int(v) for k, v in mesh.shape.items()},
