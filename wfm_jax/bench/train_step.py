@@ -16,7 +16,7 @@ from flax import nnx
 
 from wfm_jax.algorithms.sft import flow_matching_loss, noisy_latents
 from wfm_jax.mesh import make_mesh, mesh_jit
-from wfm_jax.bench import devices, flops, inputs, timing, weights
+from wfm_jax.bench import devices, inputs, timing, weights
 from wfm_jax.bench.suites import OPTIM
 from wfm_jax.models.layers.attention import resolve_attention_impl
 from wfm_jax.models.layers.embeddings import Buffer
