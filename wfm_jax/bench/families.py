@@ -43,6 +43,49 @@ class BenchFamily:
         """Length of the longest attention the transformer runs (picks the "auto" kernel)."""
         raise NotImplementedError
 
+    def attention_module(self, transformer):
+        """An attention layer of the model (its attention_impl / head_dim)."""
+        raise NotImplementedError
+
+    # ---------------------------------------------------------------- each stack
+    def jax_velocity(self, suite, model, x_t, batch):
+        """wfm_jax forward of a train step: batch holds train_batch's arrays (timesteps are
+        1000 sigma)."""
+        raise NotImplementedError
+
+    def rollout_sigmas(self, suite) -> np.ndarray:
+        """(steps + 1,) flow sigmas ending in 0 that both stacks' rollouts step on."""
+        raise NotImplementedError
+
+    def jax_rollout_velocity(self, transformer, suite):
+        """velocity(x, timesteps, cond) for sampling.samplers.sample."""
+        raise NotImplementedError
+
+    def jax_decode(self, vae, suite, latents):
+        raise NotImplementedError
+
+    def torch_freeze(self, model) -> None:
+        """Mark what a full fine-tune does not train (as wfm_jax's TRAINABLE_FULL)."""
+        raise NotImplementedError
+
+    def torch_velocity(self, model, x_t, b, sigmas, timesteps):
+        """The diffusers forward as the family's pipeline calls it."""
+        raise NotImplementedError
+
+    def torch_decode(self, vae, suite, latents):
+        """Latents -> pixels in [0, 1], laid out as jax_decode returns them."""
+        raise NotImplementedError
+
+    # ---------------------------------------------------------------- analytic FLOPs
+    def forward_flops(self, suite) -> dict:
+        raise NotImplementedError
+
+    def train_flops(self, suite, lora: bool, remat: str = "none") -> dict:
+        raise NotImplementedError
+
+    def rollout_flops(self, suite) -> dict:
+        raise NotImplementedError
+
 
 class SD3(BenchFamily):
     """SD3 / SD3.5 MMDiT + AutoencoderKL; the SD3 flow grid at shift 3."""
