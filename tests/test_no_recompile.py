@@ -2,7 +2,8 @@
 state an update returns is laid out exactly as it went in. Four steps of each tiny recipe on an
 8-device FSDP mesh, a checkpoint and an export at steps 2 and 4, validation every step: once
 step 2 has run every kind of work once, steps 3 and 4 must compile nothing (XLA backend
-compilations counted through jax.monitoring)."""
+compilations counted through jax.monitoring, and hits of the persistent compilation cache the
+test run shares: a program fetched from that cache was still built again)."""
 from __future__ import annotations
 
 import os
@@ -27,22 +28,31 @@ def assets(tmp_path_factory):
             build_shapes_dataset(str(root / "shapes"), count=16, size=16, seed=0))
 
 
+CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
+
+
 class CompileCounter:
-    """Counts XLA compilations while `counting` is True."""
+    """Counts XLA compilations (and persistent-cache hits) while `counting` is True."""
 
     def __init__(self):
         self.counting, self.names = False, []
 
-    def _on_event(self, event, duration, **kwargs):
+    def _on_compile(self, event, duration, **kwargs):
         if event == BACKEND_COMPILE_EVENT and self.counting:
             self.names.append(kwargs.get("fun_name", "?"))
 
+    def _on_event(self, event, **kwargs):
+        if event == CACHE_HIT_EVENT and self.counting:
+            self.names.append("(persistent cache hit)")
+
     def __enter__(self):
-        monitoring.register_event_duration_secs_listener(self._on_event)
+        monitoring.register_event_duration_secs_listener(self._on_compile)
+        monitoring.register_event_listener(self._on_event)
         return self
 
     def __exit__(self, *exc):
-        monitoring.unregister_event_duration_listener(self._on_event)
+        monitoring.unregister_event_duration_listener(self._on_compile)
+        monitoring.unregister_event_listener(self._on_event)
 
 
 def _config(recipe, assets, out_dir, **extra):
