@@ -14,7 +14,7 @@ by O(1) on random inputs; halo exchange alone or fsdp alone are right. Here the 
 shard_map whole, as FSDP gathers any weight before use.
 
 When the latent frames do not divide the frame shards, the frames stay whole on each shard (the
-tokens are gathered over `context` for the conv): a warning says so once per shape.
+tokens are gathered over `context` for the conv): a warning says so when it is traced.
 """
 from __future__ import annotations
 
@@ -57,12 +57,11 @@ def frame_split(batch: int, frames: int):
     return batch_axes, frame_axes
 
 
-@functools.lru_cache(maxsize=None)
 def _warn_gather(frames: int, axes: tuple, shards: int) -> None:
     warnings.warn(f"SANA-Video: {frames} latent frames do not split over {'x'.join(axes)}="
                   f"{shards}; the temporal conv gathers the frames on every shard (choose a "
                   f"frame count whose latent frames divide {shards} to split along frames)",
-                  stacklevel=4)
+                  stacklevel=2)
 
 
 def _spec(split, ndim: int) -> P:
