@@ -70,10 +70,13 @@ def _spec(split, ndim: int) -> P:
 
 
 def constrain_frames(x):
-    """Lay a (B, F, ...) video out frame-aligned: batch over act_batch, frames over act_seq
-    (when they divide); a no-op without a mesh."""
+    """Lay a (B, F, ...) video out frame-aligned: batch over act_batch, frames over act_seq.
+    A no-op without a mesh or when the frames do not divide (the rest of the FFN then stays
+    as GSPMD lays it out; only the temporal conv gathers)."""
     split = frame_split(x.shape[0], x.shape[1])
-    return x if split is None else jax.lax.with_sharding_constraint(x, _spec(split, x.ndim))
+    if split is None or not split[1]:
+        return x
+    return jax.lax.with_sharding_constraint(x, _spec(split, x.ndim))
 
 
 def conv_frames(x, kernel, padding: int = 1):
