@@ -59,9 +59,9 @@ def test_tiny_sana_nft_reward_rises_with_validation(sana_dir, tmp_path):
 @pytest.fixture
 def brightness():
     """Mean pixel value in [0, 1] per video (uint8 (B, C, T, H, W) or images): a reward the
-    random tiny SANA-Video raises in 14 steps (measured at 12 steps, seed 0: +0.0039 = 4.5
-    standard errors; seed 1: +0.0048 = 10 se); the recipe's JPEG reward moved -0.00257 ->
-    -0.00247 in 20 steps, too little to test."""
+    random tiny SANA-Video raises (measured: seed 0, 12 steps +0.0039 = 4.5 standard errors;
+    seed 1, 14 steps +0.0059 = 12 se); the recipe's JPEG reward moved -0.00257 -> -0.00247 in
+    20 steps, too little to test."""
     from reward_client.registry import register_reward, unregister_reward
 
     @register_reward("test_sana_brightness")
