@@ -1,4 +1,4 @@
-"""The Wan, Cosmos and SANA DiTs on the 8-device mesh
+"""The Wan, Cosmos, SANA and SANA-Video DiTs on the 8-device mesh
 (data=2 x fsdp=2 x context=2, the tokens split over `context`): its forward and one whole SFT
 train step (loss, gradient norm, updated parameters, EMA) equal the single-device ones in fp32;
 policy.remat reaches the loaded transformer. Text comes from the family's own encoder."""
@@ -16,11 +16,12 @@ from wfm_jax.train import setup as setup_lib, sft
 BATCH = 4  # rows split over data x fsdp = 4; the tokens (12 to 32) over context = 2
 SIZES = dict(data=2, fsdp=2, context=2)
 PROMPTS = ["a red circle", "two blue squares", "a yellow triangle on black", ""]
-# family -> (frames, text tokens): 9 frames of 32x32 give 12 tokens (Wan, Cosmos), SANA-Video's
-# 5 frames 32; Cosmos' chat template alone is about 100 tokens of the tiny byte-level vocab
-# SANA-Video is not here yet: its forward under fsdp=2 x context=2 differs from one device by
-# ~1e-2 (fsdp or context alone, and data=8, agree to 4e-7): an open bug, issue J's note
-FAMILIES = {"wan": (9, 16), "cosmos": (9, 128), "sana": (None, 16)}
+# family -> (frames, text tokens): 9 frames of 32x32 give 12 tokens (Wan, Cosmos); SANA-Video's
+# 13 give 4 latent frames of 2x2 tokens, 2 frames per context shard, so the temporal conv
+# exchanges halo frames across the split (with its kernel's input channels over fsdp: the case
+# XLA's own conv partitioning got wrong); Cosmos' chat template alone is about 100 tokens of the
+# tiny byte-level vocab
+FAMILIES = {"wan": (9, 16), "cosmos": (9, 128), "sana": (None, 16), "sana_video": (13, 16)}
 
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES))

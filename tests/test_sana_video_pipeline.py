@@ -139,6 +139,12 @@ def test_bad_input_one_line_each(pipe):
     assert pipe.latent_shape(3, 32, 64, frames=17) == (3, 4, 5, 4, 8)
     with pytest.raises(ValueError, match="video"):
         pipe.posterior_with(pipe.vae, jnp.zeros((1, 32, 32, 3)))
+    # the video instruction plus the prompt overflow the tiny Gemma2's 1024 positions: one line
+    with pytest.raises(ValueError, match=r"^the instruction plus a 1000-token prompt is \d+ tokens, "
+                                         r"more than the text encoder's max_position_embeddings "
+                                         r"1024; shorten max_sequence_length or the instruction"):
+        pipe.tokenize(["a cat"], 1000)
+    assert pipe.tokenize(["a cat"], 1000, instruction=())["input_ids"].shape == (1, 1000)
 
 
 # ---------------------------------------------------------------------------- export

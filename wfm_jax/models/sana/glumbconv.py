@@ -4,7 +4,7 @@ GLUMBConv on a (B, H, W, D) token grid: 1x1 conv D -> 2h, SiLU, depthwise 3x3 co
 on the 2h channels, split into (x, gate), x * SiLU(gate), 1x1 conv h -> D without bias; h =
 int(mlp_ratio * D). The depthwise conv is the model's only positional signal in SANA1.5.
 GLUMBTempConv runs that per frame of a (B, F, H, W, D) grid and adds a dense D x D conv over the
-frame axis (kernel 3, zero pad 1, no bias) to its output.
+frame axis (kernel 3, zero pad 1, no bias; sana/temporal.py, split along frames) to its output.
 Kernels are stored HWIO (the converter's "conv" layout: torch OIHW moved), 1x1 ones too, so the
 table needs no new transform.
 """
@@ -17,8 +17,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from wfm_jax.models.layers.linear import param
-
-_NHWC = ("NHWC", "HWIO", "NHWC")
+from wfm_jax.models.sana.temporal import TemporalConv, constrain_frames
 
 
 def _kernel(rngs, shape, param_dtype, axes):
@@ -54,16 +53,19 @@ class DepthwiseConv3x3(nnx.Module):
         self.bias = param(jnp.zeros((channels,), param_dtype), ("mlp",))
 
     def __call__(self, x):
+        """(..., H, W, c): any leading axes (SANA-Video keeps (B, F) apart, so a frame split
+        over `context` stays where it is)."""
         dtype = self.dtype or x.dtype
-        _, h, w, _ = x.shape
-        xp = jnp.pad(x.astype(dtype), ((0, 0), (1, 1), (1, 1), (0, 0)))
+        h, w = x.shape[-3:-1]
+        pad = ((0, 0),) * (x.ndim - 3) + ((1, 1), (1, 1), (0, 0))
+        xp = jnp.pad(x.astype(dtype), pad)
         k = self.kernel[...].astype(dtype)
-        y = sum(xp[:, i:i + h, j:j + w] * k[i, j, 0] for i in range(3) for j in range(3))
+        y = sum(xp[..., i:i + h, j:j + w, :] * k[i, j, 0] for i in range(3) for j in range(3))
         return y + self.bias[...].astype(dtype)
 
 
 class GLUMBConv(nnx.Module):
-    """(B, H, W, D) -> (B, H, W, D); diffusers GLUMBConv(D, D, mlp_ratio, norm_type=None,
+    """(..., H, W, D) -> (..., H, W, D); diffusers GLUMBConv(D, D, mlp_ratio, norm_type=None,
     residual_connection=False), the configuration both SANA models use."""
 
     def __init__(self, dim: int, mlp_ratio: float, *, rngs: nnx.Rngs, dtype=None,
@@ -80,20 +82,6 @@ class GLUMBConv(nnx.Module):
         return self.conv_point(h * jax.nn.silu(gate))
 
 
-class TemporalConv(nnx.Module):
-    """nn.Conv2d(D, D, (3, 1), padding=(1, 0), bias=False) over (B, F, P, D) (frames, pixels);
-    kernel (3, 1, D, D). NHWC with the frames as "H": the kernel mixes neighbouring frames only."""
-
-    def __init__(self, dim: int, *, rngs: nnx.Rngs, dtype=None, param_dtype=jnp.float32):
-        self.dtype = dtype
-        self.kernel = _kernel(rngs, (3, 1, dim, dim), param_dtype, (None, None, "embed", None))
-
-    def __call__(self, x):
-        dtype = self.dtype or x.dtype
-        return jax.lax.conv_general_dilated(x.astype(dtype), self.kernel[...].astype(dtype),
-                                            (1, 1), ((1, 1), (0, 0)), dimension_numbers=_NHWC)
-
-
 class GLUMBTempConv(GLUMBConv):
     """(B, F, H, W, D) -> (B, F, H, W, D): GLUMBConv per frame, plus conv_temp over frames."""
 
@@ -104,5 +92,8 @@ class GLUMBTempConv(GLUMBConv):
 
     def __call__(self, x):
         b, f, h, w, d = x.shape
-        y = super().__call__(x.reshape(b * f, h, w, d)).reshape(b, f, h * w, d)
+        # frames stay split where they are: the per-frame part and the residual need no
+        # neighbour, the temporal conv exchanges one halo frame each side
+        x = constrain_frames(x)
+        y = constrain_frames(super().__call__(x).reshape(b, f, h * w, d))
         return (y + self.conv_temp(y)).reshape(b, f, h, w, d)
