@@ -49,10 +49,11 @@ def rollout_batch(run, state, batch: dict, key, timers: Timers) -> dict:
     prompts = list(batch["prompt"])
     chunk = run.rollout_chunk
     stored, handles = [], []
+    conds = run.chunk_conditions(prompts)  # each distinct prompt encoded once
     for lo in range(0, len(prompts), chunk):
         rows = prompts[lo:lo + chunk]
         key, k_lat, k_alg = jax.random.split(key, 3)
-        cond = run.encode(rows)
+        cond = conds[lo // chunk]
         latents = run.initial_latents(k_lat, len(rows))
         inputs = dict(run.chunk_inputs(batch, lo, lo + chunk))
         # an algorithm's per-row conditioning (video2world frames of its data) joins the text's

@@ -27,6 +27,7 @@ from wfm_jax.train.encode import TextEncoder
 from wfm_jax.train.metrics import MetricsLogger
 from wfm_jax.train.optim import apply_gradients
 from wfm_jax.train.rl_ddrl import DDRL
+from wfm_jax.train.rl_encode import chunk_conditions
 from wfm_jax.train.rl_grpo import GRPO
 from wfm_jax.train.rl_nft import NFT
 
@@ -132,6 +133,10 @@ class RLRun:
         """The conditioning of `prompts` (negative: of CFG's unconditional branch)."""
         ids = self.setup.global_batch(self.text_encoder.tokenize(prompts, negative))
         return self.text_encoder(ids)
+
+    def chunk_conditions(self, prompts) -> list[dict]:
+        """run.encode of each rollout chunk of `prompts`, each distinct prompt encoded once."""
+        return chunk_conditions(self, list(prompts), self.rollout_chunk)
 
     def initial_latents(self, key, n: int, evaluation: bool = False):
         """Noise for n rows: rollouts (training data) have train_frames frames, validation

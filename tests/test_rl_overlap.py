@@ -1,0 +1,73 @@
+"""The RL loop does no repeated or serialised work: each distinct prompt is encoded once per
+batch (with the same conditioning bits as one encoding per rollout chunk), and a chunk's pixels
+are fetched and sent to the rewards only after the next chunk's rollout is dispatched.
+On the tiny random SD3 pipeline, 8 CPU devices (fsdp), without running the sampler."""
+from __future__ import annotations
+
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from wfm_jax.config import load_config
+from wfm_jax.train.rl_encode import max_local_groups
+
+CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    from tests._rl_toy import PROMPTS
+    from wfm_jax.tiny import build_tiny_pipeline
+    from wfm_jax.train import rl_setup
+    root = tmp_path_factory.mktemp("overlap")
+    pipe = build_tiny_pipeline(str(root / "pipe"), seed=0)
+    values = {"policy.model_name_or_path": pipe, "train.output_dir": str(root / "out"),
+              "policy.parallelism.data": 1, "policy.parallelism.fsdp": 8,
+              "policy.diffusers.inference_size": "(16, 16)", "train.train_batch_per_replica": 16,
+              "train.train_policy.mini_batch": 1, "rollout.n_generation": 4,
+              "train.train_policy.dataset.local_dir": PROMPTS, "validation.enable": False,
+              "train.train_policy.remote_reward.reward_fns":
+                  '[{"name": "jpeg_compressibility", "weight": 1.0, "score_key": ""}]'}
+    config = load_config(os.path.join(CONFIGS, "tiny_nft.py"), [(k, str(v)) for k, v in values.items()])
+    r = rl_setup.build(config)
+    yield r
+    r.close()
+
+
+class Spy:
+    """Counts run.encode's calls and rows."""
+
+    def __init__(self, run, monkeypatch):
+        self.calls, self.rows, encode = 0, 0, run.encode
+
+        def counted(prompts, negative=False):
+            self.calls, self.rows = self.calls + 1, self.rows + len(prompts)
+            return encode(prompts, negative)
+        monkeypatch.setattr(run, "encode", counted)
+
+
+def test_each_prompt_encoded_once_with_the_same_bits(run, monkeypatch):
+    batch = run.batcher.batch_at(0)
+    prompts, chunk = list(batch["prompt"]), run.rollout_chunk
+    assert (len(prompts), chunk, len(set(prompts))) == (16, 8, 4)  # 4 prompts x 4, 2 chunks
+    want = [run.encode(prompts[lo:lo + chunk]) for lo in range(0, 16, chunk)]  # per chunk
+    spy = Spy(run, monkeypatch)
+    got = run.chunk_conditions(prompts)
+    assert (spy.calls, spy.rows) == (1, 8)  # was 2 calls, 16 rows
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g.keys() == w.keys()
+        for name in w:
+            assert g[name].sharding == w[name].sharding
+            np.testing.assert_array_equal(np.asarray(g[name]), np.asarray(w[name]))
+
+
+def test_repeats_of_one_prompt_in_a_chunk():
+    # 2 prompts x 4 repeats over 2 processes of 4 rows: each process touches 1 group; a
+    # group straddling processes makes both encode it
+    assert max_local_groups(8, 4, 2) == 1
+    assert max_local_groups(12, 4, 2) == 2
+    assert max_local_groups(8, 4, 1) == 2
+    assert max_local_groups(6, 1, 2) == 3
