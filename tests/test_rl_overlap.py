@@ -71,3 +71,49 @@ def test_repeats_of_one_prompt_in_a_chunk():
     assert max_local_groups(12, 4, 2) == 2
     assert max_local_groups(8, 4, 1) == 2
     assert max_local_groups(6, 1, 2) == 3
+
+
+def _fake_rollout(events, run):
+    """run.rollout's stand-in: records its dispatch, returns latents and pixels drawn from the
+    keys it is given (so the keys' order shows in the result)."""
+    def rollout(state, latents, cond, key, inputs=None):
+        events.append(("dispatch", len([e for e in events if e[0] == "dispatch"])))
+        pixels = jax.random.randint(key, latents.shape[:1] + (16, 16, 3), 0, 256).astype("uint8")
+        return {"x0": latents}, jax.device_put(pixels, run.setup.batch_sharding())
+    return rollout
+
+
+def test_chunk_fetched_and_submitted_after_the_next_rollout_is_dispatched(run, monkeypatch):
+    from wfm_jax.train import rl
+    from wfm_jax.train.metrics import Timers
+    events, fetched = [], {}
+    monkeypatch.setattr(run, "rollout", _fake_rollout(events, run))
+    submit, get = run.rewards.submit, jax.device_get
+
+    def recording_submit(media, prompts, **kw):
+        events.append(("submit", len([e for e in events if e[0] == "submit"])))
+        return submit(media, prompts, **kw)
+
+    def recording_get(x):
+        if getattr(x, "dtype", None) == np.uint8:
+            events.append(("fetch", len([e for e in events if e[0] == "fetch"])))
+        return get(x)
+    monkeypatch.setattr(run.rewards, "submit", recording_submit)
+    monkeypatch.setattr(jax, "device_get", recording_get)
+    batch = run.batcher.batch_at(0)
+    key = jax.random.key(7)
+    out = rl.rollout_batch(run, None, batch, key, Timers())
+    monkeypatch.undo()
+    assert events == [("dispatch", 0), ("dispatch", 1), ("fetch", 0), ("submit", 0),
+                      ("fetch", 1), ("submit", 1)]
+    # the serial loop's keys and rewards: chunk by chunk, split as before
+    prompts, chunk, pixels, x0 = list(batch["prompt"]), run.rollout_chunk, [], []
+    for lo in range(0, len(prompts), chunk):
+        key, k_lat, k_alg = jax.random.split(key, 3)
+        latents = run.initial_latents(k_lat, chunk)
+        fields, px = _fake_rollout([], run)(None, latents, None, k_alg)
+        pixels.append(np.asarray(px))
+        x0.append(np.asarray(fields["x0"]))
+    want = run.rewards.score(np.concatenate(pixels), prompts)
+    np.testing.assert_array_equal(np.asarray(out["x0"]), np.concatenate(x0))
+    np.testing.assert_array_equal(out["reward"], want.total)

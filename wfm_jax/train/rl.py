@@ -43,12 +43,16 @@ def gather_host(x: np.ndarray) -> np.ndarray:
 def rollout_batch(run, state, batch: dict, key, timers: Timers) -> dict:
     """Sample, decode and submit every chunk of this process's rows; collect rewards at the end.
 
+    A one-deep pipeline: chunk i's pixels are fetched to the host and submitted only after
+    chunk i + 1's rollout is dispatched (and its host inputs, e.g. DDRL's data, prepared), so
+    the device never waits for the host's fetch, encoding or PIL work between chunks.
+
     Returns host/device arrays of the whole local batch: the algorithm's stored fields, the
     conditioning, rewards, the per-function scores and the keep mask.
     """
     prompts = list(batch["prompt"])
     chunk = run.rollout_chunk
-    stored, handles = [], []
+    stored, handles, pending = [], [], None
     conds = run.chunk_conditions(prompts)  # each distinct prompt encoded once
     for lo in range(0, len(prompts), chunk):
         rows = prompts[lo:lo + chunk]
@@ -59,13 +63,14 @@ def rollout_batch(run, state, batch: dict, key, timers: Timers) -> dict:
         # an algorithm's per-row conditioning (video2world frames of its data) joins the text's
         cond = {**cond, **inputs.pop("cond", {})}
         fields, pixels = run.rollout(state, latents, cond, k_alg, inputs)  # pixels: uint8 already
-        media, media_type = reward_media(run.rewards.media_type, pixels,
-                                         run.algo.final_latents(fields))
-        extras = prompt_extras(batch["metadata"][lo:lo + chunk])  # geneval keys as the service reads them
-        groups = np.asarray(batch["group"][lo:lo + chunk])
-        handles.append(run.rewards.submit(media, rows, group_ids=groups, extras=extras,
-                                          media_type=media_type))
+        media = run.algo.final_latents(fields) if run.rewards.media_type == "latent" else pixels
+        if hasattr(media, "copy_to_host_async"):
+            media.copy_to_host_async()  # the transfer starts when the chunk is done
+        if pending is not None:
+            handles.append(_submit(run, batch, *pending))
+        pending = (lo, fields, pixels)
         stored.append(dict(fields, cond=cond))
+    handles.append(_submit(run, batch, *pending))
     with timers("reward_wait"):
         results = [h.result() for h in handles]
     out = jax.tree.map(lambda *xs: jnp.concatenate(xs, axis=0), *stored)
@@ -80,6 +85,17 @@ def rollout_batch(run, state, batch: dict, key, timers: Timers) -> dict:
     out["extra"] = {key: np.concatenate([r.extra[key] for r in results])
                     for key in results[0].extra}
     return out
+
+
+def _submit(run, batch: dict, lo: int, fields: dict, pixels):
+    """Fetch one chunk's media to the host and hand it to the rewards (returns the handle)."""
+    hi = lo + run.rollout_chunk
+    media, media_type = reward_media(run.rewards.media_type, pixels,
+                                     run.algo.final_latents(fields))
+    extras = prompt_extras(batch["metadata"][lo:hi])  # geneval keys as the service reads them
+    groups = np.asarray(batch["group"][lo:hi])
+    return run.rewards.submit(media, list(batch["prompt"])[lo:hi], group_ids=groups,
+                              extras=extras, media_type=media_type)
 
 
 def advantages_for(run, rollout: dict, batch: dict) -> tuple[np.ndarray, dict]:
@@ -113,15 +129,20 @@ def validate(run, state, step: int) -> dict:
     """The family's deterministic sampler (eval_num_steps) on the validation prompts with the
     evaluation weights; a captioned grid (PNG for images, mp4 for videos) in output_dir and in
     wandb."""
-    rewards, images, prompts, extra = [], [], [], {}
-    for batch in run.validation_batches():
+    scored, pending = [], None
+    for batch in run.validation_batches():  # batch i + 1 dispatched before batch i is fetched
         rows = list(batch["prompt"])
         cond = run.encode(rows)
         latents = run.initial_latents(jax.random.key(run.seed + 1), len(rows), evaluation=True)
         final, pixels = run.evaluate(state, latents, cond)
-        imgs = to_uint8(np.asarray(jax.device_get(pixels)))
-        media, media_type = reward_media(run.rewards.media_type, imgs, final)
-        res = run.rewards.submit(media, rows, media_type=media_type).result()
+        if pending is not None:
+            scored.append(_score_validation(run, *pending))
+        pending = (batch, rows, final, pixels)
+    if pending is not None:
+        scored.append(_score_validation(run, *pending))
+    rewards, images, prompts, extra = [], [], [], {}
+    for batch, rows, imgs, handle in scored:
+        res = handle.result()
         valid = np.asarray(batch["valid"])
         rewards.append(res.total[valid])
         for key, values in res.extra.items():
@@ -137,6 +158,12 @@ def validate(run, state, step: int) -> dict:
     metrics.update({f"val/reward_{k}_mean": float(np.nanmean(np.concatenate(v)))
                     for k, v in extra.items()})
     return metrics
+
+
+def _score_validation(run, batch: dict, rows: list, final, pixels) -> tuple:
+    imgs = to_uint8(np.asarray(jax.device_get(pixels)))
+    media, media_type = reward_media(run.rewards.media_type, imgs, final)
+    return batch, rows, imgs, run.rewards.submit(media, rows, media_type=media_type)
 
 
 def run(config) -> int:
