@@ -186,36 +186,42 @@ class SFTTrainer:
         return out
 
     def run(self) -> int:
-        """Train from the restored step to train.max_steps; returns the last step done."""
+        """Train from the restored step to train.max_steps; returns the last step done.
+
+        Step N's metrics are fetched (one device_get) after step N + 1 is dispatched, so the
+        host never waits for the device between steps; they are then logged, checked and passed
+        to on_step. A NaN/inf loss therefore stops the run one step later, still before anything
+        is saved for it: a step that saves, exports, ends the run or is preempted fetches its
+        own metrics first."""
         s, t = self.setup, self.config.train
         accum = int(t.grad_accum_steps)
         logger = MetricsLogger(t.output_dir, total_steps=t.max_steps,
                                wandb_cfg=dict(t.wandb), start_step=s.start_step)
         step = s.start_step
         saved = exported = step if step > 0 else None
+        self._ready = time.perf_counter()  # when the previous step's metrics were in
         try:
+            pending = None
             for step in range(s.start_step + 1, t.max_steps + 1):
-                start = time.perf_counter()
                 outs = [self.micro_step(next(self.loader)) for _ in range(accum)]
-                loss = float(np.mean([float(o["loss"]) for o in outs]))
-                grad_norm = float(outs[-1]["grad_norm"])
-                metrics = {"train/loss": loss, "train/loss_avg": loss,
-                           "train/learning_rate": float(s.lr_schedule(step - 1)),
-                           "optimizer/grad_norm": grad_norm,
-                           "train/iteration_time": time.perf_counter() - start}
-                if self.loader.skipped:
-                    metrics["data/skipped_samples"] = self.loader.skipped
-                check_finite(step, metrics, keys=("train/loss", "optimizer/grad_norm"))
-                if step % t.log_freq == 0 or step == t.max_steps:
-                    logger.log(step, metrics)
-                if s.save(step, data_state=self.loader.state(), extra={"loss": loss}):
+                for leaf in jax.tree.leaves(outs):
+                    leaf.copy_to_host_async()
+                done = (step, outs, self.loader.skipped)
+                if pending is not None:
+                    self._on_step(*pending[:1], self._finish(logger, *pending))
+                pending = done
+                preempted = step < t.max_steps and preempt.requested()
+                if not (preempted or step == t.max_steps or s.checkpointer.should_save(step)):
+                    continue
+                metrics, pending = self._finish(logger, *done), None
+                if s.save(step, data_state=self.loader.state(),
+                          extra={"loss": metrics["train/loss"]}):
                     saved = step
                     if t.ckpt.export_safetensors:
                         export_step(s, step)
                         exported = step
-                if self.on_step is not None:
-                    self.on_step(step, metrics)
-                if step < t.max_steps and preempt.requested():
+                self._on_step(step, metrics)
+                if preempted:
                     if saved != step:  # the checkpoint only: exports can wait for the resume
                         s.save(step, data_state=self.loader.state(), force=True)
                     raise preempt.Stopped(step)
@@ -229,6 +235,33 @@ class SFTTrainer:
             self.loader.close()
             s.close()
         return step
+
+    def _finish(self, logger, step: int, outs: list, skipped: int) -> dict:
+        """Fetch, check and log one step's metrics (the micro-steps' mean loss)."""
+        t = self.config.train
+        host, lr = fetch_metrics(outs), self.setup.lr_schedule(step - 1)
+        loss = float(np.mean([float(o["loss"]) for o in host]))
+        now = time.perf_counter()
+        metrics = {"train/loss": loss, "train/loss_avg": loss,
+                   "train/learning_rate": float(fetch_metrics(lr)),
+                   "optimizer/grad_norm": float(host[-1]["grad_norm"]),
+                   "train/iteration_time": now - self._ready}  # between metrics: steady state
+        self._ready = now
+        if skipped:
+            metrics["data/skipped_samples"] = skipped
+        check_finite(step, metrics, keys=("train/loss", "optimizer/grad_norm"))
+        if step % t.log_freq == 0 or step == t.max_steps:
+            logger.log(step, metrics)
+        return metrics
+
+    def _on_step(self, step: int, metrics: dict) -> None:
+        if self.on_step is not None:
+            self.on_step(step, metrics)
+
+
+def fetch_metrics(tree):
+    """The loop's one blocking device-to-host fetch per step."""
+    return jax.device_get(tree)
 
 
 def run(config, *, on_step: Callable[[int, dict], None] | None = None) -> int:

@@ -1,7 +1,9 @@
-"""The RL loop does no repeated or serialised work: each distinct prompt is encoded once per
-batch (with the same conditioning bits as one encoding per rollout chunk), and a chunk's pixels
-are fetched and sent to the rewards only after the next chunk's rollout is dispatched.
-On the tiny random SD3 pipeline, 8 CPU devices (fsdp), without running the sampler."""
+"""The training loops do no repeated or serialised work: the RL loop encodes each distinct
+prompt once per batch (with the same conditioning bits as one encoding per rollout chunk) and
+fetches a chunk's pixels for the rewards only after the next chunk's rollout is dispatched; the
+SFT loop fetches a step's metrics only after the next step is dispatched, and logs the same
+values. On the tiny random SD3 pipeline, 8 CPU devices (fsdp); the RL tests do not run the
+sampler."""
 from __future__ import annotations
 
 import os
@@ -17,13 +19,17 @@ CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    from tests._rl_toy import PROMPTS
+def pipe_dir(tmp_path_factory):
     from wfm_jax.tiny import build_tiny_pipeline
+    return build_tiny_pipeline(str(tmp_path_factory.mktemp("overlap") / "pipe"), seed=0)
+
+
+@pytest.fixture(scope="module")
+def run(pipe_dir, tmp_path_factory):
+    from tests._rl_toy import PROMPTS
     from wfm_jax.train import rl_setup
-    root = tmp_path_factory.mktemp("overlap")
-    pipe = build_tiny_pipeline(str(root / "pipe"), seed=0)
-    values = {"policy.model_name_or_path": pipe, "train.output_dir": str(root / "out"),
+    values = {"policy.model_name_or_path": pipe_dir,
+              "train.output_dir": str(tmp_path_factory.mktemp("rl_out")),
               "policy.parallelism.data": 1, "policy.parallelism.fsdp": 8,
               "policy.diffusers.inference_size": "(16, 16)", "train.train_batch_per_replica": 16,
               "train.train_policy.mini_batch": 1, "rollout.n_generation": 4,
@@ -117,3 +123,42 @@ def test_chunk_fetched_and_submitted_after_the_next_rollout_is_dispatched(run, m
     want = run.rewards.score(np.concatenate(pixels), prompts)
     np.testing.assert_array_equal(np.asarray(out["x0"]), np.concatenate(x0))
     np.testing.assert_array_equal(out["reward"], want.total)
+
+
+def test_sft_fetches_a_step_after_the_next_is_dispatched(pipe_dir, tmp_path, monkeypatch):
+    from tests._rl_toy import metrics as logged
+    from wfm_jax.data.tiny_dataset import build_shapes_dataset
+    from wfm_jax.train import sft
+    values = {"policy.model_name_or_path": pipe_dir, "train.output_dir": str(tmp_path / "out"),
+              "policy.parallelism.data": 1, "policy.parallelism.fsdp": 8,
+              "policy.diffusers.inference_size": "(16, 16)", "train.max_steps": 4,
+              "train.log_freq": 1, "train.ckpt.save_freq": 100,
+              "train.ckpt.export_safetensors": False,
+              "train.train_policy.dataset.local_dir":
+                  build_shapes_dataset(str(tmp_path / "shapes"), count=16, size=16, seed=0)}
+    config = load_config(os.path.join(CONFIGS, "tiny_sft.py"),
+                         [(k, str(v)) for k, v in values.items()])
+    events, outs, seen = [], [], {}
+    micro_step, fetch = sft.SFTTrainer.micro_step, sft.fetch_metrics
+
+    def dispatch(self, batch):
+        with jax.transfer_guard_device_to_host("disallow"):  # no implicit fetch in a step
+            out = micro_step(self, batch)
+        outs.append(out)
+        events.append(("dispatch", len(outs)))
+        return out
+
+    def fetching(tree):
+        if isinstance(tree, list):
+            events.append(("fetch", 1 + [o for o in outs].index(tree[0])))
+        return fetch(tree)
+    monkeypatch.setattr(sft.SFTTrainer, "micro_step", dispatch)
+    monkeypatch.setattr(sft, "fetch_metrics", fetching)
+    assert sft.run(config, on_step=lambda step, m: seen.update({step: m})) == 4
+    assert events == [("dispatch", 1), ("dispatch", 2), ("fetch", 1), ("dispatch", 3),
+                      ("fetch", 2), ("dispatch", 4), ("fetch", 3), ("fetch", 4)]
+    rows = logged(str(tmp_path / "out"))
+    for step, out in enumerate(jax.device_get(outs), start=1):  # each step's own outputs
+        for m in (rows[step], seen[step]):
+            assert m["train/loss"] == float(out["loss"])
+            assert m["optimizer/grad_norm"] == float(out["grad_norm"])
