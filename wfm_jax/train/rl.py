@@ -1,8 +1,9 @@
 """The RL loop shared by DiffusionNFT, Flow-GRPO and DDRL: rollout -> reward -> update.
 
-One step: the GroupBatcher gives this process's prompts (each repeated n_generation times); the
-rollout runs in chunks, and each chunk's decoded images go to the reward service (or local
-rewards) as soon as they exist, so sampling continues while rewards are computed; then
+One step: the GroupBatcher gives this process's prompts (each repeated n_generation times), each
+distinct prompt encoded once; the rollout runs in chunks, and each chunk's decoded images go to
+the reward service (or local rewards) once the next chunk is dispatched, so sampling continues
+while images are fetched and rewards computed; then
 advantages over the whole global batch, the algorithm's update (per inner epoch one optimizer
 step, or one per chunk of batch_size_per_optimize rows in a fresh order; gradients accumulated
 over micro-batches), the algorithm's post-update (e.g. NFT's old-policy soft

@@ -10,7 +10,8 @@ in their own gradient-free jits, and runs one jitted train step (donated state, 
 Logs train/loss (= train/loss_avg), train/learning_rate, optimizer/grad_norm,
 train/iteration_time to metrics.jsonl / console / wandb; checkpoints every train.ckpt.save_freq
 steps (and at the end); exports to output_dir/safetensors/step_N with each checkpoint when
-train.ckpt.export_safetensors. A NaN/inf loss stops the run before anything is saved for it.
+train.ckpt.export_safetensors. A step's metrics are fetched after the next step is dispatched;
+a NaN/inf loss stops the run (one step later) before anything is saved for it.
 """
 from __future__ import annotations
 
