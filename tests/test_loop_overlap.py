@@ -162,26 +162,3 @@ def test_sft_fetches_a_step_after_the_next_is_dispatched(pipe_dir, tmp_path, mon
         for m in (rows[step], seen[step]):
             assert m["train/loss"] == float(out["loss"])
             assert m["optimizer/grad_norm"] == float(out["grad_norm"])
-
-
-def test_rl_update_metrics_fetched_after_the_next_rollout_is_dispatched(run, monkeypatch):
-    from tests._rl_toy import metrics as logged
-    from wfm_jax.train import rl
-    events = []
-    monkeypatch.setattr(run, "rollout", _fake_rollout(events, run))
-    monkeypatch.setattr(run, "max_steps", 3)
-
-    def update(state, rollout, adv, key, step):
-        events.append(("update", step))
-
-        def fetch():
-            events.append(("fetch", step))
-            return {"train/loss": float(step)}
-        return state, fetch
-    monkeypatch.setattr(run, "update", update)
-    rl._loop(run)
-    order = [e for e in events if e[0] != "dispatch" or e[1] % 2 == 0]  # first chunks only
-    assert order == [("dispatch", 0), ("update", 1), ("dispatch", 2), ("fetch", 1), ("update", 2),
-                     ("dispatch", 4), ("fetch", 2), ("update", 3), ("fetch", 3)]
-    rows = logged(run.output_dir)
-    assert [rows[s]["train/loss"] for s in (1, 2, 3)] == [1.0, 2.0, 3.0]

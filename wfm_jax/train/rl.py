@@ -41,14 +41,13 @@ def gather_host(x: np.ndarray) -> np.ndarray:
     return np.asarray(multihost_utils.process_allgather(np.asarray(x), tiled=True))
 
 
-def rollout_batch(run, state, batch: dict, key, timers: Timers, after_dispatch=None) -> dict:
+def rollout_batch(run, state, batch: dict, key, timers: Timers) -> dict:
     """Sample, decode and submit every chunk of this process's rows; collect rewards at the end.
 
     A one-deep pipeline: chunk i's pixels are fetched to the host and submitted only after
     chunk i + 1's rollout is dispatched (and its host inputs, e.g. DDRL's data, prepared), so
     the device never waits for the host's fetch, encoding or PIL work between chunks.
 
-    after_dispatch: called once the first chunk is dispatched (the loop's deferred host work).
     Returns host/device arrays of the whole local batch: the algorithm's stored fields, the
     conditioning, rewards, the per-function scores and the keep mask.
     """
@@ -70,8 +69,6 @@ def rollout_batch(run, state, batch: dict, key, timers: Timers, after_dispatch=N
             media.copy_to_host_async()  # the transfer starts when the chunk is done
         if pending is not None:
             handles.append(_submit(run, batch, *pending))
-        elif after_dispatch is not None:
-            after_dispatch()
         pending = (lo, fields, pixels)
         stored.append(dict(fields, cond=cond))
     handles.append(_submit(run, batch, *pending))
@@ -181,63 +178,34 @@ def run(config) -> int:
 
 
 def _loop(run) -> None:
-    """Steps start..max_steps. Step N's update metrics are fetched once the next step's first
-    rollout chunk is dispatched, so the device goes from update N to rollout N + 1 without
-    waiting for the host; a NaN loss then stops the run one step later. A step that validates,
-    saves, ends the run or is preempted fetches its own metrics first: nothing is saved or
-    validated for a non-finite step."""
     state = run.state
     timers = Timers()
     if run.validation_enabled and run.val_before_train and run.start_step == 0:
         run.logger.log(0, validate(run, state, 0))
-    pending = []  # the previous step's unfinished metrics
-
-    def finish_pending(now: float | None = None):
-        while pending:
-            _finish(run, *pending.pop(), now=now)
-
     for step in range(run.start_step + 1, run.max_steps + 1):
         t0 = time.perf_counter()
         batch = run.batcher.batch_at(step - 1)
         key = jax.random.fold_in(run.base_key, step)
         k_roll, k_update = jax.random.split(key)
         with timers("rollout"):
-            rollout = rollout_batch(run, state, batch, k_roll, timers,
-                                    after_dispatch=lambda: finish_pending(t0))
-        finish_pending(t0)
+            rollout = rollout_batch(run, state, batch, k_roll, timers)
         with timers("advantages"):
             adv, metrics = advantages_for(run, rollout, batch)
         with timers("update"):
             state, update_metrics = run.update(state, rollout, adv, k_update, step)
-        tail = timers.metrics()
+        metrics.update(update_metrics)
+        metrics.update(timers.metrics())
         timers.reset()
-        validating = run.validation_enabled and step % run.validation_freq == 0
-        preempted = step < run.max_steps and preempt.requested()
-        pending.append((step, t0, metrics, update_metrics, tail))
+        elapsed = time.perf_counter() - t0
+        metrics["train/samples_per_s"] = run.global_batch / elapsed
+        metrics["train/iteration_time"] = elapsed
+        check_finite(step, metrics, keys=["train/loss"])
+        if run.validation_enabled and step % run.validation_freq == 0:
+            metrics.update(validate(run, state, step))
+        run.logger.log(step, metrics)
         run.batcher.step = step
-        if not (validating or preempted or step == run.max_steps
-                or run.setup.checkpointer.should_save(step)):
-            continue
-        metrics = pending.pop()
-        _finish(run, *metrics, validate_state=state if validating else None)
         run.save(state, step)
-        if preempted:  # the checkpoint only: exports can wait for the resume
+        if step < run.max_steps and preempt.requested():  # the checkpoint only: exports can wait for the resume
             run.save(state, step, final=True, export=False)
             raise preempt.Stopped(step)
-    finish_pending()
     run.save(state, run.max_steps, final=True)
-
-
-def _finish(run, step: int, t0: float, metrics: dict, update_metrics, tail: dict,
-            now: float | None = None, validate_state=None) -> None:
-    """Fetch step `step`'s update metrics, check them and log the step (after its validation).
-    now: when the next step started (the step's wall time ends there)."""
-    metrics.update(update_metrics())
-    metrics.update(tail)
-    elapsed = (time.perf_counter() if now is None else now) - t0
-    metrics["train/samples_per_s"] = run.global_batch / elapsed
-    metrics["train/iteration_time"] = elapsed
-    check_finite(step, metrics, keys=["train/loss"])
-    if validate_state is not None:
-        metrics.update(validate(run, validate_state, step))
-    run.logger.log(step, metrics)

@@ -168,7 +168,6 @@ class RLRun:
         return self.encode([""] * n, negative=True)
 
     def update(self, state, rollout: dict, adv: np.ndarray, key, step: int):
-        """Dispatch the update; -> (new state, fetch() -> its metrics, blocking when called)."""
         data = {name: rollout[name] for name in self.algo.train_fields}
         data["cond"] = rollout["cond"]
         data["advantage"] = self.setup.global_batch(np.asarray(adv, np.float32))
@@ -176,18 +175,11 @@ class RLRun:
         state, metrics = self._fns["update"](state, self.setup.frozen, data, key, jnp.float32(eta),
                                              self.shared)
         self.setup.state = state
-        count = state.step  # not donated before the loop fetches: the next update comes later
-        for leaf in jax.tree.leaves((metrics, count)):
-            leaf.copy_to_host_async()
-
-        def fetch() -> dict:  # blocks until the update is done
-            host, n = jax.device_get((metrics, count))
-            out = {f"train/{k}": float(v) for k, v in host.items()}
-            out["train/old_policy_decay"] = eta
-            # the rate of the last optimizer update (several per step: mu_iterations x chunks)
-            out["train/learning_rate"] = float(self.setup.lr_schedule(int(n) - 1))
-            return out
-        return state, fetch
+        out = {f"train/{k}": float(v) for k, v in jax.device_get(metrics).items()}
+        out["train/old_policy_decay"] = eta
+        # the rate of the last optimizer update (several per step: mu_iterations x chunks)
+        out["train/learning_rate"] = float(self.setup.lr_schedule(int(state.step) - 1))
+        return state, out
 
     def validation_batches(self):
         dp = batch_shards(self.setup)
