@@ -175,10 +175,11 @@ class RLRun:
         state, metrics = self._fns["update"](state, self.setup.frozen, data, key, jnp.float32(eta),
                                              self.shared)
         self.setup.state = state
-        out = {f"train/{k}": float(v) for k, v in jax.device_get(metrics).items()}
+        metrics, count = jax.device_get((metrics, state.step))  # the step's one wait for it
+        out = {f"train/{k}": float(v) for k, v in metrics.items()}
         out["train/old_policy_decay"] = eta
         # the rate of the last optimizer update (several per step: mu_iterations x chunks)
-        out["train/learning_rate"] = float(self.setup.lr_schedule(int(state.step) - 1))
+        out["train/learning_rate"] = float(self.setup.lr_schedule(int(count) - 1))
         return state, out
 
     def validation_batches(self):
