@@ -1,8 +1,8 @@
 """The training loops do no repeated or serialised work: the RL loop encodes each distinct
 prompt once per batch (with the same conditioning bits as one encoding per rollout chunk) and
 fetches a chunk's pixels for the rewards only after the next chunk's rollout is dispatched; the
-SFT loop fetches a step's metrics only after the next step is dispatched, and logs the same
-values. On the tiny random SD3 pipeline, 8 CPU devices (fsdp); the RL tests do not run the
+SFT loop fetches a step's metrics only after the next step's data is loaded and its encoders
+dispatched, and logs the same values. On the tiny random SD3 pipeline, 8 CPU devices (fsdp); the RL tests do not run the
 sampler."""
 from __future__ import annotations
 
@@ -125,7 +125,9 @@ def test_chunk_fetched_and_submitted_after_the_next_rollout_is_dispatched(run, m
     np.testing.assert_array_equal(out["reward"], want.total)
 
 
-def test_sft_fetches_a_step_after_the_next_is_dispatched(pipe_dir, tmp_path, monkeypatch):
+@pytest.mark.slow  # four SFT steps end to end
+def test_sft_fetches_a_step_after_the_next_is_loaded_and_encoded(pipe_dir, tmp_path,
+                                                                  monkeypatch):
     from tests._rl_toy import metrics as logged
     from wfm_jax.data.tiny_dataset import build_shapes_dataset
     from wfm_jax.train import sft
@@ -139,26 +141,37 @@ def test_sft_fetches_a_step_after_the_next_is_dispatched(pipe_dir, tmp_path, mon
     config = load_config(os.path.join(CONFIGS, "tiny_sft.py"),
                          [(k, str(v)) for k, v in values.items()])
     events, outs, seen = [], [], {}
-    micro_step, fetch = sft.SFTTrainer.micro_step, sft.fetch_metrics
+    prepare, micro_step, fetch = (sft.SFTTrainer.prepare, sft.SFTTrainer.micro_step,
+                                  sft.fetch_metrics)
 
-    def dispatch(self, batch):
-        with jax.transfer_guard_device_to_host("disallow"):  # no implicit fetch in a step
+    def encode(self, batch):
+        with jax.transfer_guard_device_to_host("disallow"):  # nothing waits for the device
+            out = prepare(self, batch)
+        events.append(("encode", 1 + len([e for e in events if e[0] == "encode"])))
+        return out
+
+    def step(self, batch):
+        with jax.transfer_guard_device_to_host("disallow"):
             out = micro_step(self, batch)
         outs.append(out)
-        events.append(("dispatch", len(outs)))
+        events.append(("step", len(outs)))
         return out
 
     def fetching(tree):
         if isinstance(tree, list):
-            events.append(("fetch", 1 + [o for o in outs].index(tree[0])))
+            events.append(("fetch", 1 + outs.index(tree[0])))
         return fetch(tree)
-    monkeypatch.setattr(sft.SFTTrainer, "micro_step", dispatch)
+    monkeypatch.setattr(sft.SFTTrainer, "prepare", encode)
+    monkeypatch.setattr(sft.SFTTrainer, "micro_step", step)
     monkeypatch.setattr(sft, "fetch_metrics", fetching)
-    assert sft.run(config, on_step=lambda step, m: seen.update({step: m})) == 4
-    assert events == [("dispatch", 1), ("dispatch", 2), ("fetch", 1), ("dispatch", 3),
-                      ("fetch", 2), ("dispatch", 4), ("fetch", 3), ("fetch", 4)]
+    assert sft.run(config, on_step=lambda n, m: seen.update({n: m})) == 4
+    # step N's metrics wait only once step N + 1's data is encoded: the device is never idle
+    # while the host loads data
+    assert events == [("encode", 1), ("step", 1), ("encode", 2), ("fetch", 1), ("step", 2),
+                      ("encode", 3), ("fetch", 2), ("step", 3), ("encode", 4), ("fetch", 3),
+                      ("step", 4), ("fetch", 4)]
     rows = logged(str(tmp_path / "out"))
-    for step, out in enumerate(jax.device_get(outs), start=1):  # each step's own outputs
-        for m in (rows[step], seen[step]):
+    for n, out in enumerate(jax.device_get(outs), start=1):  # each step's own outputs
+        for m in (rows[n], seen[n]):
             assert m["train/loss"] == float(out["loss"])
             assert m["optimizer/grad_norm"] == float(out["grad_norm"])

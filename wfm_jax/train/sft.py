@@ -10,11 +10,12 @@ in their own gradient-free jits, and runs one jitted train step (donated state, 
 Logs train/loss (= train/loss_avg), train/learning_rate, optimizer/grad_norm,
 train/iteration_time to metrics.jsonl / console / wandb; checkpoints every train.ckpt.save_freq
 steps (and at the end); exports to output_dir/safetensors/step_N with each checkpoint when
-train.ckpt.export_safetensors. A step's metrics are fetched after the next step is dispatched;
-a NaN/inf loss stops the run (one step later) before anything is saved for it.
+train.ckpt.export_safetensors. A NaN/inf loss stops the run before anything is saved for it.
+A step's metrics are fetched after the next step's data is loaded and encoded (run()).
 """
 from __future__ import annotations
 
+import copy
 import time
 from typing import Callable
 
@@ -167,7 +168,10 @@ class SFTTrainer:
                 self.setup.close()
             raise
 
-    def micro_step(self, batch: dict):
+    def prepare(self, batch: dict) -> tuple:
+        """Dispatch the encoders of one micro-batch -> (x0, cond, ids) on the device. The VAE
+        draw is keyed by the current state's rng, so this must run after the previous
+        micro-step's dispatch."""
         s = self.setup
         _check_batch(batch, s.pipe.is_video)
         local = len(batch["prompt"])
@@ -182,54 +186,52 @@ class SFTTrainer:
             cond = self.text(s.global_batch(self.text.tokenize(batch["prompt"])))
         pixels, ids = s.global_batch((np.asarray(batch["pixels"], np.float32), ids_host))
         key = jax.random.fold_in(s.state.rng, _KEY_VAE)  # not advanced: the step splits rng
-        x0 = self.visual(pixels, key, ids)
+        return self.visual(pixels, key, ids), cond, ids
+
+    def micro_step(self, batch: dict):
+        """One train step on `batch` (its encoders too, unless run() dispatched them already)."""
+        s, ready = self.setup, getattr(self, "_prepared", None)
+        self._prepared = None
+        x0, cond, ids = ready[1] if ready is not None and ready[0] is batch else self.prepare(batch)
         s.state, out = self.step_fn(s.state, s.frozen, x0, cond, ids)
         return out
 
     def run(self) -> int:
         """Train from the restored step to train.max_steps; returns the last step done.
 
-        Step N's metrics are fetched (one device_get) after step N + 1 is dispatched, so the
-        host never waits for the device between steps; they are then logged, checked and passed
-        to on_step. A NaN/inf loss therefore stops the run one step later, still before anything
-        is saved for it: a step that saves, exports, ends the run or is preempted fetches its
-        own metrics first."""
+        Step N's metrics are fetched (one device_get) once step N + 1's first batch is loaded
+        and its text and VAE encoders are dispatched, so the host's data loading and the
+        device's encoding overlap step N; they are then checked, logged, saved and passed to
+        on_step before step N + 1's train step is dispatched (a NaN stops the run, a SIGTERM
+        checkpoints step N, exactly as when every step waited for its own metrics)."""
         s, t = self.setup, self.config.train
         accum = int(t.grad_accum_steps)
         logger = MetricsLogger(t.output_dir, total_steps=t.max_steps,
                                wandb_cfg=dict(t.wandb), start_step=s.start_step)
         step = s.start_step
-        saved = exported = step if step > 0 else None
-        self._ready = time.perf_counter()  # when the previous step's metrics were in
+        self._saved = self._exported = step if step > 0 else None
         try:
             pending = None
             for step in range(s.start_step + 1, t.max_steps + 1):
-                outs = [self.micro_step(next(self.loader)) for _ in range(accum)]
+                start = time.perf_counter()
+                batch = next(self.loader)
+                self._prepared = (batch, self.prepare(batch))
+                if pending is not None:
+                    self._finish(logger, *pending)
+                outs = [self.micro_step(batch)]
+                outs += [self.micro_step(next(self.loader)) for _ in range(accum - 1)]
                 for leaf in jax.tree.leaves(outs):
                     leaf.copy_to_host_async()
-                done = (step, outs, self.loader.skipped)
-                if pending is not None:
-                    self._on_step(*pending[:1], self._finish(logger, *pending))
-                pending = done
-                preempted = step < t.max_steps and preempt.requested()
-                if not (preempted or step == t.max_steps or s.checkpointer.should_save(step)):
-                    continue
-                metrics, pending = self._finish(logger, *done), None
-                if s.save(step, data_state=self.loader.state(),
-                          extra={"loss": metrics["train/loss"]}):
-                    saved = step
-                    if t.ckpt.export_safetensors:
-                        export_step(s, step)
-                        exported = step
-                self._on_step(step, metrics)
-                if preempted:
-                    if saved != step:  # the checkpoint only: exports can wait for the resume
-                        s.save(step, data_state=self.loader.state(), force=True)
-                    raise preempt.Stopped(step)
+                # the data position after this step's batches: a save of it must not count the
+                # next step's batch, loaded before this step's metrics are in
+                pending = (step, outs, self.loader.skipped, copy.deepcopy(self.loader.state()),
+                           start)
+            if pending is not None:
+                self._finish(logger, *pending)
             if step > s.start_step:
-                if saved != step:
-                    s.save(step, data_state=self.loader.state(), force=True)
-                if t.ckpt.export_safetensors and exported != step:
+                if self._saved != step:
+                    s.save(step, data_state=pending[3], force=True)
+                if t.ckpt.export_safetensors and self._exported != step:
                     export_step(s, step)
         finally:
             logger.close()
@@ -237,27 +239,33 @@ class SFTTrainer:
             s.close()
         return step
 
-    def _finish(self, logger, step: int, outs: list, skipped: int) -> dict:
-        """Fetch, check and log one step's metrics (the micro-steps' mean loss)."""
-        t = self.config.train
-        host, lr = fetch_metrics(outs), self.setup.lr_schedule(step - 1)
+    def _finish(self, logger, step: int, outs: list, skipped: int, data_state: dict,
+                start: float) -> None:
+        """Step `step`'s bookkeeping: fetch, check and log its metrics (the micro-steps' mean
+        loss), checkpoint and export when due, on_step, and stop if preempted."""
+        s, t = self.setup, self.config.train
+        host, lr = fetch_metrics(outs), s.lr_schedule(step - 1)
         loss = float(np.mean([float(o["loss"]) for o in host]))
-        now = time.perf_counter()
         metrics = {"train/loss": loss, "train/loss_avg": loss,
                    "train/learning_rate": float(fetch_metrics(lr)),
                    "optimizer/grad_norm": float(host[-1]["grad_norm"]),
-                   "train/iteration_time": now - self._ready}  # between metrics: steady state
-        self._ready = now
+                   "train/iteration_time": time.perf_counter() - start}
         if skipped:
             metrics["data/skipped_samples"] = skipped
         check_finite(step, metrics, keys=("train/loss", "optimizer/grad_norm"))
         if step % t.log_freq == 0 or step == t.max_steps:
             logger.log(step, metrics)
-        return metrics
-
-    def _on_step(self, step: int, metrics: dict) -> None:
+        if s.save(step, data_state=data_state, extra={"loss": loss}):
+            self._saved = step
+            if t.ckpt.export_safetensors:
+                export_step(s, step)
+                self._exported = step
         if self.on_step is not None:
             self.on_step(step, metrics)
+        if step < t.max_steps and preempt.requested():
+            if self._saved != step:  # the checkpoint only: exports can wait for the resume
+                s.save(step, data_state=data_state, force=True)
+            raise preempt.Stopped(step)
 
 
 def fetch_metrics(tree):
