@@ -157,9 +157,8 @@ def test_sft_fetches_a_step_after_the_next_is_loaded_and_encoded(pipe_dir, tmp_p
         events.append(("step", len(outs)))
         return out
 
-    def fetching(tree):
-        if isinstance(tree, list):
-            events.append(("fetch", 1 + outs.index(tree[0])))
+    def fetching(tree):  # (the step's outputs, its learning rate)
+        events.append(("fetch", 1 + outs.index(tree[0][0])))
         return fetch(tree)
     monkeypatch.setattr(sft.SFTTrainer, "prepare", encode)
     monkeypatch.setattr(sft.SFTTrainer, "micro_step", step)

@@ -224,6 +224,7 @@ class SFTTrainer:
                     leaf.copy_to_host_async()
                 # the data position after this step's batches: a save of it must not count the
                 # next step's batch, loaded before this step's metrics are in
+                outs = (outs, s.lr_schedule(step - 1))  # queued before step N + 1's work
                 pending = (step, outs, self.loader.skipped, copy.deepcopy(self.loader.state()),
                            start)
             if pending is not None:
@@ -239,15 +240,15 @@ class SFTTrainer:
             s.close()
         return step
 
-    def _finish(self, logger, step: int, outs: list, skipped: int, data_state: dict,
+    def _finish(self, logger, step: int, outs: tuple, skipped: int, data_state: dict,
                 start: float) -> None:
-        """Step `step`'s bookkeeping: fetch, check and log its metrics (the micro-steps' mean
-        loss), checkpoint and export when due, on_step, and stop if preempted."""
+        """Step `step`'s bookkeeping: fetch (outs: the micro-steps' outputs and the learning
+        rate), check and log its metrics (the micro-steps' mean loss), checkpoint and export when due, on_step, and stop if preempted."""
         s, t = self.setup, self.config.train
-        host, lr = fetch_metrics(outs), s.lr_schedule(step - 1)
+        host, lr = fetch_metrics(outs)  # the step's one wait for the device
         loss = float(np.mean([float(o["loss"]) for o in host]))
         metrics = {"train/loss": loss, "train/loss_avg": loss,
-                   "train/learning_rate": float(fetch_metrics(lr)),
+                   "train/learning_rate": float(lr),
                    "optimizer/grad_norm": float(host[-1]["grad_norm"]),
                    "train/iteration_time": time.perf_counter() - start}
         if skipped:
