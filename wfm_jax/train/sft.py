@@ -222,9 +222,9 @@ class SFTTrainer:
                 outs += [self.micro_step(next(self.loader)) for _ in range(accum - 1)]
                 for leaf in jax.tree.leaves(outs):
                     leaf.copy_to_host_async()
+                outs = (outs, s.lr_schedule(step - 1))  # queued before step N + 1's work
                 # the data position after this step's batches: a save of it must not count the
                 # next step's batch, loaded before this step's metrics are in
-                outs = (outs, s.lr_schedule(step - 1))  # queued before step N + 1's work
                 pending = (step, outs, self.loader.skipped, copy.deepcopy(self.loader.state()),
                            start)
             if pending is not None:
@@ -242,8 +242,9 @@ class SFTTrainer:
 
     def _finish(self, logger, step: int, outs: tuple, skipped: int, data_state: dict,
                 start: float) -> None:
-        """Step `step`'s bookkeeping: fetch (outs: the micro-steps' outputs and the learning
-        rate), check and log its metrics (the micro-steps' mean loss), checkpoint and export when due, on_step, and stop if preempted."""
+        """Step `step`'s bookkeeping: fetch its outputs (the micro-steps' and the learning
+        rate), check and log its metrics (the micro-steps' mean loss), checkpoint and export
+        when due, on_step, and stop if preempted."""
         s, t = self.setup, self.config.train
         host, lr = fetch_metrics(outs)  # the step's one wait for the device
         loss = float(np.mean([float(o["loss"]) for o in host]))
