@@ -2,8 +2,8 @@
 prompt once per batch (with the same conditioning bits as one encoding per rollout chunk) and
 fetches a chunk's pixels for the rewards only after the next chunk's rollout is dispatched; the
 SFT loop fetches a step's metrics only after the next step's data is loaded and its encoders
-dispatched, and logs the same values. On the tiny random SD3 pipeline, 8 CPU devices (fsdp); the RL tests do not run the
-sampler."""
+dispatched, and logs the same values. On the tiny random SD3 pipeline, 8 CPU devices (fsdp);
+the RL tests do not run the sampler."""
 from __future__ import annotations
 
 import os
@@ -36,7 +36,8 @@ def run(pipe_dir, tmp_path_factory):
               "train.train_policy.dataset.local_dir": PROMPTS, "validation.enable": False,
               "train.train_policy.remote_reward.reward_fns":
                   '[{"name": "jpeg_compressibility", "weight": 1.0, "score_key": ""}]'}
-    config = load_config(os.path.join(CONFIGS, "tiny_nft.py"), [(k, str(v)) for k, v in values.items()])
+    config = load_config(os.path.join(CONFIGS, "tiny_nft.py"),
+                         [(k, str(v)) for k, v in values.items()])
     r = rl_setup.build(config)
     yield r
     r.close()
