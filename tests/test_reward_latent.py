@@ -215,8 +215,8 @@ class _StubRun:
         self.rewards, self.rollout_chunk, self._latents = rewards, 1, latents
         self.algo = type("Algo", (), {"final_latents": staticmethod(lambda f: f["x0"])})()
 
-    def encode(self, rows):
-        return {"e": np.zeros((len(rows), 1), np.float32)}
+    def chunk_conditions(self, rows):
+        return [{"e": np.zeros((1, 1), np.float32)} for _ in rows]
 
     def initial_latents(self, key, n):
         return None

@@ -1,8 +1,9 @@
 """The RL loop shared by DiffusionNFT, Flow-GRPO and DDRL: rollout -> reward -> update.
 
-One step: the GroupBatcher gives this process's prompts (each repeated n_generation times); the
-rollout runs in chunks, and each chunk's decoded images go to the reward service (or local
-rewards) as soon as they exist, so sampling continues while rewards are computed; then
+One step: the GroupBatcher gives this process's prompts (each repeated n_generation times), each
+distinct prompt encoded once; the rollout runs in chunks, and each chunk's decoded images go to
+the reward service (or local rewards) once the next chunk is dispatched, so sampling continues
+while images are fetched and rewards computed; then
 advantages over the whole global batch, the algorithm's update (per inner epoch one optimizer
 step, or one per chunk of batch_size_per_optimize rows in a fresh order; gradients accumulated
 over micro-batches), the algorithm's post-update (e.g. NFT's old-policy soft
@@ -43,28 +44,34 @@ def gather_host(x: np.ndarray) -> np.ndarray:
 def rollout_batch(run, state, batch: dict, key, timers: Timers) -> dict:
     """Sample, decode and submit every chunk of this process's rows; collect rewards at the end.
 
+    A one-deep pipeline: chunk i's pixels are fetched to the host and submitted only after
+    chunk i + 1's rollout is dispatched (and its host inputs, e.g. DDRL's data, prepared), so
+    the device never waits for the host's fetch, encoding or PIL work between chunks.
+
     Returns host/device arrays of the whole local batch: the algorithm's stored fields, the
     conditioning, rewards, the per-function scores and the keep mask.
     """
     prompts = list(batch["prompt"])
     chunk = run.rollout_chunk
-    stored, handles = [], []
+    stored, handles, pending = [], [], None
+    conds = run.chunk_conditions(prompts)  # each distinct prompt encoded once
     for lo in range(0, len(prompts), chunk):
         rows = prompts[lo:lo + chunk]
         key, k_lat, k_alg = jax.random.split(key, 3)
-        cond = run.encode(rows)
+        cond = conds[lo // chunk]
         latents = run.initial_latents(k_lat, len(rows))
         inputs = dict(run.chunk_inputs(batch, lo, lo + chunk))
         # an algorithm's per-row conditioning (video2world frames of its data) joins the text's
         cond = {**cond, **inputs.pop("cond", {})}
         fields, pixels = run.rollout(state, latents, cond, k_alg, inputs)  # pixels: uint8 already
-        media, media_type = reward_media(run.rewards.media_type, pixels,
-                                         run.algo.final_latents(fields))
-        extras = prompt_extras(batch["metadata"][lo:lo + chunk])  # geneval keys as the service reads them
-        groups = np.asarray(batch["group"][lo:lo + chunk])
-        handles.append(run.rewards.submit(media, rows, group_ids=groups, extras=extras,
-                                          media_type=media_type))
+        media = run.algo.final_latents(fields) if run.rewards.media_type == "latent" else pixels
+        if hasattr(media, "copy_to_host_async"):
+            media.copy_to_host_async()  # the transfer starts when the chunk is done
+        if pending is not None:
+            handles.append(_submit(run, batch, *pending))
+        pending = (lo, fields, pixels)
         stored.append(dict(fields, cond=cond))
+    handles.append(_submit(run, batch, *pending))
     with timers("reward_wait"):
         results = [h.result() for h in handles]
     out = jax.tree.map(lambda *xs: jnp.concatenate(xs, axis=0), *stored)
@@ -79,6 +86,17 @@ def rollout_batch(run, state, batch: dict, key, timers: Timers) -> dict:
     out["extra"] = {key: np.concatenate([r.extra[key] for r in results])
                     for key in results[0].extra}
     return out
+
+
+def _submit(run, batch: dict, lo: int, fields: dict, pixels):
+    """Fetch one chunk's media to the host and hand it to the rewards (returns the handle)."""
+    hi = lo + run.rollout_chunk
+    media, media_type = reward_media(run.rewards.media_type, pixels,
+                                     run.algo.final_latents(fields))
+    extras = prompt_extras(batch["metadata"][lo:hi])  # geneval keys as the service reads them
+    groups = np.asarray(batch["group"][lo:hi])
+    return run.rewards.submit(media, list(batch["prompt"])[lo:hi], group_ids=groups,
+                              extras=extras, media_type=media_type)
 
 
 def advantages_for(run, rollout: dict, batch: dict) -> tuple[np.ndarray, dict]:
@@ -112,15 +130,20 @@ def validate(run, state, step: int) -> dict:
     """The family's deterministic sampler (eval_num_steps) on the validation prompts with the
     evaluation weights; a captioned grid (PNG for images, mp4 for videos) in output_dir and in
     wandb."""
-    rewards, images, prompts, extra = [], [], [], {}
-    for batch in run.validation_batches():
+    scored, pending = [], None
+    for batch in run.validation_batches():  # batch i + 1 dispatched before batch i is fetched
         rows = list(batch["prompt"])
         cond = run.encode(rows)
         latents = run.initial_latents(jax.random.key(run.seed + 1), len(rows), evaluation=True)
         final, pixels = run.evaluate(state, latents, cond)
-        imgs = to_uint8(np.asarray(jax.device_get(pixels)))
-        media, media_type = reward_media(run.rewards.media_type, imgs, final)
-        res = run.rewards.submit(media, rows, media_type=media_type).result()
+        if pending is not None:
+            scored.append(_score_validation(run, *pending))
+        pending = (batch, rows, final, pixels)
+    if pending is not None:
+        scored.append(_score_validation(run, *pending))
+    rewards, images, prompts, extra = [], [], [], {}
+    for batch, rows, imgs, handle in scored:
+        res = handle.result()
         valid = np.asarray(batch["valid"])
         rewards.append(res.total[valid])
         for key, values in res.extra.items():
@@ -136,6 +159,12 @@ def validate(run, state, step: int) -> dict:
     metrics.update({f"val/reward_{k}_mean": float(np.nanmean(np.concatenate(v)))
                     for k, v in extra.items()})
     return metrics
+
+
+def _score_validation(run, batch: dict, rows: list, final, pixels) -> tuple:
+    imgs = to_uint8(np.asarray(jax.device_get(pixels)))
+    media, media_type = reward_media(run.rewards.media_type, imgs, final)
+    return batch, rows, imgs, run.rewards.submit(media, rows, media_type=media_type)
 
 
 def run(config) -> int:

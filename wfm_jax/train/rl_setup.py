@@ -27,6 +27,7 @@ from wfm_jax.train.encode import TextEncoder
 from wfm_jax.train.metrics import MetricsLogger
 from wfm_jax.train.optim import apply_gradients
 from wfm_jax.train.rl_ddrl import DDRL
+from wfm_jax.train.rl_encode import chunk_conditions
 from wfm_jax.train.rl_grpo import GRPO
 from wfm_jax.train.rl_nft import NFT
 
@@ -133,6 +134,10 @@ class RLRun:
         ids = self.setup.global_batch(self.text_encoder.tokenize(prompts, negative))
         return self.text_encoder(ids)
 
+    def chunk_conditions(self, prompts) -> list[dict]:
+        """run.encode of each rollout chunk of `prompts`, each distinct prompt encoded once."""
+        return chunk_conditions(self, list(prompts), self.rollout_chunk)
+
     def initial_latents(self, key, n: int, evaluation: bool = False):
         """Noise for n rows: rollouts (training data) have train_frames frames, validation
         samples inference_frames (video families; cosmos-rl's SANA-Video rollout ignored
@@ -170,10 +175,11 @@ class RLRun:
         state, metrics = self._fns["update"](state, self.setup.frozen, data, key, jnp.float32(eta),
                                              self.shared)
         self.setup.state = state
-        out = {f"train/{k}": float(v) for k, v in jax.device_get(metrics).items()}
+        metrics, count = jax.device_get((metrics, state.step))  # the step's one wait for it
+        out = {f"train/{k}": float(v) for k, v in metrics.items()}
         out["train/old_policy_decay"] = eta
         # the rate of the last optimizer update (several per step: mu_iterations x chunks)
-        out["train/learning_rate"] = float(self.setup.lr_schedule(int(state.step) - 1))
+        out["train/learning_rate"] = float(self.setup.lr_schedule(int(count) - 1))
         return state, out
 
     def validation_batches(self):

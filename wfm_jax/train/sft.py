@@ -11,9 +11,11 @@ Logs train/loss (= train/loss_avg), train/learning_rate, optimizer/grad_norm,
 train/iteration_time to metrics.jsonl / console / wandb; checkpoints every train.ckpt.save_freq
 steps (and at the end); exports to output_dir/safetensors/step_N with each checkpoint when
 train.ckpt.export_safetensors. A NaN/inf loss stops the run before anything is saved for it.
+A step's metrics are fetched after the next step's data is loaded and encoded (run()).
 """
 from __future__ import annotations
 
+import copy
 import time
 from typing import Callable
 
@@ -166,7 +168,10 @@ class SFTTrainer:
                 self.setup.close()
             raise
 
-    def micro_step(self, batch: dict):
+    def prepare(self, batch: dict) -> tuple:
+        """Dispatch the encoders of one micro-batch -> (x0, cond, ids) on the device. The VAE
+        draw is keyed by the current state's rng, so this must run after the previous
+        micro-step's dispatch."""
         s = self.setup
         _check_batch(batch, s.pipe.is_video)
         local = len(batch["prompt"])
@@ -181,54 +186,93 @@ class SFTTrainer:
             cond = self.text(s.global_batch(self.text.tokenize(batch["prompt"])))
         pixels, ids = s.global_batch((np.asarray(batch["pixels"], np.float32), ids_host))
         key = jax.random.fold_in(s.state.rng, _KEY_VAE)  # not advanced: the step splits rng
-        x0 = self.visual(pixels, key, ids)
+        return self.visual(pixels, key, ids), cond, ids
+
+    def micro_step(self, batch: dict):
+        """One train step on `batch` (its encoders too, unless run() dispatched them already)."""
+        s, ready = self.setup, getattr(self, "_prepared", None)
+        self._prepared = None
+        x0, cond, ids = ready[1] if ready is not None and ready[0] is batch else self.prepare(batch)
         s.state, out = self.step_fn(s.state, s.frozen, x0, cond, ids)
         return out
 
     def run(self) -> int:
-        """Train from the restored step to train.max_steps; returns the last step done."""
+        """Train from the restored step to train.max_steps; returns the last step done.
+
+        Step N's metrics are fetched (one device_get) once step N + 1's first batch is loaded
+        and its text and VAE encoders are dispatched, so the host's data loading and the
+        device's encoding overlap step N; they are then checked, logged, saved and passed to
+        on_step before step N + 1's train step is dispatched (a NaN stops the run, a SIGTERM
+        checkpoints step N, exactly as when every step waited for its own metrics)."""
         s, t = self.setup, self.config.train
         accum = int(t.grad_accum_steps)
         logger = MetricsLogger(t.output_dir, total_steps=t.max_steps,
                                wandb_cfg=dict(t.wandb), start_step=s.start_step)
         step = s.start_step
-        saved = exported = step if step > 0 else None
+        self._saved = self._exported = step if step > 0 else None
         try:
+            pending = None
             for step in range(s.start_step + 1, t.max_steps + 1):
                 start = time.perf_counter()
-                outs = [self.micro_step(next(self.loader)) for _ in range(accum)]
-                loss = float(np.mean([float(o["loss"]) for o in outs]))
-                grad_norm = float(outs[-1]["grad_norm"])
-                metrics = {"train/loss": loss, "train/loss_avg": loss,
-                           "train/learning_rate": float(s.lr_schedule(step - 1)),
-                           "optimizer/grad_norm": grad_norm,
-                           "train/iteration_time": time.perf_counter() - start}
-                if self.loader.skipped:
-                    metrics["data/skipped_samples"] = self.loader.skipped
-                check_finite(step, metrics, keys=("train/loss", "optimizer/grad_norm"))
-                if step % t.log_freq == 0 or step == t.max_steps:
-                    logger.log(step, metrics)
-                if s.save(step, data_state=self.loader.state(), extra={"loss": loss}):
-                    saved = step
-                    if t.ckpt.export_safetensors:
-                        export_step(s, step)
-                        exported = step
-                if self.on_step is not None:
-                    self.on_step(step, metrics)
-                if step < t.max_steps and preempt.requested():
-                    if saved != step:  # the checkpoint only: exports can wait for the resume
-                        s.save(step, data_state=self.loader.state(), force=True)
-                    raise preempt.Stopped(step)
+                batch = next(self.loader)
+                self._prepared = (batch, self.prepare(batch))
+                if pending is not None:
+                    self._finish(logger, *pending)
+                outs = [self.micro_step(batch)]
+                outs += [self.micro_step(next(self.loader)) for _ in range(accum - 1)]
+                for leaf in jax.tree.leaves(outs):
+                    leaf.copy_to_host_async()
+                outs = (outs, s.lr_schedule(step - 1))  # queued before step N + 1's work
+                # the data position after this step's batches: a save of it must not count the
+                # next step's batch, loaded before this step's metrics are in
+                pending = (step, outs, self.loader.skipped, copy.deepcopy(self.loader.state()),
+                           start)
+            if pending is not None:
+                self._finish(logger, *pending)
             if step > s.start_step:
-                if saved != step:
-                    s.save(step, data_state=self.loader.state(), force=True)
-                if t.ckpt.export_safetensors and exported != step:
+                if self._saved != step:
+                    s.save(step, data_state=pending[3], force=True)
+                if t.ckpt.export_safetensors and self._exported != step:
                     export_step(s, step)
         finally:
             logger.close()
             self.loader.close()
             s.close()
         return step
+
+    def _finish(self, logger, step: int, outs: tuple, skipped: int, data_state: dict,
+                start: float) -> None:
+        """Step `step`'s bookkeeping: fetch its outputs (the micro-steps' and the learning
+        rate), check and log its metrics (the micro-steps' mean loss), checkpoint and export
+        when due, on_step, and stop if preempted."""
+        s, t = self.setup, self.config.train
+        host, lr = fetch_metrics(outs)  # the step's one wait for the device
+        loss = float(np.mean([float(o["loss"]) for o in host]))
+        metrics = {"train/loss": loss, "train/loss_avg": loss,
+                   "train/learning_rate": float(lr),
+                   "optimizer/grad_norm": float(host[-1]["grad_norm"]),
+                   "train/iteration_time": time.perf_counter() - start}
+        if skipped:
+            metrics["data/skipped_samples"] = skipped
+        check_finite(step, metrics, keys=("train/loss", "optimizer/grad_norm"))
+        if step % t.log_freq == 0 or step == t.max_steps:
+            logger.log(step, metrics)
+        if s.save(step, data_state=data_state, extra={"loss": loss}):
+            self._saved = step
+            if t.ckpt.export_safetensors:
+                export_step(s, step)
+                self._exported = step
+        if self.on_step is not None:
+            self.on_step(step, metrics)
+        if step < t.max_steps and preempt.requested():
+            if self._saved != step:  # the checkpoint only: exports can wait for the resume
+                s.save(step, data_state=data_state, force=True)
+            raise preempt.Stopped(step)
+
+
+def fetch_metrics(tree):
+    """The loop's one blocking device-to-host fetch per step."""
+    return jax.device_get(tree)
 
 
 def run(config, *, on_step: Callable[[int, dict], None] | None = None) -> int:
