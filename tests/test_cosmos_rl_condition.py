@@ -118,3 +118,40 @@ def test_nft_rollout_keeps_the_conditioned_frames_and_the_loss_ignores_them(tiny
                                 adv_clip_min=algo.adv_low, kl_weight=0.0)[1]["policy_loss"])
             for i, n in enumerate((1, 2))]
     np.testing.assert_allclose(float(metrics["policy_loss"]), np.mean(free), rtol=1e-4)
+
+
+def test_ddrl_rollout_with_cfg_conditions_both_branches_on_the_frames(tiny):
+    """DDRL's EDM rollout with guidance 3 and conditional frames equals the same sampler driven
+    by the family's own calls (each branch through velocity_with with the frames, combined by
+    its guide), as diffusers' Cosmos pipeline conditions its negative branch; leaving the frames
+    out of the negative branch changes it."""
+    from wfm_jax.sampling.samplers import sample
+    from wfm_jax.train.rl_ddrl import DDRL
+    c = _config("tiny_cosmos_ddrl.py", ("policy.diffusers.sample.num_steps", "3"),
+                ("policy.diffusers.sample.guidance_scale", "3.0"),
+                ("train.train_policy.train_on", "(0, 1)"))
+    algo = DDRL(c, tiny.pipe)
+    cond = {**tiny.text, **tiny.video}
+    key = jax.random.key(4)
+    got = jax.jit(lambda p, x, cnd, u: algo.rollout(
+        tiny.velocity, types.SimpleNamespace(params=p), x, cnd, key, uncond=u)["final"])(
+        tiny.params, tiny.noise, cond, tiny.uncond)
+
+    neg = jnp.broadcast_to(tiny.uncond["encoder_hidden_states"],
+                           tiny.text["encoder_hidden_states"].shape)
+
+    def by_hand(with_frames: bool):
+        def guided(x, t, _):
+            v_c = tiny.velocity(tiny.params, x, t, cond)
+            u = {"encoder_hidden_states": neg, **(tiny.video if with_frames else {})}
+            return tiny.pipe.guide(v_c, tiny.velocity(tiny.params, x, t, u), 3.0)
+        k_sde = jax.random.split(key)[1]  # DDRL.rollout's split
+        return jax.jit(lambda x: sample(guided, x * algo.sigma_max, algo.sigmas, k_sde,
+                                        method="edm", cond=None, **algo.churn).latents)(tiny.noise)
+
+    np.testing.assert_allclose(np.asarray(got), np.asarray(by_hand(True)), atol=1e-5, rtol=0)
+    assert np.abs(np.asarray(got) - np.asarray(by_hand(False))).max() > 1e-3
+    # the conditioned frames come out as the condition's latents
+    c_lat = np.asarray(tiny.video["cond_latents"])
+    for row, n in enumerate((1, 2)):
+        np.testing.assert_allclose(np.asarray(got)[row, :, :n], c_lat[row, :, :n], atol=1e-4)

@@ -223,3 +223,71 @@ def test_tiny_cosmos_ddrl_resume_is_bit_identical(ddrl_run, tiny_cosmos, wfm_vid
     read = kill_and_resume(monkeypatch, argv, kill_after=3, resume_to=4)
     assert read == {"killed": [0, 1, 2], "resumed": [2, 3]}
     assert_resumed_run_matches(out, ddrl_run, 4)
+
+
+@pytest.mark.slow
+def test_tiny_cosmos_nft_video2world_runs_on_the_clips_first_frame(tiny_cosmos, wfm_videos,
+                                                                    compile_cache, tmp_path):
+    """NFT rollouts conditioned on each item's first latent frame (min = max = 1), 2 steps: every
+    rollout of one item decodes the same first frame (the causal VAE's frame 0 is the first
+    latent frame's alone), while its later frames differ from rollout to rollout."""
+    from reward_client.registry import register_reward, unregister_reward
+    seen = []
+
+    @register_reward("test_record_videos", video="native")
+    def _record(videos, prompts, extras):
+        seen.append(np.asarray(videos))
+        return videos.astype(np.float64).mean(axis=(1, 2, 3, 4)) / 255.0
+
+    out = tmp_path / "nft_v2w"
+    reward = '[{"name": "test_record_videos", "weight": 1.0, "score_key": ""}]'
+    try:
+        assert wmain.main(_argv(
+            "tiny_cosmos_nft.py", tiny_cosmos, out,
+            f"--config.train.train_policy.dataset.local_dir={wfm_videos}",
+            "--config.train.train_policy.dataset.layout=wfm",
+            "--config.policy.diffusers.min_num_conditional_frames=1",
+            "--config.policy.diffusers.max_num_conditional_frames=1",
+            f"--config.train.train_policy.remote_reward.reward_fns={reward}",
+            "--config.train.max_steps=2", "--config.validation.enable=False",
+            "--config.train.ckpt.save_freq=2", "--config.train.ckpt.export_safetensors=False")) == 0
+    finally:
+        unregister_reward("test_record_videos")
+    m = toy.metrics(out)
+    assert sorted(m) == [1, 2] and all(np.isfinite(m[s]["train/loss"]) for s in m)
+    # each call holds whole row pairs of one group (groups of 4 rows, chunks of 2 or 16 rows)
+    groups = np.concatenate([v.reshape((-1, 2) + v.shape[1:]) for v in seen]).astype(np.int16)
+    first = np.abs(groups[:, :, :, 0] - groups[:, :1, :, 0]).max()
+    last = np.abs(groups[:, :, :, -1] - groups[:, :1, :, -1]).max()
+    assert first <= 1 and last > 10, (first, last)
+
+
+def test_cosmos_sft_sigmas_stay_in_its_karras_range():
+    """Cosmos SFT draws sigma as cosmos-predict2.5 (logit-normal u, shift 5), mapped onto the
+    sampler's range [0.01/1.01, 200/201]; the other families keep the flow-matching table."""
+    import jax
+    import jax.numpy as jnp
+    from scipy.stats import norm
+    from wfm_jax.models.wan.pipeline import WanPipeline
+    from wfm_jax.sampling.schedule import training_table
+    from wfm_jax.tiny_cosmos import scheduler_config
+    from wfm_jax.train.sft import sample_timesteps
+
+    pipe = _shell(scheduler_config())
+    lo, hi = 0.01 / 1.01, 200.0 / 201.0
+    np.testing.assert_allclose(pipe.sigma_range(), (lo, hi), rtol=1e-6)
+    table_t, table_s = pipe.train_sigma_table(3.0)
+    t, s = sample_timesteps(jax.random.key(0), jnp.arange(4000), jnp.asarray(table_t),
+                            jnp.asarray(table_s), "logit_normal", logit_mean=0.0, logit_std=1.0,
+                            mode_scale=1.29)
+    s = np.asarray(s)
+    np.testing.assert_allclose(np.asarray(t), 1000 * s, rtol=1e-6)
+    assert lo <= s.min() and s.max() <= hi + 1e-7
+    # independent: u = sigmoid(N(0, 1)) quantiles through 5u / (1 + 4u), then onto [lo, hi]
+    for q in (0.1, 0.5, 0.9):
+        u = 1 / (1 + np.exp(-norm.ppf(q)))
+        want = lo + (hi - lo) * 5 * u / (1 + 4 * u)
+        assert abs(np.quantile(s, q) - want) < 0.015, (q, np.quantile(s, q), want)
+    wan = WanPipeline.__new__(WanPipeline)
+    for a, b in zip(wan.train_sigma_table(3.0), training_table(3.0)):
+        np.testing.assert_array_equal(a, b)
