@@ -149,9 +149,13 @@ def test_ddrl_rollout_with_cfg_conditions_both_branches_on_the_frames(tiny):
         return jax.jit(lambda x: sample(guided, x * algo.sigma_max, algo.sigmas, k_sde,
                                         method="edm", cond=None, **algo.churn).latents)(tiny.noise)
 
-    np.testing.assert_allclose(np.asarray(got), np.asarray(by_hand(True)), atol=1e-5, rtol=0)
-    assert np.abs(np.asarray(got) - np.asarray(by_hand(False))).max() > 1e-3
+    # 1e-5 relative: the EDM states reach |x| ~ 9 here (measured max error 1.2e-5, i.e. 1.4e-6
+    # relative: one batched [uncond; cond] call against two separate ones)
+    got = np.asarray(got)
+    scale = np.abs(got).max()
+    assert np.abs(got - np.asarray(by_hand(True))).max() <= 1e-5 * scale
+    assert np.abs(got - np.asarray(by_hand(False))).max() > 1.0  # measured 124
     # the conditioned frames come out as the condition's latents
     c_lat = np.asarray(tiny.video["cond_latents"])
     for row, n in enumerate((1, 2)):
-        np.testing.assert_allclose(np.asarray(got)[row, :, :n], c_lat[row, :, :n], atol=1e-4)
+        np.testing.assert_allclose(got[row, :, :n], c_lat[row, :, :n], atol=1e-5)
