@@ -291,3 +291,44 @@ def test_cosmos_sft_sigmas_stay_in_its_karras_range():
     wan = WanPipeline.__new__(WanPipeline)
     for a, b in zip(wan.train_sigma_table(3.0), training_table(3.0)):
         np.testing.assert_array_equal(a, b)
+
+
+# ---------------------------------------------------------------------------- bad input
+
+@pytest.mark.skipif(__import__("jax").device_count() < 8, reason="needs 8 (host) devices")
+def test_cosmos_sequence_the_context_does_not_divide_is_padded():
+    """12 tokens (3 latent frames of 2x2 patches) over context=8: the ring pads them, and the
+    forward equals one device (the tiny DiT's 2 heads take "auto" to the ring)."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+    from wfm_jax import mesh as wmesh
+    from wfm_jax.models.cosmos.transformer import CosmosTransformer
+    from wfm_jax.tiny_cosmos import transformer_config
+
+    graph, state = nnx.split(CosmosTransformer(transformer_config(), rngs=nnx.Rngs(0)))
+    k = jax.random.split(jax.random.key(0), 3)
+    x = jax.random.normal(k[0], (2, transformer_config()["in_channels"] - 1, 3, 4, 4))
+    t = jax.random.uniform(k[1], (2,))
+    text = jax.random.normal(k[2], (2, 5, 64))
+    mask = jnp.zeros((2, 1, 3, 4, 4))
+
+    def fwd(s, *a):
+        return nnx.merge(graph, s)(*a, condition_mask=mask)
+    want = np.asarray(jax.jit(fwd)(state, x, t, text))
+    got = np.asarray(wmesh.mesh_jit(fwd, mesh=wmesh.make_mesh(context=8))(state, x, t, text))
+    np.testing.assert_allclose(got, want, atol=2e-5, rtol=0)
+
+
+@pytest.mark.skipif(__import__("jax").device_count() < 8, reason="needs 8 (host) devices")
+def test_ulysses_with_heads_the_context_does_not_divide_is_one_line(tiny_cosmos, tmp_path,
+                                                                     capsys):
+    code = wmain.main(_argv("tiny_cosmos_nft.py", tiny_cosmos, tmp_path / "run",
+                            "--config.policy.parallelism.data=2",
+                            "--config.policy.parallelism.context=4",
+                            "--config.policy.context_parallel_impl=ulysses"))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == wmain.EXIT_BAD_INPUT
+    assert err == ["error: policy.context_parallel_impl='ulysses' splits the sequence 4 ways "
+                   "(policy.parallelism.context) but the transformer's 2 attention heads do not "
+                   "divide by it; use 'ring' or 'auto'"], err
