@@ -225,12 +225,10 @@ def test_tiny_cosmos_ddrl_resume_is_bit_identical(ddrl_run, tiny_cosmos, wfm_vid
     assert_resumed_run_matches(out, ddrl_run, 4)
 
 
-@pytest.mark.slow
-def test_tiny_cosmos_nft_video2world_runs_on_the_clips_first_frame(tiny_cosmos, wfm_videos,
-                                                                    compile_cache, tmp_path):
-    """NFT rollouts conditioned on each item's first latent frame (min = max = 1), 2 steps: every
-    rollout of one item decodes the same first frame (the causal VAE's frame 0 is the first
-    latent frame's alone), while its later frames differ from rollout to rollout."""
+@pytest.fixture
+def recorded_videos():
+    """A local reward that keeps every rollout video it scores (uint8 [B, C, T, H, W]) and
+    returns their brightness."""
     from reward_client.registry import register_reward, unregister_reward
     seen = []
 
@@ -239,28 +237,59 @@ def test_tiny_cosmos_nft_video2world_runs_on_the_clips_first_frame(tiny_cosmos, 
         seen.append(np.asarray(videos))
         return videos.astype(np.float64).mean(axis=(1, 2, 3, 4)) / 255.0
 
-    out = tmp_path / "nft_v2w"
-    reward = '[{"name": "test_record_videos", "weight": 1.0, "score_key": ""}]'
-    try:
-        assert wmain.main(_argv(
-            "tiny_cosmos_nft.py", tiny_cosmos, out,
-            f"--config.train.train_policy.dataset.local_dir={wfm_videos}",
-            "--config.train.train_policy.dataset.layout=wfm",
-            "--config.policy.diffusers.min_num_conditional_frames=1",
-            "--config.policy.diffusers.max_num_conditional_frames=1",
-            f"--config.train.train_policy.remote_reward.reward_fns={reward}",
-            "--config.train.max_steps=2", "--config.validation.enable=False",
-            "--config.train.ckpt.save_freq=2", "--config.train.ckpt.export_safetensors=False")) == 0
-    finally:
-        unregister_reward("test_record_videos")
-    m = toy.metrics(out)
-    assert sorted(m) == [1, 2] and all(np.isfinite(m[s]["train/loss"]) for s in m)
-    # each call holds whole row pairs of one group (groups of 4 rows, chunks of 2 or 16 rows)
+    yield seen
+    unregister_reward("test_record_videos")
+
+
+RECORD = ('--config.train.train_policy.remote_reward.reward_fns='
+          '[{"name": "test_record_videos", "weight": 1.0, "score_key": ""}]')
+
+
+def _assert_groups_share_their_first_frame(seen):
+    """Every rollout of one item decodes the same first frame (the causal VAE's frame 0 is the
+    first latent frame's alone: the condition), while its last frames differ. Each reward call
+    holds whole row pairs of one group (groups of 4 rows, chunks of 2 or 16 rows)."""
     groups = np.concatenate([v.reshape((-1, 2) + v.shape[1:]) for v in seen]).astype(np.int16)
     first = np.abs(groups[:, :, :, 0] - groups[:, :1, :, 0]).max()
     last = np.abs(groups[:, :, :, -1] - groups[:, :1, :, -1]).max()
     assert first <= 1 and last > 10, (first, last)
 
+
+@pytest.mark.slow
+def test_tiny_cosmos_nft_video2world_runs_on_the_clips_first_frame(tiny_cosmos, wfm_videos,
+                                                                    compile_cache, tmp_path,
+                                                                    recorded_videos):
+    """NFT rollouts conditioned on each item's first latent frame (min = max = 1), 2 steps."""
+    out = tmp_path / "nft_v2w"
+    assert wmain.main(_argv(
+        "tiny_cosmos_nft.py", tiny_cosmos, out,
+        f"--config.train.train_policy.dataset.local_dir={wfm_videos}",
+        "--config.train.train_policy.dataset.layout=wfm",
+        "--config.policy.diffusers.min_num_conditional_frames=1",
+        "--config.policy.diffusers.max_num_conditional_frames=1", RECORD,
+        "--config.train.max_steps=2", "--config.validation.enable=False",
+        "--config.train.ckpt.save_freq=2", "--config.train.ckpt.export_safetensors=False")) == 0
+    m = toy.metrics(out)
+    assert sorted(m) == [1, 2] and all(np.isfinite(m[s]["train/loss"]) for s in m)
+    _assert_groups_share_their_first_frame(recorded_videos)
+
+
+@pytest.mark.slow
+def test_tiny_cosmos_ddrl_video2world_with_cfg_runs(tiny_cosmos, wfm_videos, compile_cache,
+                                                     tmp_path, recorded_videos):
+    """DDRL with CFG (guidance 2: the negative branch conditioned on the same frames) and
+    every item on its clip's first latent frame, 2 steps."""
+    out = tmp_path / "ddrl_cfg"
+    assert wmain.main(_ddrl_argv(tiny_cosmos, wfm_videos, out, RECORD,
+                                 "--config.policy.diffusers.sample.guidance_scale=2.0",
+                                 "--config.policy.diffusers.min_num_conditional_frames=1",
+                                 "--config.train.max_steps=2",
+                                 "--config.train.ckpt.save_freq=2")) == 0
+    m = toy.metrics(out)
+    assert sorted(m) == [1, 2]
+    for step in m.values():
+        assert step["train/data_loss"] > 0 and np.isfinite(step["train/loss"])
+    _assert_groups_share_their_first_frame(recorded_videos)
 
 def test_cosmos_sft_sigmas_stay_in_its_karras_range():
     """Cosmos SFT draws sigma as cosmos-predict2.5 (logit-normal u, shift 5), mapped onto the
