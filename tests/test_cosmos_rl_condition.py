@@ -159,3 +159,20 @@ def test_ddrl_rollout_with_cfg_conditions_both_branches_on_the_frames(tiny):
     c_lat = np.asarray(tiny.video["cond_latents"])
     for row, n in enumerate((1, 2)):
         np.testing.assert_allclose(got[row, :, :n], c_lat[row, :, :n], atol=1e-5)
+
+
+def test_a_clip_shorter_than_its_conditioning_window_is_one_line(tmp_path):
+    """video2world reads the first latent frames of a train_frames window: a clip shorter than
+    the window (5 frames, train_frames 9) stops the run with one DataError line naming it."""
+    from tests.test_data_wfm import make_wfm
+    from wfm_jax.data.errors import DataError
+    from wfm_jax.train.rl_data import ItemMedia
+    from wfm_jax.train.rl_nft import NFT
+    make_wfm(tmp_path / "wfm", embedding=None)
+    c = _config("tiny_cosmos_nft.py", ("policy.diffusers.max_num_conditional_frames", "1"),
+                ("train.train_policy.dataset.local_dir", str(tmp_path / "wfm")),
+                ("validation.dataset.holdout_fraction", "0.0"))
+    records, _ = NFT.records(c)
+    batch = {"records": records, "index": np.arange(len(records)), "step": 0}
+    with pytest.raises(DataError, match=r"a\.mp4 has 5 frames, fewer than train_frames=9"):
+        ItemMedia(c).latents(None, batch, 0, 1)
