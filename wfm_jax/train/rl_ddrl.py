@@ -4,6 +4,9 @@ Data: the prompts are the captions of a paired dataset (X.json + X.png, train.tr
 or WebDataset shards in the paired layout, local or s3://, indexed once: data/webdataset.py);
 each global batch holds groups of `n_generation` rollouts of one data item, and, when
 data_beta > 0, that item's image is VAE-encoded to the clean latent of the data loss.
+video2world (max_num_conditional_frames > 0): each item's first n latent frames condition all
+of its rollouts (rl_data.ItemMedia, shared with NFT and Flow-GRPO); with CFG the negative
+branch is conditioned on the same frames (rl_grpo.full_uncond), as in diffusers' pipeline.
 
 Rollout (on-policy, current weights): the EDM sampler with churn and the 2ab multistep update
 (method "edm", sigma_max * eps start). Stored per trained step k (`train_on`, -1 entries
@@ -36,7 +39,7 @@ from wfm_jax.config import ConfigError
 from wfm_jax.sampling import steps as S
 from wfm_jax.sampling.samplers import sample
 from wfm_jax.sampling.schedule import edm_churn_eta, edm_sigmas
-from wfm_jax.train.rl_data import ItemMedia, media_records, scan_records  # noqa: F401
+from wfm_jax.train.rl_data import ItemMedia, media_records
 from wfm_jax.train.rl_grpo import cfg_velocity, full_uncond, guide_of
 
 F32 = jnp.float32

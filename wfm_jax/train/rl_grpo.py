@@ -20,6 +20,12 @@ the first update, so only the first chunk sees ratio 1 (later ones see weights a
 sampler's own log-prob differs from it by XLA rounding only (~1e-7) and is reported as
 `rollout_log_prob_gap`.
 
+video2world (max_num_conditional_frames > 0): the rollout's cond holds the item's video
+condition (rl_data.ItemMedia) and is stored with the trajectory, so every recomputed step sees
+the same conditional latents, mask and conditional_frame_timestep; the conditioned frames'
+velocity is exact (it does not depend on the weights), so their log-prob terms cancel in the
+ratio; with CFG the negative branch gets the same frames (full_uncond).
+
 Samples whose advantage is 0 (including groups dropped for a failed reward) stay in the
 fixed-shape batch: their policy term is exactly 0, but they still count in the batch mean and
 the KL term. flow_grpo drops them before batching; `filter_zero_advantage` = True comes close

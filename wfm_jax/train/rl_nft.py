@@ -3,6 +3,12 @@
 `velocity(params, x, timesteps, cond) -> v` closes over the frozen model; `params` is the
 trainable tree (LoRA or full), so the same function serves the current policy, the "old" policy
 (a second copy of the trainable tree) and the reference (LoRA zeroed, or the initial weights).
+
+video2world (max_num_conditional_frames > 0): rollouts condition on the first latent frames of
+each item's clip (rl_data.ItemMedia); the stored cond carries them to the loss. There the
+velocity is exact, so the rollout ends on the condition's latents and x0's prediction equals x0:
+those frames add zero error, and the adaptive (mean err^2 / mean |err|) weight makes the loss
+that of the free frames alone.
 """
 from __future__ import annotations
 
