@@ -14,7 +14,12 @@ cosmos-rl's values (RLConfig defaults, config/wfm/__init__.py): num_rollout 2 vi
 kl_beta 0.01, use_same_seed within a group. Its native stack samples with EDM 2ab + churn; the
 Flow-GRPO log-prob needs the flow SDE, which wfm_jax runs on Cosmos' Karras flow-sigma range
 (the family's sampler_schedule) with noise_level 0.7. Full fine-tune (the native stack has no
-LoRA), bf16 compute on fp32 master weights. Text2world (conditional frames 0).
+LoRA), bf16 compute on fp32 master weights. Text2world (conditional frames 0); video2world
+as cosmos-rl's world-model stack (RLConfig default min = max = 1) on a dataset of videos:
+    --config.policy.diffusers.max_num_conditional_frames=1 \
+    --config.train.train_policy.dataset.local_dir=/path/to/wfm   # videos/ + metas/
+(each item's clip window and count fixed by (seed, step, item); with CFG both branches see the
+frames; the conditioned latent frames add nothing to the loss: their velocity is exact).
 """
 import os
 

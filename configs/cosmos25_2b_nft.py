@@ -12,7 +12,9 @@ ff.net.2 (attn1 and attn2; crossattn_proj frozen); 512x512, 93 frames; 10 rollou
 noise_level 0.7 (cosmos-rl swallows these three and always samples stochastically: wfm_jax
 honours them). Timesteps: wfm_jax feeds the family 1000*sigma in rollout and training alike (the
 Cosmos family divides by 1000 before the DiT); cosmos-rl feeds sigma at rollout and ~1000 sigma in
-training. Text2world only (cosmos-rl's diffusers NFT stack passes a zero condition mask).
+training. Text2world as cosmos-rl's diffusers NFT stack (it passes a zero condition mask);
+video2world on a dataset of videos: --config.policy.diffusers.max_num_conditional_frames=1
+--config.train.train_policy.dataset.local_dir=/path/to/wfm (videos/ + metas/).
 Optimizer values cosmos-rl's NFT recipes share (lr 3e-4, wd 1e-4, betas (0.9, 0.999), clip 1.0,
 EMA 0.9 every step, bf16 params).
 """

@@ -11,7 +11,8 @@ from wfm_jax.config import load_config
 from wfm_jax.data import DataError
 from wfm_jax.data.media import load_video_window
 from wfm_jax.data.webdataset import index_records, load_record_media
-from wfm_jax.train.rl_ddrl import DDRL, scan_records
+from wfm_jax.train.rl_data import scan_records
+from wfm_jax.train.rl_ddrl import DDRL
 
 SIZE = (8, 8)
 

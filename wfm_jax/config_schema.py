@@ -300,18 +300,12 @@ def check_conditional_frames(config) -> None:
                           f"'{d}.max_num_conditional_frames' = {hi} need 0 <= min <= max")
     if hi == 0:
         return
-    kind = get(config, "train.train_policy.type")
+    # every trainer reads the frames from the dataset's videos (SFT's clips; the RL algorithms'
+    # data items, train_policy.dataset, as DDRL's data term: rl_data.media_records)
     cls = family_named(config.policy.family)
     if not cls.supports_video_condition:
         raise ConfigError(f"config key '{d}.max_num_conditional_frames' = {hi}: the "
                           f"{config.policy.family!r} family cannot condition on video frames")
-    if kind not in ("ddrl", "sft"):
-        raise ConfigError(f"config key '{d}.max_num_conditional_frames' = {hi}: conditional "
-                          f"frames come from the dataset's videos, which only DDRL and SFT read "
-                          f"(train.train_policy.type is {kind!r})")
-    if kind == "ddrl" and float(get(config, f"{d}.sample.guidance_scale")) > 1.0:
-        raise ConfigError(f"config key '{d}.max_num_conditional_frames' = {hi} with CFG "
-                          f"('{d}.sample.guidance_scale' > 1) is not supported in training")
 
 
 @register_check

@@ -199,6 +199,14 @@ class PipelineFamily(abc.ABC):
         from wfm_jax.sampling.schedule import default_flow_schedule
         return default_flow_schedule(num_steps, self.shift, solver)
 
+    def train_sigma_table(self, shift: float) -> tuple[np.ndarray, np.ndarray]:
+        """(timesteps, sigmas), float32 (1000,) each: the table SFT indexes with
+        floor(u * 1000), u from the recipe's density (weighting_scheme). Default: the untouched
+        flow-matching scheduler's at `shift` (SD3, Wan, SANA); a family trained on another
+        sigma range overrides (Cosmos). timesteps are 1000 sigma, as velocity_with takes."""
+        from wfm_jax.sampling.schedule import training_table
+        return training_table(shift)
+
     @abc.abstractmethod
     def latent_shape(self, batch: int, height: int, width: int,
                      frames: int | None = None) -> tuple[int, ...]:

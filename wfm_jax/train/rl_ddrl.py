@@ -4,6 +4,9 @@ Data: the prompts are the captions of a paired dataset (X.json + X.png, train.tr
 or WebDataset shards in the paired layout, local or s3://, indexed once: data/webdataset.py);
 each global batch holds groups of `n_generation` rollouts of one data item, and, when
 data_beta > 0, that item's image is VAE-encoded to the clean latent of the data loss.
+video2world (max_num_conditional_frames > 0): each item's first n latent frames condition all
+of its rollouts (rl_data.ItemMedia, shared with NFT and Flow-GRPO); with CFG the negative
+branch is conditioned on the same frames (rl_grpo.full_uncond), as in diffusers' pipeline.
 
 Rollout (on-policy, current weights): the EDM sampler with churn and the 2ab multistep update
 (method "edm", sigma_max * eps start). Stored per trained step k (`train_on`, -1 entries
@@ -24,22 +27,20 @@ exp_reward; the loop clips them once).
 """
 from __future__ import annotations
 
-import os
 from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from wfm_jax.algorithms.advantages import ddrl_advantages
 from wfm_jax.algorithms.ddrl import (ddrl_data_loss, ddrl_loss, draw_data_sigma, edm_noisy,
                                      unscaled_log_ratio)
 from wfm_jax.config import ConfigError
-from wfm_jax.data.errors import DataError
 from wfm_jax.sampling import steps as S
 from wfm_jax.sampling.samplers import sample
 from wfm_jax.sampling.schedule import edm_churn_eta, edm_sigmas
-from wfm_jax.train.rl_grpo import cfg_velocity, guide_of
+from wfm_jax.train.rl_data import ItemMedia, media_records
+from wfm_jax.train.rl_grpo import cfg_velocity, full_uncond, guide_of
 
 F32 = jnp.float32
 Velocity = Callable[[Any, jax.Array, jax.Array, Any], jax.Array]
@@ -77,19 +78,6 @@ def step_mean(x_hat, sigma_hat, sigma_next, x0, x0_prev, sigma_prev_hat, first):
     return jax.vmap(one)(x_hat, sigma_hat, sigma_next, x0, x0_prev, sigma_prev_hat, first)
 
 
-def scan_records(location: str, allow_pickle: bool = False) -> list:
-    """The records of a dataset in any layout DDRL's data term reads: paired shards (local or
-    s3://), a paired dir (images or videos), or a WFM dir (metas/ + videos/)."""
-    from wfm_jax.data.paired import scan_paired
-    from wfm_jax.data.webdataset import index_records, is_webdataset
-    from wfm_jax.data.wfm import scan_wfm
-    if is_webdataset(location):
-        return index_records(location)
-    if os.path.isdir(os.path.join(location, "metas")):
-        return scan_wfm(location, allow_pickle)
-    return scan_paired(location)
-
-
 class DDRL:
     """DDRL on the shared loop (on-policy EDM rollouts, policy + KL + data loss)."""
 
@@ -121,16 +109,10 @@ class DDRL:
         self.exp_reward = bool(tp.exp_reward)
         self.data_sigma = (float(tp.data_sigma_p_mean), float(tp.data_sigma_p_std))
         self.update_ref_every = int(tp.update_ref_every_iter)
-        self.size_hw = tuple(int(v) for v in config.policy.diffusers.inference_size)
-        self.vae_key = jax.random.key(int(config.train.seed) + 7)
-        self.seed = int(config.train.seed)
-        self.frames = int(config.policy.diffusers.train_frames)  # video data: window length
         self.train_fields = self._STEP_FIELDS + (("noise", "data_x0") if self.data_beta else ())
-        # video2world: the first n latent frames of each item's clip, n per item in [lo, hi]
-        d = config.policy.diffusers
-        self.cond_frames = (int(d.min_num_conditional_frames), int(d.max_num_conditional_frames))
-        self.reads_data = bool(self.data_beta) or self.cond_frames[1] > 0
-        self._encoder = None
+        # the data latents and, for video2world, the first n latent frames of each item's clip
+        self.media = ItemMedia(config)
+        self.reads_data = bool(self.data_beta) or self.media.conditions
 
     # -- loop hooks --
     @staticmethod
@@ -145,69 +127,21 @@ class DDRL:
 
     @staticmethod
     def records(config) -> tuple[list, list]:
-        """(train, validation) records of the dataset (paired layout, local or in shards, or the
-        WFM layout: images or videos, as the recipe's model takes); validation: a held-out
-        fraction, or validation.dataset.local_dir (a dataset dir or a prompt file)."""
-        from wfm_jax.data.prompts import holdout_split, read_prompt_file
-        from wfm_jax.train import setup as train_setup
-        ds, d = config.train.train_policy.dataset, config.policy.diffusers
-        if ds.build_tiny and ds.local_dir:
-            from wfm_jax.data.tiny_dataset import ensure_shapes_dataset
-            frames = int(d.train_frames) if d.is_video else 0
-            train_setup._primary_builds(
-                ds.local_dir, lambda p: ensure_shapes_dataset(p, frames=frames),
-                "the tiny shapes dataset (train.train_policy.dataset.build_tiny)")
-        records = scan_records(ds.local_dir, bool(ds.allow_pickle))
-        if bool(records[0].is_video) != bool(d.is_video):
-            raise DataError(f"{ds.local_dir} holds {'videos' if records[0].is_video else 'images'}"
-                            f" but the recipe's {config.policy.family} model takes "
-                            f"{'videos' if d.is_video else 'images'} (policy.diffusers.is_video)")
-        val = config.validation.dataset
-        if val.local_dir:
-            return records, (scan_records(val.local_dir, bool(ds.allow_pickle))
-                             if os.path.isdir(val.local_dir) else read_prompt_file(val.local_dir))
-        if val.holdout_fraction > 0:
-            return holdout_split(records, val.holdout_fraction, int(config.train.seed))
-        return records, []
+        """(train, validation) records of the dataset (rl_data.media_records)."""
+        return media_records(config)
 
     def prepare(self, run) -> dict:
         """Once per run: the VAE encoder for the data latents; the CFG negative embedding."""
         if self.reads_data:
-            from wfm_jax.train.encode import VisualEncoder
-            self._encoder = VisualEncoder(run.setup.pipe, out_sharding=run.setup.batch_sharding())
+            self.media.prepare(run)
         return {"uncond": run.encode([""] * run.rollout_chunk, negative=True)} if self.guidance > 1 else {}
 
     def chunk_inputs(self, run, batch: dict, lo: int, hi: int) -> dict:
         """The clean latents of the chunk's data items (same VAE draw for a whole group) and,
-        for video2world, the conditioning on their first frames (the same for a group: its
-        rollouts are compared with each other)."""
+        for video2world, the conditioning on their first frames (rl_data.ItemMedia)."""
         if not self.reads_data:
             return {}
-        from wfm_jax.data.webdataset import load_record_media
-        records, index = batch["records"][lo:hi], np.asarray(batch["index"][lo:hi])
-        step, loaded = int(batch["step"]), {}
-        for i, r in zip(index.tolist(), records):
-            if i not in loaded:  # a clip's window: fixed by (seed, step, item), so resumable
-                rng = np.random.default_rng((self.seed, step, i)) if r.is_video else None
-                loaded[i] = load_record_media(r, self.size_hw, self.frames, rng)
-        pixels = np.stack([loaded[i] for i in index.tolist()])
-        pixels, ids = run.setup.global_batch((pixels, index.astype(np.int32)))
-        key = jax.random.fold_in(self.vae_key, int(batch["step"]))
-        data_x0 = self._encoder(pixels, key, ids)
-        out = {"data_x0": data_x0} if self.data_beta else {}
-        if self.cond_frames[1] > 0:
-            counts = self.conditional_frame_counts(step, index)
-            counts = run.setup.global_batch(counts)
-            out["cond"] = run.setup.pipe.video_condition(data_x0, counts)
-        return out
-
-    def conditional_frame_counts(self, step: int, index) -> np.ndarray:
-        """(rows,) int32: each item's number of conditional latent frames, uniform in
-        [min_num_conditional_frames, max_num_conditional_frames], fixed by (seed, step, item)
-        so a resumed run draws the same."""
-        lo, hi = self.cond_frames
-        return np.asarray([np.random.default_rng((self.seed, step, int(i), 1)).integers(lo, hi + 1)
-                           for i in np.asarray(index).tolist()], np.int32)
+        return self.media.inputs(run, batch, lo, hi, keep_latents=bool(self.data_beta))
 
     def advantages(self, rewards, groups):
         # unclipped: the loop clips every algorithm's advantages once to [advantage_low, _high]
@@ -227,7 +161,7 @@ class DDRL:
                 data_x0=None) -> dict:
         k_steps, k_sde = jax.random.split(key)
         out = sample(lambda x, t, c: velocity(state.params, x, t, c), latents * self.sigma_max,
-                     self.sigmas, k_sde, method="edm", cond=cond, uncond=uncond,
+                     self.sigmas, k_sde, method="edm", cond=cond, uncond=full_uncond(cond, uncond),
                      cfg_scale=self.guidance, guide=guide_of(velocity), return_trajectory=True,
                      **self.churn)
         steps = self.draw_steps(k_steps)

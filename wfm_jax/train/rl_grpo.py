@@ -20,6 +20,12 @@ the first update, so only the first chunk sees ratio 1 (later ones see weights a
 sampler's own log-prob differs from it by XLA rounding only (~1e-7) and is reported as
 `rollout_log_prob_gap`.
 
+video2world (max_num_conditional_frames > 0): the rollout's cond holds the item's video
+condition (rl_data.ItemMedia) and is stored with the trajectory, so every recomputed step sees
+the same conditional latents, mask and conditional_frame_timestep; the conditioned frames'
+velocity is exact (it does not depend on the weights), so their log-prob terms cancel in the
+ratio; with CFG the negative branch gets the same frames (full_uncond).
+
 Samples whose advantage is 0 (including groups dropped for a failed reward) stay in the
 fixed-shape batch: their policy term is exactly 0, but they still count in the batch mean and
 the KL term. flow_grpo drops them before batching; `filter_zero_advantage` = True comes close
@@ -38,6 +44,7 @@ from wfm_jax.sampling import steps as S
 from wfm_jax.sampling.guidance import cfg_combine, uses_cfg
 from wfm_jax.sampling.samplers import draw_window_start, sample
 from wfm_jax.sampling.schedule import flow_schedule_of
+from wfm_jax.train.rl_data import ItemMedia, media_records, uses_video_condition
 
 F32 = jnp.float32
 Velocity = Callable[[Any, jax.Array, jax.Array, Any], jax.Array]
@@ -68,6 +75,15 @@ def guide_of(velocity: Velocity):
     return getattr(velocity, "guide", None)
 
 
+def full_uncond(cond, uncond):
+    """The unconditional branch's dict: the negative text of `uncond` and every other entry of
+    `cond` (video2world frames), as diffusers' Cosmos pipeline conditions both branches on the
+    video. Text-only conds have the same keys as `uncond`: it comes back unchanged."""
+    if uncond is None or not isinstance(cond, dict):
+        return uncond
+    return {**cond, **uncond}
+
+
 def cfg_velocity(velocity: Velocity, params, x, timesteps, cond, uncond, guidance: float,
                  detach_uncond: bool = True):
     """v_u + g (v_c - v_u) for training. detach_uncond: the unconditional branch is a separate
@@ -76,7 +92,8 @@ def cfg_velocity(velocity: Velocity, params, x, timesteps, cond, uncond, guidanc
     if not uses_cfg(uncond, guidance):
         return velocity(params, x, timesteps, cond).astype(F32)
     v_c = velocity(params, x, timesteps, cond).astype(F32)
-    uncond = jax.tree.map(lambda u: jnp.broadcast_to(u, (x.shape[0],) + u.shape[1:]), uncond)
+    uncond = jax.tree.map(lambda u: jnp.broadcast_to(u, (x.shape[0],) + u.shape[1:]),
+                          full_uncond(cond, uncond))
     v_u = velocity(params, x, timesteps, uncond).astype(F32)
     if detach_uncond:
         v_u = jax.lax.stop_gradient(v_u)
@@ -119,17 +136,36 @@ class GRPO:
         self.adv_low = float(tp.advantage_low)
         self.detach_uncond = bool(tp.cfg_detach_uncond)
         self.filter_zero = bool(tp.filter_zero_advantage)
+        self.media = ItemMedia(config)  # video2world: rollouts on frames of the data's clips
 
     @staticmethod
     def init_aux(params) -> dict:
         return {}
 
+    @staticmethod
+    def records(config) -> tuple[list, list]:
+        """Prompts, or for video2world (max_num_conditional_frames > 0) prompt + video items as
+        DDRL reads them."""
+        if uses_video_condition(config):
+            return media_records(config)
+        from wfm_jax.data.prompts import prompt_splits_from_config
+        return prompt_splits_from_config(config)
+
     def prepare(self, run) -> dict:
         """Once per run: the arrays every rollout and update gets, here the negative-prompt ("")
-        embedding for CFG (one rollout chunk / micro-batch of rows)."""
+        embedding for CFG (one rollout chunk / micro-batch of rows); the video encoder."""
+        if self.media.conditions:
+            self.media.prepare(run)
         if self.guidance <= 1.0:
             return {}
         return {"uncond": run.encode([""] * run.rollout_chunk, negative=True)}
+
+    def chunk_inputs(self, run, batch: dict, lo: int, hi: int) -> dict:
+        """{"cond": the video condition of rows lo:hi}: it joins the text's cond for the
+        rollout, is stored with it and reaches every recomputed step of the update."""
+        if not self.media.conditions:
+            return {}
+        return self.media.inputs(run, batch, lo, hi, keep_latents=False)
 
     # -- rollout --
     def rollout(self, velocity: Velocity, state, latents, cond, key, uncond=None) -> dict:
@@ -137,7 +173,8 @@ class GRPO:
         start = (draw_window_start(k_window, self.window_range, self.window)
                  if self.window is not None else jnp.int32(0))
         out = sample(lambda x, t, c: velocity(state.params, x, t, c), latents, self.sigmas, k_sde,
-                     method=self.method, cond=cond, uncond=uncond, cfg_scale=self.guidance,
+                     method=self.method, cond=cond, uncond=full_uncond(cond, uncond),
+                     cfg_scale=self.guidance,
                      guide=guide_of(velocity), noise_level=self.noise_level,
                      sde_window_start=start if self.window is not None else None,
                      sde_window_size=self.window, return_trajectory=True)

@@ -3,6 +3,12 @@
 `velocity(params, x, timesteps, cond) -> v` closes over the frozen model; `params` is the
 trainable tree (LoRA or full), so the same function serves the current policy, the "old" policy
 (a second copy of the trainable tree) and the reference (LoRA zeroed, or the initial weights).
+
+video2world (max_num_conditional_frames > 0): rollouts condition on the first latent frames of
+each item's clip (rl_data.ItemMedia); the stored cond carries them to the loss. There the
+velocity is exact, so the rollout ends on the condition's latents and x0's prediction equals x0:
+those frames add zero error, and the adaptive (mean err^2 / mean |err|) weight makes the loss
+that of the free frames alone.
 """
 from __future__ import annotations
 
@@ -13,6 +19,7 @@ import jax.numpy as jnp
 
 from wfm_jax.algorithms.nft import nft_loss, train_timesteps, trained_step_count
 from wfm_jax.sampling.samplers import sample
+from wfm_jax.train.rl_data import ItemMedia, media_records, uses_video_condition
 
 F32 = jnp.float32
 Velocity = Callable[[Any, jax.Array, jax.Array, Any], jax.Array]
@@ -94,10 +101,31 @@ class NFT:
         self.adv_clip = float(tp.advantage_high)
         self.adv_low = float(tp.advantage_low)
         self.decay_type = int(d.weight_copy_decay_type)
+        self.media = ItemMedia(config)  # video2world: rollouts on frames of the data's clips
 
     @staticmethod
     def init_aux(params) -> dict:
         return {"old": params}  # setup copies it
+
+    # -- video2world (max_num_conditional_frames > 0): prompt + video items, as DDRL reads --
+    @staticmethod
+    def records(config) -> tuple[list, list]:
+        if uses_video_condition(config):
+            return media_records(config)
+        from wfm_jax.data.prompts import prompt_splits_from_config
+        return prompt_splits_from_config(config)
+
+    def prepare(self, run) -> dict:
+        if self.media.conditions:
+            self.media.prepare(run)
+        return {}
+
+    def chunk_inputs(self, run, batch: dict, lo: int, hi: int) -> dict:
+        """{"cond": the video condition of rows lo:hi} (joins the text's cond in the rollout and
+        is stored with it, so the update's loss sees the same), or nothing for text2world."""
+        if not self.media.conditions:
+            return {}
+        return self.media.inputs(run, batch, lo, hi, keep_latents=False)
 
     def rollout(self, velocity, state, latents, cond, key) -> dict:
         return {"x0": nft_rollout(velocity, state.aux["old"], latents, cond, self.rollout_sigmas,

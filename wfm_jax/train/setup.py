@@ -146,6 +146,21 @@ def load_pipeline(config, mesh=None, rules=None) -> PipelineFamily:
         raise SetupError(f"{e} ({MODEL_FLAG})") from e
 
 
+def check_context_split(config, pipe, mesh, rules) -> None:
+    """Ulysses needs the attention heads (per act_heads shard) to divide by the context split:
+    one line before anything compiles (a sequence that does not divide is padded, and "auto"
+    takes the ring when the heads do not divide)."""
+    n = wmesh.mesh_size_for(mesh, "act_seq", rules)
+    heads = pipe.transformer_config.get("num_attention_heads")
+    if config.policy.context_parallel_impl != "ulysses" or n == 1 or heads is None:
+        return
+    local, rem = divmod(int(heads), wmesh.mesh_size_for(mesh, "act_heads", rules))
+    if rem or local % n:
+        raise SetupError(f"policy.context_parallel_impl='ulysses' splits the sequence {n} ways "
+                         f"(policy.parallelism.context) but the transformer's {heads} attention "
+                         f"heads do not divide by it; use 'ring' or 'auto'")
+
+
 def checkpoints_path(config) -> str:
     return os.path.join(config.train.output_dir, "checkpoints")
 
@@ -351,6 +366,7 @@ def build(config, *, aux_fn: Callable[[Any], dict] | None = None, pipe: Pipeline
     rules = wmesh.active_rules()
     if pipe is None:
         pipe = load_pipeline(config, mesh, rules)
+        check_context_split(config, pipe, mesh, rules)
     use_lora = bool(config.policy.lora.enable)
     targets = add_lora_from_config(pipe.transformer, config, mesh, rules) if use_lora else []
     graphdef, trainable, frozen = split_model(pipe.transformer, use_lora)

@@ -4,7 +4,8 @@ One optimizer step = train.grad_accum_steps micro-steps; each micro-step takes o
 (train.train_batch_per_replica images or clips over all processes), encodes prompts and pixels
 in their own gradient-free jits, and runs one jitted train step (donated state, explicit shardings):
 
-    t ~ policy.diffusers.weighting_scheme through the scheduler shift (algorithms/sft.py)
+    t ~ policy.diffusers.weighting_scheme through the family's training table
+        (family.train_sigma_table: the scheduler shift; Cosmos: its own range, see there)
     x_t = (1 - sigma) x0 + sigma eps;  loss = mean w(sigma) ||v(x_t, 1000 sigma) - (eps - x0)||^2
 
 Logs train/loss (= train/loss_avg), train/learning_rate, optimizer/grad_norm,
@@ -27,7 +28,6 @@ from wfm_jax.algorithms import sft as sft_loss
 from wfm_jax.data import sft_loader_from_config
 from wfm_jax.data.errors import DataError
 from wfm_jax.mesh import check_batch, mesh_jit
-from wfm_jax.sampling.schedule import training_table
 from wfm_jax.train import preempt, setup as setup_lib
 from wfm_jax.train.encode import TextEncoder, VisualEncoder, local_sample_ids, per_sample_normal
 from wfm_jax.train.export import export_step
@@ -87,7 +87,7 @@ def _build_train_step(setup, shift, scheme, logit_mean, logit_std, mode_scale,
                       cond_frames) -> Callable:
     t_cfg = setup.config.train
     tx, graphdef, family = setup.tx, setup.graphdef, setup.pipe.shell()
-    table_t, table_s = (jnp.asarray(a) for a in training_table(shift))
+    table_t, table_s = (jnp.asarray(a) for a in family.train_sigma_table(shift))
     density = dict(logit_mean=logit_mean, logit_std=logit_std, mode_scale=mode_scale)
     ema_decay = float(t_cfg.ema_decay)
     ema_on = setup_lib.ema_active(setup.config)

@@ -41,6 +41,9 @@ from wfm_jax.models.wan.video_latents import WanVideoLatents
 COND_KEY = "encoder_hidden_states"
 FRAME_KEYS = ("cond_latents", "cond_mask")  # present together or not at all
 CONDITIONAL_FRAME_TIMESTEP = 1e-4  # Cosmos2_5_PredictBasePipeline.__call__'s default
+# cosmos-predict2.5 schedulers/rectified_flow.py RectifiedFlow(train_time_distribution=
+# "logitnormal", shift=5): its training sigma is 5u / (1 + 4u), u = sigmoid(N(0, 1))
+TRAIN_SHIFT = 5.0
 _REQUIRED = ("transformer", "vae", "scheduler", "text_encoder", "tokenizer")
 # Cosmos2_5_PredictBasePipeline's DEFAULT_NEGATIVE_PROMPT (used when no negative prompt is given)
 DEFAULT_NEGATIVE_PROMPT = (
@@ -137,6 +140,26 @@ class CosmosPipeline(WanVideoLatents, PipelineFamily):
         [0.0099, 0.995], the range the DiT was trained on), not the flow-matching grid from 1."""
         del solver
         return self.sampler_schedule(num_steps)
+
+    def sigma_range(self) -> tuple[float, float]:
+        """The flow sigmas the scheduler samples between: sigma_min / (1 + sigma_min) and
+        sigma_max / (1 + sigma_max) (about 0.0099 and 0.995 for [0.01, 200])."""
+        lo, hi = (float(self.scheduler_config[k]) for k in ("sigma_min", "sigma_max"))
+        return lo / (1 + lo), hi / (1 + hi)
+
+    def train_sigma_table(self, shift: float) -> tuple[np.ndarray, np.ndarray]:
+        """SFT's sigmas in Cosmos' own range: cosmos-predict2.5's training draw (u from the
+        recipe's density, logit-normal(0, 1) as its RectifiedFlow "logitnormal"; sigma =
+        5u / (1 + 4u), its shift 5; the recipe's scheduler `shift` is not Cosmos' and is
+        ignored), mapped affinely onto sigma_range() so training sees only the noise levels the
+        Karras sampler visits (sigma 1, pure noise, is not one of them). wfm_jax's choice: the
+        released training code samples over (0, 1]."""
+        from wfm_jax.sampling.schedule import training_table
+        del shift
+        lo, hi = self.sigma_range()
+        _, s = training_table(TRAIN_SHIFT)
+        sigmas = (np.float32(lo) + np.float32(hi - lo) * s).astype(np.float32)
+        return sigmas * np.float32(1000), sigmas
 
     @property
     def vae_factors(self) -> tuple[int, int]:
