@@ -9,10 +9,13 @@ import json
 import math
 import os
 
+import jax.numpy as jnp
 import pytest
+from flax import nnx
 
 from wfm_jax import plan as plan_lib
 from wfm_jax.bench import flops
+from wfm_jax.plan.abstract import abstract_model
 
 TEXT = 77 + 16  # CLIP's 77 tokens + the tiny recipes' max_prompt_length
 KEY_BYTES, ETA_BYTES = 8, 4  # a threefry key, the old-policy decay (replicated scalars)
@@ -77,9 +80,16 @@ def test_plan_counts_match_nft_rollout_and_update(sd3_dir):
     # update: state, frozen, the whole batch (x0, cond, advantage) per device, key, eta
     data = 4 * (16 // 2) * (latent + text + 1)
     assert update["argument_bytes"] == resident + data + KEY_BYTES + ETA_BYTES
-    # rollout: state, frozen, the VAE, one chunk's noise and cond, key
+    # rollout: what it reads (XLA drops unused arguments): the old policy, the frozen buffers,
+    # the VAE's decoder (replicated over data=2), one chunk's noise and cond; the deterministic
+    # sampler (sample.deterministic_sampling) does not read its key
     chunk = 4 * (16 // 2) * (latent + text)
-    assert rollout["argument_bytes"] == resident + rollout["vae_bytes"] + chunk + KEY_BYTES
+    assert rollout["chunk_bytes"] == chunk
+    vae = abstract_model(v_cfg, None, jnp.float32)
+    decoder = sum(math.prod(v.get_value().shape) * 4 for path, v in
+                  nnx.state(vae, nnx.Variable).flat_state() if path[0] == "decoder")
+    assert rollout["argument_bytes"] == (r["old_bytes"] + r["transformer_frozen_bytes"] + decoder
+                                         + chunk)
     # the rollout's FLOPs: its sampler's transformer forwards and one VAE decode
     steps = 10  # tiny_nft's sample.num_steps, one forward each (no CFG)
     want = flops.rollout(t_cfg, v_cfg, 16, steps, lat, lat, TEXT)["model"]

@@ -87,9 +87,9 @@ def plan(args, config=None) -> dict:
         stored = update["batch_bytes"]  # the whole batch's rollout fields, kept for the update
         update["peak_bytes"] = (resident + stored + update["temp_bytes"]
                                 + update["output_bytes"] - update["alias_bytes"])
-        chunk_args = (rollout["argument_bytes"] - out["train_state_bytes"]
-                      - out["transformer_frozen_bytes"] - rollout["vae_bytes"])
-        rollout["peak_bytes"] = (resident + stored + chunk_args + rollout["temp_bytes"]
+        # (the compiled rollout drops the state it does not read: its argument bytes are less
+        # than the resident state, which stays on the device all the same)
+        rollout["peak_bytes"] = (resident + stored + rollout["chunk_bytes"] + rollout["temp_bytes"]
                                  + rollout["output_bytes"] - rollout["alias_bytes"])
         step = update
     out["programs"] = programs

@@ -172,6 +172,7 @@ def rl_programs(setup, size, frames: int) -> tuple[dict, dict, dict]:
     update = compile_program(fns["update"], setup.state, setup.frozen, data, key, eta, shared)
     update["batch_bytes"] = per_device_bytes(data)
     rollout["vae_bytes"] = per_device_bytes(vae_state)
+    rollout["chunk_bytes"] = per_device_bytes((latents, cond, inputs))  # this chunk's rows
     del nnx
     return rollout, update, {"global_batch": rows, "rollout_chunk": chunk,
                              "micro_batches": layout[0], "optimize_chunks": layout[2],
