@@ -99,8 +99,11 @@ def test_plan_counts_match_nft_rollout_and_update(sd3_dir):
 
 
 def test_plan_refuses_what_it_cannot_plan(sd3_dir):
-    with pytest.raises(SystemExit, match="has no trainer"):
-        _plan("configs/tiny_sft.py", sd3_dir, "--config.train.train_policy.type=dpo")
+    with pytest.raises(SystemExit, match="64 devices asked, the backend has 8"):
+        _plan("configs/tiny_sft.py", sd3_dir, "--devices", "64")
+    with pytest.raises(SystemExit, match="Cosmos takes 4k\\+1 frames"):
+        plan_lib.plan(plan_lib.parse_args(["--config", "configs/cosmos25_2b_nft.py",
+                                           "--frames", "8"]))
     with pytest.raises(SystemExit):
         plan_lib.parse_args(["--bogus"])
 

@@ -43,11 +43,13 @@ def plan(args, config=None) -> dict:
         raise SystemExit(f"wfm_jax.plan: policy.parallelism on {args.devices} devices: {e}") from e
     rules = wmesh.active_rules()
     setup_lib.ensure_tiny_assets(config)  # a tiny recipe's dir: its config.json files
+    size = (args.size, args.size) if args.size else tuple(int(v) for v in d.inference_size)
+    frames = args.frames or int(d.train_frames)
+    configs, _ = abstract.pipeline_configs(config)  # bad sizes / frames: before any tracing
+    steps.latent_shape(abstract.family_shell(config, configs, None), 1, size, frames)
     setup, configs, source = abstract.abstract_setup(
         config, mesh, rules, remat, scan, aux_fn=steps.rl_aux_fn(config) if rl else None)
     state = setup.state
-    size = (args.size, args.size) if args.size else tuple(int(v) for v in d.inference_size)
-    frames = args.frames or int(d.train_frames)
     frozen_dtype = setup_lib.DTYPES[args.frozen_dtype or t.compute_dtype]
     aux = state.aux or {}
     out = {

@@ -70,9 +70,10 @@ def _text_len(config) -> int:
     return int(config.policy.diffusers.max_prompt_length)
 
 
-def latent_shape(setup, batch: int, size, frames: int) -> tuple:
+def latent_shape(pipe, batch: int, size, frames: int) -> tuple:
+    """The family's latent shape; its one-line error for sizes / frames it cannot take."""
     try:
-        return tuple(setup.pipe.latent_shape(batch, int(size[0]), int(size[1]), frames=frames))
+        return tuple(pipe.latent_shape(batch, int(size[0]), int(size[1]), frames=frames))
     except ValueError as e:
         raise SystemExit(f"wfm_jax.plan: {e}") from e
 
@@ -87,7 +88,7 @@ def sft_program(setup, batch: int, size, frames: int) -> dict:
                                  float(d.logit_mean), float(d.logit_std), float(d.mode_scale),
                                  (int(d.min_num_conditional_frames),
                                   int(d.max_num_conditional_frames)))
-    x = _rows(setup, {"x": latent_shape(setup, batch, size, frames)})["x"]
+    x = _rows(setup, {"x": latent_shape(setup.pipe, batch, size, frames)})["x"]
     cond = _rows(setup, cond_shapes(str(setup.config.policy.family),
                                     setup.pipe.transformer_config, batch, _text_len(setup.config)))
     ids = _rows(setup, {"ids": (batch,)}, jnp.int32)["ids"]
@@ -143,7 +144,7 @@ def rl_programs(setup, size, frames: int) -> tuple[dict, dict, dict]:
     shared = algo.prepare(run) if hasattr(algo, "prepare") else {}
     chunk, rows = run.rollout_chunk, int(config.train.train_batch_per_replica)
     family, t_cfg, text = str(config.policy.family), setup.pipe.transformer_config, _text_len(config)
-    latents = _rows(setup, {"x": latent_shape(setup, chunk, size, frames)})["x"]
+    latents = _rows(setup, {"x": latent_shape(setup.pipe, chunk, size, frames)})["x"]
     cond = _rows(setup, cond_shapes(family, t_cfg, chunk, text))
     inputs = dict(shared)
     if getattr(algo, "reads_data", False):  # DDRL's data term: the chunk's clean latents
