@@ -47,8 +47,11 @@ def plan(args, config=None) -> dict:
     frames = args.frames or int(d.train_frames)
     configs, _ = abstract.pipeline_configs(config)  # bad sizes / frames: before any tracing
     steps.latent_shape(abstract.family_shell(config, configs, None), 1, size, frames)
-    setup, configs, source = abstract.abstract_setup(
-        config, mesh, rules, remat, scan, aux_fn=steps.rl_aux_fn(config) if rl else None)
+    try:
+        setup, configs, source = abstract.abstract_setup(
+            config, mesh, rules, remat, scan, aux_fn=steps.rl_aux_fn(config) if rl else None)
+    except ValueError as e:  # a weight the mesh cannot split (mesh.param_shardings says which)
+        raise SystemExit(f"wfm_jax.plan: on mesh {dict(mesh.shape)}: {e}") from e
     state = setup.state
     frozen_dtype = setup_lib.DTYPES[args.frozen_dtype or t.compute_dtype]
     aux = state.aux or {}
