@@ -19,13 +19,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # recipe -> (tiny family, overrides scaling it down: size, frames, a batch 8 and 64 devices split)
 RECIPES = {
     "configs/sd35_sft.py": ("sd3", ["--size", "32", "--batch-per-device", "1"]),
-    "configs/sd35_nft.py": ("sd3", ["--size", "32", "--config.train.train_batch_per_replica=128",
+    "configs/sd35_nft.py": ("sd3", ["--size", "32", "--config.train.train_batch_per_replica=192",
                                     "--config.train.train_policy.mini_batch=1"]),
     "configs/wan21_1_3b_nft.py": ("wan", ["--size", "32", "--frames", "5",
-                                          "--config.train.train_batch_per_replica=128",
+                                          "--config.train.train_batch_per_replica=192",
                                           "--config.train.train_policy.mini_batch=1"]),
     "configs/cosmos25_2b_nft.py": ("cosmos", ["--size", "32", "--frames", "5",
-                                              "--config.train.train_batch_per_replica=128",
+                                              "--config.train.train_batch_per_replica=192",
                                               "--config.train.train_policy.mini_batch=1"]),
 }
 _SCRIPT = """

@@ -68,8 +68,12 @@ def _virtual_devices(n: int) -> None:
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     _virtual_devices(args.devices)
+    from wfm_jax.config import ConfigError
     from wfm_jax.plan.report import describe, plan
-    r = plan(args)
+    try:
+        r = plan(args)
+    except ConfigError as e:  # a bad recipe or override: one line, as main says it
+        raise SystemExit(f"wfm_jax.plan: {e}") from None
     print(json.dumps(r) if args.json else describe(r))
     return 0
 
