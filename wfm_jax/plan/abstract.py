@@ -118,7 +118,6 @@ def per_device_bytes(tree) -> int:
 
 def placed(model, mesh, rules, filter):
     """nnx.state(model, filter) with every value a ShapeDtypeStruct carrying its sharding."""
-    import jax
     from flax import nnx
 
     from wfm_jax.mesh import param_shardings
@@ -158,7 +157,6 @@ def abstract_setup(config, mesh, rules, remat: str, scan: bool, aux_fn=None):
     configs, source = pipeline_configs(config)
     model = abstract_transformer(config, configs["transformer"], remat, scan)
     use_lora = bool(config.policy.lora.enable)
-    graphdef = nnx.graphdef(model)
     trainable = placed(model, mesh, rules, setup_lib.trainable_filter(use_lora))
     frozen = placed(model, mesh, rules, nnx.Not(setup_lib.trainable_filter(use_lora)))
     graphdef, _, _ = setup_lib.split_model(model, use_lora)

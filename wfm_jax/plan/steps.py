@@ -129,7 +129,6 @@ def rl_programs(setup, size, frames: int) -> tuple[dict, dict, dict]:
     (rl_setup._compile) compiled on the recipe's global batch and rollout chunk."""
     import jax
     import jax.numpy as jnp
-    from flax import nnx
 
     from wfm_jax.train import rl_setup
     from wfm_jax.train.setup import SetupError
@@ -174,7 +173,6 @@ def rl_programs(setup, size, frames: int) -> tuple[dict, dict, dict]:
     update["batch_bytes"] = per_device_bytes(data)
     rollout["vae_bytes"] = per_device_bytes(vae_state)
     rollout["chunk_bytes"] = per_device_bytes((latents, cond, inputs))  # this chunk's rows
-    del nnx
     return rollout, update, {"global_batch": rows, "rollout_chunk": chunk,
                              "micro_batches": layout[0], "optimize_chunks": layout[2],
                              "mu_iterations": run.mu_iterations}
