@@ -1,60 +1,109 @@
-"""wfm_jax.plan on a tiny SD3 recipe (its transformer/config.json only: no weights exist): the
-per-device train-state bytes it counts equal the compiled step's own argument bytes (XLA's
-memory_analysis), its FLOPs match the analytic counts the benchmark uses, and the CLI takes
---config.a.b=v overrides and a device kind."""
+"""wfm_jax.plan on the tiny SD3 pipeline (its config.json files only are read): the per-device
+bytes it counts equal the compiled programs' own argument bytes (XLA's memory_analysis) for the
+SFT step and for NFT's rollout and update, its FLOPs match the analytic counts the benchmark
+uses, the CLI takes --config.a.b=v overrides and a device kind, and main refuses a run that
+cannot fit before loading weights."""
 from __future__ import annotations
 
 import json
 import math
+import os
 
+import jax.numpy as jnp
 import pytest
+from flax import nnx
 
 from wfm_jax import plan as plan_lib
 from wfm_jax.bench import flops
+from wfm_jax.plan.abstract import abstract_model
 
-TINY = dict(sample_size=16, patch_size=2, in_channels=16, num_layers=3, attention_head_dim=32,
-            num_attention_heads=4, joint_attention_dim=64, caption_projection_dim=128,
-            pooled_projection_dim=32, out_channels=16, pos_embed_max_size=16,
-            dual_attention_layers=(), qk_norm="rms_norm")
-
-
-@pytest.fixture
-def model_dir(tmp_path):
-    (tmp_path / "transformer").mkdir()
-    (tmp_path / "transformer" / "config.json").write_text(json.dumps(TINY))
-    return str(tmp_path)
+TEXT = 77 + 16  # CLIP's 77 tokens + the tiny recipes' max_prompt_length
+KEY_BYTES, ETA_BYTES = 8, 4  # a threefry key, the old-policy decay (replicated scalars)
 
 
-def _plan(model_dir, *extra):
-    args = plan_lib.parse_args(["--config", "configs/tiny_sft.py", "--devices", "2", "--batch-per-device", "2",
-                                "--size", "128", f"--config.policy.model_name_or_path={model_dir}",
-                                "--config.train.compute_dtype=float32",
+@pytest.fixture(scope="module")
+def sd3_dir(tmp_path_factory):
+    from wfm_jax.tiny import build_tiny_pipeline
+    path = str(tmp_path_factory.mktemp("plan") / "tiny_sd3")
+    build_tiny_pipeline(path, seed=0, family="sd3")
+    return path
+
+
+def _configs(directory):
+    read = lambda *p: json.load(open(os.path.join(directory, *p)))
+    return read("transformer", "config.json"), read("vae", "config.json")
+
+
+def _plan(config, directory, *extra):
+    args = plan_lib.parse_args(["--config", config, "--devices", "2",
+                                f"--config.policy.model_name_or_path={directory}",
                                 "--config.policy.parallelism.data=2", *extra])
     return plan_lib.plan(args)
 
 
-def test_plan_counts_match_the_compiled_step(model_dir):
-    r = _plan(model_dir, "--device-kind", "v6e")
+def test_plan_counts_match_the_compiled_sft_step(sd3_dir):
+    r = _plan("configs/tiny_sft.py", sd3_dir, "--batch-per-device", "2", "--device-kind", "v6e",
+              "--config.train.compute_dtype=float32")
+    t_cfg, v_cfg = _configs(sd3_dir)
     assert r["family"] == "sd3" and r["devices"] == 2 and r["global_batch"] == 4
+    lat = 32 // 2 ** (len(v_cfg["block_out_channels"]) - 1)
     # arguments of the step: train state + frozen buffers + the batch (x0, prompt embeds,
     # pooled, ids), all per device
     rows = r["global_batch"] // 2
-    batch = 4 * rows * (16 * 16 * 16 + (77 + 16) * 64 + 32 + 1)
+    batch = 4 * rows * (t_cfg["in_channels"] * lat * lat + TEXT * t_cfg["joint_attention_dim"]
+                        + t_cfg["pooled_projection_dim"] + 1)
     assert r["step_argument_bytes"] == (r["train_state_bytes"] + r["transformer_frozen_bytes"]
                                         + batch)
     # fp32 AdamW: two moments per parameter; EMA: one copy (tiny_sft enables it)
     assert r["optimizer_bytes"] >= 2 * r["params_bytes"] and r["ema_bytes"] == r["params_bytes"]
     # the step's matmul FLOPs against the benchmark's analytic count of what autodiff runs
-    want = flops.train_step(TINY, r["global_batch"], 16, 16, 77 + 16)["autodiff"]
+    want = flops.train_step(t_cfg, r["global_batch"], lat, lat, TEXT)["autodiff"]
     assert math.isclose(r["flops_per_step"], want, rel_tol=1e-3), (r["flops_per_step"], want)
+    assert r["encoders_vae_bytes"] > 0  # the tiny CLIPs, T5 and VAE, from their config.json
     assert r["fits"] and r["device_memory_bytes"] == 32 * 2 ** 30
     assert r["collective_bytes"]["all-reduce"] > 0  # gradients over data=2
     assert "fits a v6e" in plan_lib.describe(r)
 
 
-def test_plan_refuses_what_it_cannot_plan(model_dir):
-    with pytest.raises(SystemExit, match="only SFT steps"):
-        _plan(model_dir, "--config.train.train_policy.type=nft", "--config.rollout.n_generation=4")
+def test_plan_counts_match_nft_rollout_and_update(sd3_dir):
+    r = _plan("configs/tiny_nft.py", sd3_dir, "--config.policy.build_tiny_pretrained=False",
+              "--config.train.compute_dtype=float32")
+    t_cfg, v_cfg = _configs(sd3_dir)
+    assert r["algorithm"] == "nft" and r["global_batch"] == 16 and r["rollout_chunk"] == 16
+    # NFT keeps the old policy, and the KL reference of a full fine-tune: one params copy each
+    assert r["old_bytes"] == r["ref_bytes"] == r["params_bytes"] > 0
+    lat = 32 // 2 ** (len(v_cfg["block_out_channels"]) - 1)
+    latent = t_cfg["in_channels"] * lat * lat
+    text = TEXT * t_cfg["joint_attention_dim"] + t_cfg["pooled_projection_dim"]
+    resident = r["train_state_bytes"] + r["transformer_frozen_bytes"]
+    update, rollout = r["programs"]["update"], r["programs"]["rollout"]
+    # update: state, frozen, the whole batch (x0, cond, advantage) per device, key, eta
+    data = 4 * (16 // 2) * (latent + text + 1)
+    assert update["argument_bytes"] == resident + data + KEY_BYTES + ETA_BYTES
+    # rollout: what it reads (XLA drops unused arguments): the old policy, the frozen buffers,
+    # the VAE's decoder (replicated over data=2), one chunk's noise and cond; the deterministic
+    # sampler (sample.deterministic_sampling) does not read its key
+    chunk = 4 * (16 // 2) * (latent + text)
+    assert rollout["chunk_bytes"] == chunk
+    vae = abstract_model(v_cfg, None, jnp.float32)
+    decoder = sum(math.prod(v.get_value().shape) * 4 for path, v in
+                  nnx.state(vae, nnx.Variable).flat_state() if path[0] == "decoder")
+    assert rollout["argument_bytes"] == (r["old_bytes"] + r["transformer_frozen_bytes"] + decoder
+                                         + chunk)
+    # the rollout's FLOPs: its sampler's transformer forwards and one VAE decode
+    steps = 10  # tiny_nft's sample.num_steps, one forward each (no CFG)
+    want = flops.rollout(t_cfg, v_cfg, 16, steps, lat, lat, TEXT)["model"]
+    assert math.isclose(rollout["flops"], want, rel_tol=1e-3), (rollout["flops"], want)
+    assert r["total_bytes"] == max(update["peak_bytes"], rollout["peak_bytes"])
+    assert "rollout:" in plan_lib.describe(r) and "update:" in plan_lib.describe(r)
+
+
+def test_plan_refuses_what_it_cannot_plan(sd3_dir):
+    with pytest.raises(SystemExit, match="64 devices asked, the backend has 8"):
+        _plan("configs/tiny_sft.py", sd3_dir, "--devices", "64")
+    with pytest.raises(SystemExit, match="Cosmos takes 4k\\+1 frames"):
+        plan_lib.plan(plan_lib.parse_args(["--config", "configs/cosmos25_2b_nft.py",
+                                           "--frames", "8"]))
     with pytest.raises(SystemExit):
         plan_lib.parse_args(["--bogus"])
 
@@ -66,27 +115,9 @@ def test_main_refuses_a_run_that_cannot_fit_before_loading_weights(tmp_path, mon
     out = tmp_path / "run"
     code = main(["--config", "configs/tiny_sft.py", f"--config.train.output_dir={out}",
                  f"--config.policy.model_name_or_path={tmp_path / 'tiny_sd3'}",
+                 "--config.policy.build_tiny=True",
                  f"--config.train.train_policy.dataset.local_dir={tmp_path / 'shapes'}"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == EXIT_BAD_INPUT
-    assert len(err) == 1 and "does not fit" in err[0] and "> 0.00 GiB" in err[0], err
+    assert len(err) == 1 and "does not fit" in err[0] and "has 1048576 bytes" in err[0], err
     assert not (out / "checkpoints").exists()  # nothing trained, nothing saved
-
-
-def test_plan_builds_a_wan_step(tmp_path):
-    wan = dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=16, in_channels=16,
-               out_channels=16, text_dim=32, freq_dim=32, ffn_dim=64, num_layers=3,
-               cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6,
-               rope_max_seq_len=32)
-    (tmp_path / "transformer").mkdir()
-    (tmp_path / "transformer" / "config.json").write_text(json.dumps(wan))
-    args = plan_lib.parse_args(["--config", "configs/tiny_wan_sft.py", "--devices", "2",
-                                "--batch-per-device", "1", "--size", "64", "--remat", "full",
-                                f"--config.policy.model_name_or_path={tmp_path}",
-                                "--config.policy.parallelism.data=2"])
-    r = plan_lib.plan(args)
-    assert r["family"] == "wan" and r["frames"] == 9 and r["remat"] == "full"
-    rows = r["global_batch"] // 2
-    batch = 4 * rows * (16 * 3 * 8 * 8 + 16 * 32 + 1)  # latents (3 frames), text, ids
-    assert r["step_argument_bytes"] == r["train_state_bytes"] + r["transformer_frozen_bytes"] + batch
-    assert r["flops_per_step"] > 0 and r["encoders_vae_bytes"] == 0

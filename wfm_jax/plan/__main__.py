@@ -1,0 +1,5 @@
+import sys
+
+from wfm_jax.plan.cli import main
+
+sys.exit(main())

@@ -1,0 +1,178 @@
+"""A recipe's pipeline and train state without weights: ShapeDtypeStructs carrying the mesh's
+shardings, built from config.json files (the model dir's when on disk, else the released ones)
+through converters.registry, whatever the family."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+
+from wfm_jax.plan.released import released_configs
+
+
+@dataclasses.dataclass
+class AbstractSetup:
+    """The parts of train.setup.TrainSetup the trainers' jits are built from, abstract."""
+    config: object
+    mesh: object
+    rules: tuple
+    graphdef: object
+    frozen: object
+    tx: object
+    shardings: object
+    pipe: object
+    state: object = None
+    lr_schedule: object = None
+
+    def batch_sharding(self):
+        from wfm_jax.train.setup import batch_sharding
+        return batch_sharding(self.mesh, self.rules)
+
+
+def _read(path: str) -> dict | None:
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def pipeline_configs(config) -> tuple[dict, str]:
+    """({transformer, vae, scheduler, text_encoders}, where they came from): the model dir's
+    config.json files when policy.model_name_or_path is a pipeline dir on disk (config only, no
+    weights read), else the family's released pipeline."""
+    root = str(config.policy.model_name_or_path)
+    index = _read(os.path.join(root, "model_index.json"))
+    if index is None:  # a bare transformer/config.json: that transformer, the rest released
+        out = released_configs(str(config.policy.family), root)
+        own = _read(os.path.join(root, "transformer", "config.json"))
+        if own is not None:
+            own = {"_class_name": out["transformer"]["_class_name"], **own}
+        out["transformer"] = own or out["transformer"]
+        return out, "released" + (f" (transformer: {root})" if own else "")
+    out = {"transformer": _read(os.path.join(root, "transformer", "config.json")),
+           "vae": _read(os.path.join(root, "vae", "config.json")),
+           "scheduler": _read(os.path.join(root, "scheduler", "scheduler_config.json")) or {},
+           "text_encoders": [
+               _read(os.path.join(root, name, "config.json")) for name in sorted(index)
+               if name.startswith("text_encoder") and index[name] and index[name][0]
+               and os.path.isfile(os.path.join(root, name, "config.json"))]}
+    if out["transformer"] is None or out["vae"] is None:
+        raise SystemExit(f"wfm_jax.plan: {root} lacks transformer/config.json or vae/config.json")
+    return out, root
+
+
+def abstract_model(config: dict, dtype, param_dtype, **options):
+    from flax import nnx
+
+    from converters.registry import spec_for
+    spec = spec_for(config)
+    return nnx.eval_shape(lambda: spec.make_model(config, dtype=dtype, param_dtype=param_dtype,
+                                                  rngs=nnx.Rngs(0), **options))
+
+
+def abstract_transformer(config, t_cfg: dict, remat: str, scan: bool):
+    """The recipe's transformer (its policy.lora attached when enabled), abstract."""
+    from flax import nnx
+
+    from converters.registry import spec_for
+    from wfm_jax.train import lora as lora_lib
+    from wfm_jax.train.setup import DTYPES
+    t, lora = config.train, config.policy.lora
+    options = dict(attention_impl=config.policy.attention_impl, remat=remat, scan_layers=scan,
+                   context_parallel_impl=config.policy.context_parallel_impl)
+    spec = spec_for(t_cfg)
+
+    def make():
+        model = spec.make_model(t_cfg, dtype=DTYPES[t.compute_dtype],
+                                param_dtype=DTYPES[t.param_dtype], rngs=nnx.Rngs(0), **options)
+        if lora.enable:
+            lora_lib.attach_lora(model, lora.target_modules, lora.r, lora.lora_alpha,
+                                 seed=int(t.seed), init=lora.init_lora_weights)
+        return model
+    return nnx.eval_shape(make)
+
+
+def family_shell(config, configs: dict, vae):
+    """A weightless pipeline object of the recipe's family: the configs its *_with methods read
+    and the abstract `vae` (whose graphdef the rollout decodes with); no text encoders."""
+    from wfm_jax.models.family import family_named
+    cls = family_named(str(config.policy.family))
+    pipe = object.__new__(cls)
+    pipe.directory = str(config.policy.model_name_or_path)
+    pipe.transformer, pipe.vae, pipe.text_encoders = None, vae, ()
+    pipe.tokenizer = pipe.tokenizers = None
+    pipe.transformer_config, pipe.vae_config = configs["transformer"], configs["vae"]
+    pipe.scheduler_config = configs["scheduler"]
+    pipe.text_config = (configs["text_encoders"] or [{}])[0]
+    if hasattr(cls, "instruction_default"):  # a family's own default prompt prefix
+        pipe.instruction = tuple(cls.instruction_default)
+    return pipe
+
+
+def per_device_bytes(tree) -> int:
+    import jax
+    return sum(math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize
+               for x in jax.tree.leaves(tree) if hasattr(x, "sharding"))
+
+
+def placed(model, mesh, rules, filter):
+    """nnx.state(model, filter) with every value a ShapeDtypeStruct carrying its sharding."""
+    from flax import nnx
+
+    from wfm_jax.mesh import param_shardings
+    shardings = param_shardings(model, mesh, rules, filter=filter)
+    return _with_shardings(nnx.state(model, filter), shardings)
+
+
+def _with_shardings(state, shardings):
+    import jax
+    from flax import nnx
+    out = []
+    for path, var in state.flat_state():
+        value = var.get_value()
+        sharding = shardings[".".join(map(str, path))]
+        out.append((path, var.replace(jax.ShapeDtypeStruct(value.shape, value.dtype,
+                                                           sharding=sharding))))
+    return nnx.State.from_flat_path(out)
+
+
+def frozen_component_bytes(configs: list[dict], mesh, rules, dtype) -> int:
+    """Per-device bytes of frozen components (text encoders, VAE) in `dtype` on `mesh`."""
+    from flax import nnx
+    total = 0
+    for cfg in configs:
+        total += per_device_bytes(placed(abstract_model(cfg, None, dtype), mesh, rules,
+                                         nnx.Variable))
+    return total
+
+
+def abstract_setup(config, mesh, rules, remat: str, scan: bool, aux_fn=None):
+    """(AbstractSetup with its abstract TrainState, pipeline configs, their source)."""
+    import jax
+    from flax import nnx
+
+    from wfm_jax.train import setup as setup_lib
+    from wfm_jax.train.state import TrainState
+    configs, source = pipeline_configs(config)
+    model = abstract_transformer(config, configs["transformer"], remat, scan)
+    use_lora = bool(config.policy.lora.enable)
+    trainable = placed(model, mesh, rules, setup_lib.trainable_filter(use_lora))
+    frozen = placed(model, mesh, rules, nnx.Not(setup_lib.trainable_filter(use_lora)))
+    graphdef, _, _ = setup_lib.split_model(model, use_lora)
+    tx, schedule = setup_lib.make_tx(config)
+    ema = setup_lib.ema_active(config)
+    rng = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=setup_lib.replicated(mesh))
+
+    def init(params, r):
+        aux = aux_fn(params) if aux_fn is not None else {}
+        return TrainState.create(params, tx, r, ema=ema, aux=aux)
+
+    abstract = jax.eval_shape(init, trainable, rng)
+    param_sh = jax.tree.map(lambda x: x.sharding, trainable)
+    state_sh = setup_lib.state_shardings(abstract, param_sh, mesh, tx)
+    state = setup_lib.with_shardings(abstract, state_sh)
+    vae = abstract_model(configs["vae"], None, setup_lib.DTYPES[config.train.compute_dtype])
+    setup = AbstractSetup(config, mesh, tuple(rules), graphdef, frozen, tx, state_sh,
+                          family_shell(config, configs, vae), state, schedule)
+    return setup, configs, source

@@ -1,0 +1,122 @@
+"""The released pipelines' component configs, for planning a recipe whose model dir is not on
+disk: config.json values only (no weights), keyed by the recipe's policy.family, plus the text
+conditioning each family's transformer reads (what `encode_text_with` returns, as shapes).
+
+This table is the only per-family knowledge wfm_jax.plan holds; every step it compiles goes
+through the family interface.
+"""
+from __future__ import annotations
+
+# stabilityai/stable-diffusion-3.5-medium text encoders (config.json fields that size them)
+CLIP_L = dict(architectures=["CLIPTextModelWithProjection"], hidden_size=768,
+              intermediate_size=3072, projection_dim=768, num_hidden_layers=12,
+              num_attention_heads=12)
+CLIP_G = dict(architectures=["CLIPTextModelWithProjection"], hidden_size=1280,
+              intermediate_size=5120, projection_dim=1280, num_hidden_layers=32,
+              num_attention_heads=20, hidden_act="gelu")
+T5_XXL = dict(architectures=["T5EncoderModel"], d_model=4096, d_kv=64, d_ff=10240, num_layers=24,
+              num_heads=64, feed_forward_proj="gated-gelu")
+# Wan2.1's umt5-xxl encoder
+UMT5_XXL = dict(T5_XXL, architectures=["UMT5EncoderModel"], vocab_size=256384)
+# Cosmos-Predict2.5's Qwen2.5-VL-7B (Cosmos-Reason1) text tower; vision tower never run
+QWEN25_VL_7B = dict(
+    architectures=["Qwen2_5_VLForConditionalGeneration"], model_type="qwen2_5_vl",
+    tie_word_embeddings=False,
+    text_config=dict(vocab_size=152064, hidden_size=3584, intermediate_size=18944,
+                     num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
+                     max_position_embeddings=128000, rms_norm_eps=1e-6,
+                     rope_parameters=dict(rope_type="default", rope_theta=1e6,
+                                          mrope_section=[16, 24, 24])),
+    vision_config=dict(depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16,
+                       out_hidden_size=3584, patch_size=14, temporal_patch_size=2,
+                       spatial_merge_size=2))
+# SANA's gemma-2-2b-it
+GEMMA2_2B = dict(architectures=["Gemma2Model"], vocab_size=256000, hidden_size=2304,
+                 intermediate_size=9216, num_hidden_layers=26, num_attention_heads=8,
+                 num_key_value_heads=4, head_dim=256, max_position_embeddings=8192)
+# Wan2.1 VAE (Wan, Cosmos-Predict2.5 and SANA-Video ship it): base 96, 16 latent channels
+WAN_VAE = dict(base_dim=96, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=2, attn_scales=[],
+               latents_mean=[0.0] * 16, latents_std=[1.0] * 16)
+# mit-han-lab dc-ae-f32c32-sana-1.1-diffusers
+DCAE_F32C32 = dict(
+    latent_channels=32, attention_head_dim=32,
+    encoder_block_types=["ResBlock"] * 3 + ["EfficientViTBlock"] * 3,
+    decoder_block_types=["ResBlock"] * 3 + ["EfficientViTBlock"] * 3,
+    encoder_block_out_channels=[128, 256, 512, 512, 1024, 1024],
+    decoder_block_out_channels=[128, 256, 512, 512, 1024, 1024],
+    encoder_layers_per_block=[2, 2, 2, 3, 3, 3], decoder_layers_per_block=[3, 3, 3, 3, 3, 3],
+    encoder_qkv_multiscales=[[], [], [], [5], [5], [5]],
+    decoder_qkv_multiscales=[[], [], [], [5], [5], [5]])
+
+
+def _sd3():
+    from wfm_jax import tiny
+    from wfm_jax.bench.suites import SD3_VAE, SD35_MEDIUM
+    return dict(transformer=tiny.transformer_config(**SD35_MEDIUM),
+                vae=tiny.vae_config(**SD3_VAE), scheduler=tiny.scheduler_config(),
+                text_encoders=[CLIP_L, CLIP_G, T5_XXL])
+
+
+def _wan():
+    from wfm_jax import tiny_wan
+    from wfm_jax.models.wan.transformer import WAN21_T2V_1_3B
+    return dict(transformer=tiny_wan.transformer_config(**WAN21_T2V_1_3B),
+                vae=tiny_wan.vae_config(**WAN_VAE), scheduler=tiny_wan.scheduler_config(),
+                text_encoders=[UMT5_XXL])
+
+
+def _cosmos(name: str):
+    from wfm_jax import tiny_cosmos, tiny_wan
+    from wfm_jax.models.cosmos import transformer as t
+    shape = t.COSMOS25_PREDICT_14B if "14B" in name else t.COSMOS25_PREDICT_2B
+    return dict(transformer=tiny_cosmos.transformer_config(**shape),
+                vae=tiny_wan.vae_config(**WAN_VAE), scheduler=tiny_cosmos.scheduler_config(),
+                text_encoders=[QWEN25_VL_7B])
+
+
+def _sana():
+    from wfm_jax import tiny_sana
+    from wfm_jax.models.sana.transformer import SANA15_1600M
+    return dict(transformer=tiny_sana.transformer_config(**SANA15_1600M),
+                vae=tiny_sana.vae_config(**DCAE_F32C32),
+                scheduler=tiny_sana.scheduler_config(tiny_sana.IMAGE_SHIFT),
+                text_encoders=[GEMMA2_2B])
+
+
+def _sana_video():
+    from wfm_jax import tiny_sana, tiny_wan
+    from wfm_jax.models.sana.video import SANA_VIDEO_2B
+    return dict(transformer=tiny_sana.video_transformer_config(**SANA_VIDEO_2B),
+                vae=tiny_wan.vae_config(**WAN_VAE),
+                scheduler=tiny_sana.scheduler_config(tiny_sana.VIDEO_SHIFT),
+                text_encoders=[GEMMA2_2B])
+
+
+_RELEASED = {"sd3": lambda name: _sd3(), "wan": lambda name: _wan(), "cosmos": _cosmos,
+             "sana": lambda name: _sana(), "sana_video": lambda name: _sana_video()}
+
+
+def released_configs(family: str, model_name: str) -> dict:
+    """{transformer, vae, scheduler: config dicts; text_encoders: [config dicts]} of the family's
+    released pipeline (model_name picks among sizes: Cosmos 2B / 14B)."""
+    if family not in _RELEASED:
+        raise SystemExit(f"wfm_jax.plan: no released shape for policy.family={family!r}; "
+                         f"put the model dir on disk (its config.json files are enough)")
+    return _RELEASED[family](str(model_name))
+
+
+def cond_shapes(family: str, transformer: dict, batch: int, text_len: int) -> dict:
+    """{key: shape} of the conditioning dict the family's velocity_with reads (float32)."""
+    if family == "sd3":
+        return {"prompt_embeds": (batch, 77 + text_len, transformer["joint_attention_dim"]),
+                "pooled_projections": (batch, transformer["pooled_projection_dim"])}
+    if family == "wan":
+        return {"encoder_hidden_states": (batch, text_len, transformer["text_dim"])}
+    if family == "cosmos":
+        width = (transformer["crossattn_proj_in_channels"]
+                 if transformer.get("use_crossattn_projection") else transformer["text_embed_dim"])
+        return {"encoder_hidden_states": (batch, text_len, width)}
+    if family in ("sana", "sana_video"):
+        return {"encoder_hidden_states": (batch, text_len, transformer["caption_channels"]),
+                "encoder_attention_mask": (batch, text_len)}
+    raise SystemExit(f"wfm_jax.plan: no conditioning shapes for policy.family={family!r}")

@@ -1,0 +1,195 @@
+"""plan(): a recipe's per-device bytes, FLOPs and collectives from its compiled programs (SFT:
+the train step; RL: the rollout chunk and the update), and whether the peak fits; describe()
+and check_fits() (main's refusal before any weight is read)."""
+from __future__ import annotations
+
+import os
+
+GiB = 2 ** 30
+
+# usable memory per device (bytes): H100 SXM 80 GB, H200 141 GB, TPU v5p 95 GiB, v6e 32 GiB
+DEVICE_MEMORY = {"h100": 80e9, "h200": 141e9, "v5p": 95 * GiB, "v6e": 32 * GiB}
+MEMORY_ENV = "WFM_JAX_DEVICE_MEMORY_BYTES"  # per-device limit main checks against (any backend)
+
+
+def plan(args, config=None) -> dict:
+    import jax
+    import jax.numpy as jnp
+
+    from wfm_jax import mesh as wmesh
+    from wfm_jax.config import load_config
+    from wfm_jax.plan import abstract, steps
+    from wfm_jax.train import setup as setup_lib
+
+    if config is None:
+        config = load_config(args.config, [tuple(kv.split("=", 1)) for kv in args.set])
+    t, d = config.train, config.policy.diffusers
+    kind = str(t.train_policy.type)
+    rl = kind != "sft"
+    if rl:
+        from wfm_jax.train.rl_setup import ALGORITHMS
+        if kind not in ALGORITHMS:
+            raise SystemExit(f"wfm_jax.plan: train.train_policy.type={kind!r} has no trainer; "
+                             f"planned: sft, {', '.join(sorted(ALGORITHMS))}")
+    family = str(config.policy.family)
+    remat = args.remat or config.policy.remat
+    scan = bool(config.policy.scan_layers) and not args.no_scan
+    if len(jax.devices()) < args.devices:
+        raise SystemExit(f"wfm_jax.plan: {args.devices} devices asked, the backend has "
+                         f"{len(jax.devices())} (run it as a fresh process: python -m wfm_jax.plan)")
+    try:
+        mesh = wmesh.make_mesh(config.policy.parallelism, devices=jax.devices()[:args.devices])
+    except ValueError as e:
+        raise SystemExit(f"wfm_jax.plan: policy.parallelism on {args.devices} devices: {e}") from e
+    rules = wmesh.active_rules()
+    setup_lib.ensure_tiny_assets(config)  # a tiny recipe's dir: its config.json files
+    size = (args.size, args.size) if args.size else tuple(int(v) for v in d.inference_size)
+    frames = args.frames or int(d.train_frames)
+    configs, _ = abstract.pipeline_configs(config)  # bad sizes / frames: before any tracing
+    steps.latent_shape(abstract.family_shell(config, configs, None), 1, size, frames)
+    try:
+        setup, configs, source = abstract.abstract_setup(
+            config, mesh, rules, remat, scan, aux_fn=steps.rl_aux_fn(config) if rl else None)
+    except ValueError as e:  # a weight the mesh cannot split (mesh.param_shardings says which)
+        raise SystemExit(f"wfm_jax.plan: on mesh {dict(mesh.shape)}: {e}") from e
+    state = setup.state
+    frozen_dtype = setup_lib.DTYPES[args.frozen_dtype or t.compute_dtype]
+    aux = state.aux or {}
+    out = {
+        "config": args.config, "family": family, "algorithm": kind, "model_configs": source,
+        "devices": int(mesh.devices.size), "device_kind": args.device_kind,
+        "device_memory_bytes": int(DEVICE_MEMORY[args.device_kind]),
+        "mesh": {k: int(v) for k, v in mesh.shape.items()},
+        "size": size[0] if size[0] == size[1] else list(size),
+        "frames": frames if setup.pipe.is_video else None, "remat": remat, "scan_layers": scan,
+        "lora": bool(config.policy.lora.enable), "frozen_dtype": jnp.dtype(frozen_dtype).name,
+        "params_bytes": abstract.per_device_bytes(state.params),
+        "optimizer_bytes": abstract.per_device_bytes(state.opt_state),
+        "ema_bytes": abstract.per_device_bytes(state.ema) if state.ema is not None else 0,
+        # copies the RL algorithm keeps in the state (NFT's old policy, the KL reference)
+        "old_bytes": abstract.per_device_bytes(aux.get("old")),
+        "ref_bytes": abstract.per_device_bytes(aux.get("ref")),
+        "train_state_bytes": abstract.per_device_bytes(state),
+        "transformer_frozen_bytes": abstract.per_device_bytes(setup.frozen),
+        "encoders_vae_bytes": abstract.frozen_component_bytes(
+            configs["text_encoders"] + [configs["vae"]], mesh, rules, frozen_dtype),
+    }
+    resident = (out["train_state_bytes"] + out["transformer_frozen_bytes"]
+                + out["encoders_vae_bytes"])
+    if not rl:
+        context = mesh.shape["context"]
+        out["batch_per_device"] = args.batch_per_device
+        out["global_batch"] = batch = args.batch_per_device * mesh.devices.size // context
+        step = steps.sft_program(setup, batch, size, frames)
+        programs = {"step": step}
+        # donated state: the step's outputs reuse its arguments (alias), temp comes on top
+        step["peak_bytes"] = (resident + step["temp_bytes"] + step["output_bytes"]
+                              - step["alias_bytes"])
+    else:
+        rollout, update, layout = steps.rl_programs(setup, size, frames)
+        out.update(layout)
+        programs = {"rollout": rollout, "update": update}
+        stored = update["batch_bytes"]  # the whole batch's rollout fields, kept for the update
+        update["peak_bytes"] = (resident + stored + update["temp_bytes"]
+                                + update["output_bytes"] - update["alias_bytes"])
+        # (the compiled rollout drops the state it does not read: its argument bytes are less
+        # than the resident state, which stays on the device all the same)
+        rollout["peak_bytes"] = (resident + stored + rollout["chunk_bytes"] + rollout["temp_bytes"]
+                                 + rollout["output_bytes"] - rollout["alias_bytes"])
+        step = update
+    out["programs"] = programs
+    # the train step's figures at the top level (RL: the update), as SFT always had them
+    for k in ("argument", "temp", "output", "alias"):
+        out[f"step_{k}_bytes"] = step[f"{k}_bytes"]
+    out["compile_seconds"] = round(sum(p["compile_seconds"] for p in programs.values()), 1)
+    out["flops_per_step"] = step["flops"]
+    out["xla_flops_per_device"] = step["xla_flops_per_device"]
+    out["collective_bytes"] = step["collective_bytes"]
+    out["peak_program"] = max(programs, key=lambda k: programs[k]["peak_bytes"])
+    out["total_bytes"] = programs[out["peak_program"]]["peak_bytes"]
+    out["fits"] = out["total_bytes"] <= out["device_memory_bytes"]
+    return out
+
+
+def _bytes(v: float) -> str:
+    for unit, size in (("GiB", GiB), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
+        if abs(v) >= 0.1 * size:
+            return f"{v / size:.1f} {unit}"
+    return f"{v:.0f} B"
+
+
+def describe(r: dict) -> str:
+    g = _bytes
+    mesh = " x ".join(f"{k}={v}" for k, v in r["mesh"].items())
+    size = r["size"] if isinstance(r["size"], list) else [r["size"]] * 2
+    shape = f"{size[0]}x{size[1]}" + (f"x{r['frames']} frames" if r["frames"] else "")
+    if r["algorithm"] == "sft":
+        batch = f"batch {r['batch_per_device']}/device ({r['global_batch']} global)"
+    else:
+        batch = (f"batch {r['global_batch']} global, rollout chunks of {r['rollout_chunk']}, "
+                 f"{r['micro_batches']} micro-batches")
+    lines = [
+        f"{r['config']} ({r['family']} {r['algorithm']}{', LoRA' if r['lora'] else ''}): "
+        f"{r['devices']} devices ({mesh}), {batch}, {shape}, remat {r['remat']}, scan "
+        f"{'on' if r['scan_layers'] else 'off'}, encoders/VAE in {r['frozen_dtype']} "
+        f"(configs: {r['model_configs']})",
+        f"  per device: params {g(r['params_bytes'])}, optimizer {g(r['optimizer_bytes'])}, "
+        f"EMA {g(r['ema_bytes'])}, old policy {g(r['old_bytes'])}, reference "
+        f"{g(r['ref_bytes'])}, frozen transformer buffers {g(r['transformer_frozen_bytes'])}, "
+        f"text encoders + VAE {g(r['encoders_vae_bytes'])}"]
+    for name, p in r["programs"].items():
+        coll = ", ".join(f"{k} {g(v)}" for k, v in p["collective_bytes"].items() if v)
+        lines.append(
+            f"  {name}: temp {g(p['temp_bytes'])}, outputs not aliased "
+            f"{g(p['output_bytes'] - p['alias_bytes'])}, peak {g(p['peak_bytes'])}; "
+            f"{p['flops'] / 1e12:.2f} TFLOP (matmuls, all devices; XLA per device, loop bodies "
+            f"once: {p['xla_flops_per_device'] / 1e12:.2f}); collectives: {coll or 'none'}; "
+            f"compiled in {p['compile_seconds']} s")
+    lines.append(fit_line(r))
+    return "\n".join(lines)
+
+
+def fit_line(r: dict) -> str:
+    verdict = "fits" if r["fits"] else "does not fit"
+    return (f"  peak ({r['peak_program']}) {_bytes(r['total_bytes'])} per device "
+            f"({r['total_bytes'] / 1e9:.1f} GB): {verdict} a {r['device_kind']} "
+            f"({r['device_memory_bytes'] / 1e9:.0f} GB; CPU analysis: GPU temp is lower)")
+
+
+def check_fits(config) -> dict | None:
+    """main's check before any weight is read: plan the recipe's programs on this run's devices
+    and raise train.setup.SetupError (one line, the numbers) when the peak exceeds a device's
+    memory. Runs on accelerators (the limit: $WFM_JAX_DEVICE_MEMORY_BYTES, else the device's
+    own bytes_limit) and wherever $WFM_JAX_DEVICE_MEMORY_BYTES is set (CPU included)."""
+    import jax
+
+    from wfm_jax.plan.cli import parse_args
+    from wfm_jax.train.setup import SetupError
+    limit = os.environ.get(MEMORY_ENV)
+    if limit is None:
+        if jax.default_backend() == "cpu":
+            return None
+        limit = (jax.local_devices()[0].memory_stats() or {}).get("bytes_limit")
+        if not limit:
+            return None
+    devices = jax.device_count()
+    context = max(1, int(config.policy.parallelism.context))
+    args = parse_args(["--devices", str(devices), "--batch-per-device",
+                       str(max(1, int(config.train.train_batch_per_replica) * context // devices))])
+    try:
+        r = plan(args, config)
+    except SystemExit as e:  # a mesh or layout the run cannot have: one line, as plan says it
+        raise SetupError(str(e).removeprefix("wfm_jax.plan: ")) from None
+    r["device_kind"] = jax.devices()[0].device_kind
+    r["device_memory_bytes"], r["fits"] = int(limit), r["total_bytes"] <= int(limit)
+    if not r["fits"]:
+        p = r["programs"][r["peak_program"]]
+        raise SetupError(
+            f"this run does not fit: its {r['peak_program']} needs {r['total_bytes']} bytes "
+            f"({r['total_bytes'] / GiB:.2f} GiB) per device (train state "
+            f"{r['train_state_bytes'] / GiB:.2f} GiB, frozen "
+            f"{(r['transformer_frozen_bytes'] + r['encoders_vae_bytes']) / GiB:.2f} GiB, temp "
+            f"{p['temp_bytes'] / GiB:.2f} GiB) and each of the {devices} {r['device_kind']} "
+            f"devices has {int(limit)} bytes ({int(limit) / GiB:.2f} GiB); try policy.remat=full, "
+            f"more fsdp, a smaller batch (python -m wfm_jax.plan --config ... for the figures)")
+    return r
