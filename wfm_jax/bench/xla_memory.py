@@ -8,9 +8,9 @@ flow-matching loss -> grads -> clip -> AdamW, params and optimizer state donated
 transformer built by its converter registry entry under nnx.eval_shape: ShapeDtypeStructs
 carrying the mesh shardings the trainer gives them (wfm_jax.mesh.param_shardings; optimizer
 leaves like their params), the batch split over (data, fsdp), `train_batch` rows per device.
-wfm_jax.plan compiles the trainer's SFT step for SD3 / Wan recipes the same way; it has no
-Cosmos path on main yet, so this is the minimal compile for the bench's step (plan's
-per-device byte count is reused). CPU keeps bf16 work in fp32 and has no flash kernel ("auto"
+wfm_jax.plan compiles the trainer's own steps (SFT, and RL's rollout and update) for every
+family; this compiles the bench's step, so the memory sits beside the bench's timings (plan's
+abstract placement and per-device byte count are reused). CPU keeps bf16 work in fp32 and has no flash kernel ("auto"
 attention is the blockwise kernel at these lengths): the figures are above a GPU's.
 """
 from __future__ import annotations
@@ -60,7 +60,7 @@ def compile_step(suite, mode: str, options, *, devices: int = 8, scan: bool = Tr
 
     from wfm_jax import mesh as wmesh
     from wfm_jax.bench.train_step import TRAINABLE_FULL, optimizer, resolved_attention, step_fn
-    from wfm_jax.plan import _per_device_bytes, _placed
+    from wfm_jax.plan.abstract import per_device_bytes, with_shardings
     from wfm_jax.train.setup import batch_sharding, replicated
 
     if len(jax.devices()) < devices:
@@ -74,7 +74,7 @@ def compile_step(suite, mode: str, options, *, devices: int = 8, scan: bool = Tr
     wrt = nnx.LoRAParam if mode == "lora" else TRAINABLE_FULL
     graphdef, params, rest = nnx.split(model, wrt, ...)
 
-    params, rest = _placed(params, shardings), _placed(rest, shardings)
+    params, rest = with_shardings(params, shardings), with_shardings(rest, shardings)
     tx = optimizer(mode)
     opt_abs = jax.eval_shape(tx.init, params)
     rep = replicated(mesh)
@@ -99,9 +99,9 @@ def compile_step(suite, mode: str, options, *, devices: int = 8, scan: bool = Tr
             "global_batch": global_suite.train_batch, "remat": options.remat,
             "scan_layers": scan, "attention_impl": attention_impl,
             "compile_seconds": round(seconds, 1),
-            "params_bytes": _per_device_bytes(params),
-            "optimizer_bytes": _per_device_bytes(opt_state),
-            "frozen_bytes": _per_device_bytes(rest),
+            "params_bytes": per_device_bytes(params),
+            "optimizer_bytes": per_device_bytes(opt_state),
+            "frozen_bytes": per_device_bytes(rest),
             "argument_bytes": int(m.argument_size_in_bytes),
             "output_bytes": int(m.output_size_in_bytes),
             "alias_bytes": int(m.alias_size_in_bytes),

@@ -122,10 +122,11 @@ def placed(model, mesh, rules, filter):
 
     from wfm_jax.mesh import param_shardings
     shardings = param_shardings(model, mesh, rules, filter=filter)
-    return _with_shardings(nnx.state(model, filter), shardings)
+    return with_shardings(nnx.state(model, filter), shardings)
 
 
-def _with_shardings(state, shardings):
+def with_shardings(state, shardings):
+    """`state` with every value a ShapeDtypeStruct carrying shardings[dotted path]."""
     import jax
     from flax import nnx
     out = []
