@@ -146,13 +146,13 @@ def rl_programs(setup, size, frames: int) -> tuple[dict, dict, dict]:
     latents = _rows(setup, {"x": latent_shape(setup.pipe, chunk, size, frames)})["x"]
     cond = _rows(setup, cond_shapes(family, t_cfg, chunk, text))
     inputs = dict(shared)
-    if getattr(algo, "reads_data", False):  # DDRL's data term: the chunk's clean latents
-        if algo.data_beta:
-            inputs["data_x0"] = latents
-        if algo.cond_frames[1] > 0:  # video2world: the family's own conditioning entries
-            counts = jax.ShapeDtypeStruct((chunk,), jnp.int32, sharding=latents.sharding)
-            extra = jax.eval_shape(setup.pipe.video_condition, latents, counts)
-            cond = {**cond, **_rows(setup, {k: v.shape for k, v in extra.items()})}
+    if getattr(algo, "reads_data", False) and algo.data_beta:  # DDRL's data term: clean latents
+        inputs["data_x0"] = latents
+    media = getattr(algo, "media", None)  # rl_data.ItemMedia (NFT, GRPO, DDRL)
+    if media is not None and media.conditions:  # video2world: the family's conditioning entries
+        counts = jax.ShapeDtypeStruct((chunk,), jnp.int32, sharding=latents.sharding)
+        extra = jax.eval_shape(setup.pipe.video_condition, latents, counts)
+        cond = {**cond, **_rows(setup, {k: v.shape for k, v in extra.items()})}
     key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype,
                                sharding=setup.state.rng.sharding)
     vae_state = _vae_state(setup)
