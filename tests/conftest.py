@@ -1,44 +1,15 @@
 """Shared fixtures: one real S3 server (SeaweedFS on loopback) per test session, started only
-when a test asks for it; one persistent XLA compilation cache per test run."""
+when a test asks for it."""
 from __future__ import annotations
 
 import itertools
 import os
-import shutil
-import tempfile
 
 import pytest
 
 from tests import s3_server as _s3
 
 _BUCKETS = itertools.count()
-_CACHE_ENV = "WFM_JAX_TEST_COMPILE_CACHE"  # a directory to keep, or "0" for no cache
-
-
-def pytest_configure(config):
-    """Many files build the same tiny pipelines and resume runs compile their first run's
-    programs again: one persistent compilation cache, shared by the xdist workers (the
-    controller makes it before they start, they inherit the variable), turns those repeats into
-    cache reads. The CLI subprocesses that tests start read the same JAX_* variables."""
-    path = os.environ.get(_CACHE_ENV)
-    if path == "0":
-        return
-    if not path:
-        path = tempfile.mkdtemp(prefix="wfm_jax_xla_cache_")
-        os.environ[_CACHE_ENV] = path
-        config._wfm_jax_cache_made = path  # removed when the run ends
-    import jax
-    for name, value in (("jax_compilation_cache_dir", path),
-                        ("jax_persistent_cache_min_compile_time_secs", 0.0),
-                        ("jax_persistent_cache_min_entry_size_bytes", 0)):
-        os.environ[name.upper()] = str(value)
-        jax.config.update(name, value)
-
-
-def pytest_unconfigure(config):
-    made = getattr(config, "_wfm_jax_cache_made", None)
-    if made and not hasattr(config, "workerinput"):
-        shutil.rmtree(made, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

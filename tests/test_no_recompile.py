@@ -2,8 +2,8 @@
 state an update returns is laid out exactly as it went in. Four steps of each tiny recipe on an
 8-device FSDP mesh, a checkpoint and an export at steps 2 and 4, validation every step: once
 step 2 has run every kind of work once, steps 3 and 4 must compile nothing (XLA backend
-compilations counted through jax.monitoring, and hits of the persistent compilation cache the
-test run shares: a program fetched from that cache was still built again)."""
+compilations counted through jax.monitoring, and hits of a persistent compilation cache, as
+tests/_resume.py turns on: a program fetched from such a cache was still built again)."""
 from __future__ import annotations
 
 import os
