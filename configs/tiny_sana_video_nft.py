@@ -6,65 +6,30 @@ which this recipe raises by more than 3 standard errors in 14 steps (2 seeds che
 
     python -m wfm_jax.main --config configs/tiny_sana_video_nft.py
 
-The tiny SanaVideoPipeline is built at policy.model_name_or_path on first use and reused after. As
-sana_video_nft.py: rollouts with SANA's DPM-Solver++ (sample.solver "dpm_solver"), the default
-complex human instruction in every prompt (rollout, update, validation), the Gemma mask on the
+The tiny SanaVideoPipeline is built at policy.model_name_or_path on first use and reused after.
+It is tiny_sana_nft.py with videos (only the keys set here differ). As sana_video_nft.py:
+rollouts with SANA's DPM-Solver++ (sample.solver "dpm_solver"), the default complex human
+instruction in every prompt (rollout, update, validation), the Gemma mask on the
 cross-attention; a full fine-tune at the random model's learning rate (a r 4 LoRA on a 2-layer
 random model moves the reward too slowly to see in 20 steps; --config.policy.lora.enable=True
 gives the recipe's adapters).
 """
 import os
 
-from wfm_jax.config_schema import SANA_LORA_TARGETS, default_config
+from wfm_jax.config import base_recipe
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def get_config():
-    c = default_config()
+    c = base_recipe(os.path.join(HERE, "tiny_sana_nft.py"))
     c.train.output_dir = "./outputs/tiny_sana_video_nft"
-    c.train.train_policy.type = "nft"
-    c.train.max_steps = 20
-    c.train.seed = 0
-    c.train.param_dtype = "float32"
-    c.train.compute_dtype = "float32"
     c.train.train_batch_per_replica = 16  # 4 prompts x 4 videos
-    c.train.train_policy.mini_batch = 8
-    c.train.optm_lr = 3e-3  # the random tiny models' NFT value (tiny_wan_nft)
-    c.train.optm_weight_decay = 1e-4
-    c.train.optm_grad_norm_clip = 1.0
-    c.train.ema_enable = True
-    c.train.ema_decay = 0.9
-    c.train.ckpt.save_freq = 10
-    c.train.ckpt.max_keep = 2
-    c.train.train_policy.kl_beta = 1e-4
-    c.train.train_policy.dataset.local_dir = os.path.join(HERE, "prompts", "tiny.txt")
-    c.train.train_policy.use_remote_reward = False
-    c.train.train_policy.remote_reward.reward_fns = [
-        {"name": "jpeg_compressibility", "weight": 1.0, "score_key": ""}]
-    c.rollout.n_generation = 4
     c.policy.model_name_or_path = "./outputs/tiny_sana_video"
     c.policy.family = "sana_video"
-    c.policy.build_tiny = True
-    c.policy.lora.enable = False
-    c.policy.lora.r = 4
-    c.policy.lora.lora_alpha = 4
-    c.policy.lora.target_modules = SANA_LORA_TARGETS
     d = c.policy.diffusers
     d.is_video = True
-    d.inference_size = (32, 32)  # the smallest size SANA takes (multiples of 32)
     # 4k + 1 (the tiny Wan VAE's x4 time compression): 3 latent frames; rollouts sample these
     d.train_frames = 9
     d.inference_frames = 9
-    d.max_prompt_length = 16
-    d.nft_beta = 1.0
-    d.sample.num_steps = 10
-    d.sample.eval_num_steps = 10
-    d.sample.guidance_scale = 1.0
-    d.sample.solver = "dpm_solver"
-    c.policy.parallelism.data = -1
-    c.validation.enable = True
-    c.validation.freq = 10
-    c.validation.batch_size = 4
-    c.validation.dataset.holdout_fraction = 0.25
     return c

@@ -327,6 +327,12 @@ def from_tree(tree: Any) -> ConfigDict:
     return config
 
 
+def base_recipe(path: str, arg: str | None = None) -> Any:
+    """The unvalidated ConfigDict of another recipe file, for a recipe that is that recipe plus a
+    few keys (e.g. configs/tiny_sana_video_nft.py on configs/tiny_sana_nft.py)."""
+    return _run_recipe(path, arg)
+
+
 def load_config(spec: str, overrides: Sequence[tuple[str, str]] = (), check: bool = True) -> ConfigDict:
     """`configs/X.py[:arg]` or a cosmos-rl `recipe.toml`, + [(dotted key, text)] -> validated,
     locked ConfigDict. Overrides use wfm_jax's keys in both cases."""
