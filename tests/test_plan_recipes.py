@@ -32,7 +32,7 @@ _SCRIPT = """
 import json, sys
 from wfm_jax.plan import cli
 devices, jobs = int(sys.argv[1]), json.loads(sys.argv[2])
-cli._virtual_devices(devices)
+cli.virtual_devices(devices)
 from wfm_jax.plan import describe, plan
 for argv in jobs:
     r = plan(cli.parse_args(argv))

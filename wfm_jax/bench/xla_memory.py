@@ -16,18 +16,9 @@ attention is the blockwise kernel at these lengths): the figures are above a GPU
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 
 GiB = 2 ** 30
-
-
-def use_virtual_devices(n: int) -> None:
-    """N simulated CPU devices; must run before jax starts its backend."""
-    flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
-             if not f.startswith("--xla_force_host_platform_device_count")]
-    os.environ["XLA_FLAGS"] = " ".join(flags + [f"--xla_force_host_platform_device_count={n}"])
-    os.environ["JAX_PLATFORMS"] = "cpu"
 
 
 def _abstract_model(suite, mode: str, options, scan: bool):

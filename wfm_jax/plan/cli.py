@@ -55,19 +55,21 @@ def parse_args(argv):
     return args
 
 
-def _virtual_devices(n: int) -> None:
-    """N CPU devices; must run before jax starts its backend."""
+def virtual_devices(n: int) -> None:
+    """N simulated CPU devices; must run before jax starts its backend. Set in the environment
+    as well, so worker processes started after it (the bench's isolated workers) get them too."""
     flag = f"--xla_force_host_platform_device_count={n}"
     flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
              if not f.startswith("--xla_force_host_platform_device_count")]
     os.environ["XLA_FLAGS"] = " ".join(flags + [flag])
+    os.environ["JAX_PLATFORMS"] = "cpu"
     import jax
     jax.config.update("jax_platforms", "cpu")
 
 
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    _virtual_devices(args.devices)
+    virtual_devices(args.devices)
     from wfm_jax.config import ConfigError
     from wfm_jax.plan.report import describe, plan
     try:
