@@ -410,15 +410,21 @@ def check_reward_fns(config) -> None:
 
 
 GRPO_SOLVERS = ("flow", "sde", "cps", "dance")  # "flow" = the Flow-GRPO SDE
+# NFT rolls out with a deterministic sampler; "flow", "ddim" and "dpm1" are the Euler step (DDIM
+# with eta 0 and first-order DPM-Solver both reduce to it on a flow-matching model)
+NFT_SOLVERS = ("flow", "euler", "ddim", "dpm1", "dpm2", "unipc", "dpm_solver")
 
 
 @register_check
 def check_rl_samplers(config) -> None:
-    """Flow-GRPO needs a stochastic flow sampler and a window inside the steps; DDRL samples
-    with the EDM sampler and trains on existing steps."""
+    """DiffusionNFT needs a deterministic sampler; Flow-GRPO a stochastic flow sampler and a
+    window inside the steps; DDRL samples with the EDM sampler and trains on existing steps."""
     kind = get(config, "train.train_policy.type")
     s = "policy.diffusers.sample"
     solver, steps = get(config, f"{s}.solver"), get(config, f"{s}.num_steps")
+    if kind == "nft" and solver not in NFT_SOLVERS:
+        raise ConfigError(f"config key '{s}.solver' = {solver!r}: DiffusionNFT rolls out with a "
+                          f"deterministic sampler, one of {list(NFT_SOLVERS)}")
     if kind == "grpo":
         if solver not in GRPO_SOLVERS:
             raise ConfigError(f"config key '{s}.solver' = {solver!r}: Flow-GRPO samples with one "

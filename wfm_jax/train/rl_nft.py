@@ -84,7 +84,9 @@ class NFT:
         from wfm_jax.sampling.schedule import flow_schedule_of
         d = config.policy.diffusers
         tp = config.train.train_policy
-        self.solver = {"flow": "euler", "dpm1": "euler"}.get(d.sample.solver, d.sample.solver)
+        # config_schema.NFT_SOLVERS: cosmos-rl's "flow", "ddim" and "dpm1" are the Euler step here
+        self.solver = {"flow": "euler", "ddim": "euler", "dpm1": "euler"}.get(d.sample.solver,
+                                                                             d.sample.solver)
         self.sigmas = jnp.asarray(flow_schedule_of(schedule, d.sample.num_steps)[0])
         # the rollout's grid: UniPC (Wan's sampler) and DPM-Solver++ (SANA's) step on their
         # scheduler's sigmas and feed the model diffusers' truncated timesteps; the training
