@@ -482,3 +482,18 @@ def test_cosmos_tiny_suite_both_stacks(cosmos_tiny_result):
         np.testing.assert_allclose(s["wfm_jax"]["first_loss"], s["torch"]["first_loss"], rtol=5e-2)
     r = result["workloads"]["rollout"]["stacks"]
     np.testing.assert_allclose(r["wfm_jax"]["output_mean"], r["torch"]["output_mean"], atol=2e-2)
+
+
+def test_train_batch_draws_sigmas_from_each_familys_own_training_table():
+    """Both stacks train on the sigmas the family's SFT draws: SD3 its shifted table, Cosmos its
+    own range inside the Karras sampler's [0.0099, 0.995] (never SD3's sigma 1)."""
+    from wfm_jax.bench.inputs import SHIFT, train_batch
+    from wfm_jax.sampling.schedule import training_table
+    sd3 = train_batch(get_suite("tiny", train_batch=64))
+    assert set(sd3["sigmas"].tolist()) <= set(training_table(SHIFT)[1].tolist())
+    suite = get_suite("cosmos_tiny", train_batch=64)
+    cosmos = train_batch(suite)
+    table_t, table_s = suite.workload.pipeline(suite).train_sigma_table(SHIFT)
+    assert set(cosmos["sigmas"].tolist()) <= set(table_s.tolist())
+    assert 0.0099 < cosmos["sigmas"].min() and cosmos["sigmas"].max() < 0.996
+    np.testing.assert_array_equal(cosmos["timesteps"], np.float32(1000) * cosmos["sigmas"])

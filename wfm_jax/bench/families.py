@@ -57,6 +57,13 @@ class BenchFamily:
         """(steps + 1,) flow sigmas ending in 0 that both stacks' rollouts step on."""
         raise NotImplementedError
 
+    def train_sigma_table(self, suite) -> tuple[np.ndarray, np.ndarray]:
+        """(timesteps, sigmas) the train step's sigmas are drawn from, as the model family's
+        own SFT draws them (PipelineFamily.train_sigma_table): SD3's shifted table by default."""
+        from wfm_jax.bench.inputs import SHIFT
+        from wfm_jax.sampling.schedule import training_table
+        return training_table(SHIFT)
+
     def jax_rollout_velocity(self, transformer, suite):
         """velocity(x, timesteps, cond) for sampling.samplers.sample."""
         raise NotImplementedError
@@ -237,6 +244,11 @@ class Cosmos(BenchFamily):
     def rollout_sigmas(self, suite) -> np.ndarray:
         """The family's own sampler grid (the NFT recipe's rollouts step on it)."""
         return self.pipeline(suite).flow_schedule(suite.rollout_steps, "dpm2")[0]
+
+    def train_sigma_table(self, suite):
+        """Cosmos' own training range (CosmosPipeline.train_sigma_table ignores the shift)."""
+        from wfm_jax.bench.inputs import SHIFT
+        return self.pipeline(suite).train_sigma_table(SHIFT)
 
     def jax_rollout_velocity(self, transformer, suite):
         pipe = self.pipeline(suite)

@@ -3,20 +3,19 @@ from __future__ import annotations
 
 import numpy as np
 
-from wfm_jax.sampling.schedule import training_table
-
 SHIFT = 3.0  # SD3 / SD3.5 scheduler shift
 
 
 def train_batch(suite, seed: int = 0) -> dict[str, np.ndarray]:
-    """x0 (clean latents), noise, per-sample sigmas/timesteps drawn as SD3 training does
-    (logit-normal u -> index into the shifted table), and the family's text inputs. Every family
-    gets the same sigma draw; timesteps are 1000 sigma (the family maps them for its model)."""
+    """x0 (clean latents), noise, per-sample sigmas/timesteps drawn as wfm_jax's SFT does
+    (logit-normal u -> index into the family's training table: SD3's shifted one, Cosmos' own
+    range), and the family's text inputs; timesteps are 1000 sigma (the family maps them for its
+    model)."""
     rng = np.random.default_rng(seed)
     b = suite.train_batch
     latent = suite.workload.latent_shape(suite, b)
     u = 1.0 / (1.0 + np.exp(-rng.standard_normal(b)))
-    table_t, table_s = training_table(SHIFT)
+    table_t, table_s = suite.workload.train_sigma_table(suite)
     idx = np.clip(np.floor(u * len(table_t)).astype(np.int64), 0, len(table_t) - 1)
     return {"x0": rng.standard_normal(latent, dtype=np.float32),
             "noise": rng.standard_normal(latent, dtype=np.float32),
