@@ -29,9 +29,12 @@ def _metrics(out_dir) -> dict[int, dict]:
 
 
 def _argv(tiny_dir, out_dir, *extra):
-    # mini_batch 2 per device x the 8 test devices = the whole batch of 16 in one micro-batch
+    # mini_batch 2 per device x the 8 test devices = the whole batch of 16 in one micro-batch;
+    # 5 of the 10 steps trained (the recipe: 9), which halves the update, the run's largest part
+    # (reward rise measured at 7.6, 5.2 and 7.1 standard errors on seeds 0, 1, 2)
     return ["--config", RECIPE, f"--config.policy.model_name_or_path={tiny_dir}",
             f"--config.train.output_dir={out_dir}", "--config.train.train_policy.mini_batch=2",
+            "--config.train.train_policy.timesteps_fraction=0.5",
             *toy.random_model_overrides(3e-3), *extra]
 
 
