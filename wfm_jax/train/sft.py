@@ -184,7 +184,10 @@ class SFTTrainer:
             cond = s.global_batch(cond)
         else:
             cond = self.text(s.global_batch(self.text.tokenize(batch["prompt"])))
-        pixels, ids = s.global_batch((np.asarray(batch["pixels"], np.float32), ids_host))
+        pixels = np.asarray(batch["pixels"])  # uint8 from the loaders: the encoder maps it
+        if pixels.dtype != np.uint8:
+            pixels = pixels.astype(np.float32, copy=False)
+        pixels, ids = s.global_batch((pixels, ids_host))
         key = jax.random.fold_in(s.state.rng, _KEY_VAE)  # not advanced: the step splits rng
         return self.visual(pixels, key, ids), cond, ids
 
