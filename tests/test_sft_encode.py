@@ -74,3 +74,46 @@ def test_sft_sends_uint8_pixels_and_gets_the_float_latents(assets, tmp_path, mon
     finally:
         trainer.loader.close()
         trainer.setup.close()
+
+
+def _run(cfg, batches=None):
+    """(the trainer after cfg's run, its logged metrics by step); batches: the prompts and
+    pixels of each step's batch are appended to it."""
+    from tests._rl_toy import metrics
+    from wfm_jax.train import sft
+    trainer = sft.SFTTrainer(cfg)
+    if batches is not None:
+        prepare = trainer.prepare
+
+        def recording(batch):
+            batches.append((list(batch["prompt"]), np.array(batch["pixels"])))
+            return prepare(batch)
+        trainer.prepare = recording
+    assert trainer.run() == 4
+    return trainer, metrics(cfg.train.output_dir)
+
+
+@pytest.mark.slow  # two 4-step SFT runs end to end
+def test_cached_run_equals_uncached_and_encodes_each_prompt_and_item_once(assets, tmp_path):
+    from wfm_jax.train.encode_cache import item_key
+    _, plain = _run(config(assets, tmp_path / "plain"))
+    batches = []
+    trainer, cached = _run(config(assets, tmp_path / "cached",
+                                  **{"train.train_policy.cache_encodings": True}), batches)
+    for step in range(1, 5):  # bit for bit
+        for name in ("train/loss", "optimizer/grad_norm"):
+            assert cached[step][name] == plain[step][name], (step, name)
+    # 4 steps of 8 over 16 items: 2 epochs; the encoders run only on steps with a new prompt
+    # or item (a batch-shaped call each), and every prompt and item is kept once
+    assert len(batches) == 4
+    seen_p, seen_i, text_steps, item_steps = set(), set(), 0, 0
+    for prompts, pixels in batches:
+        keys = {item_key(row) for row in pixels}
+        text_steps += bool(set(prompts) - seen_p)
+        item_steps += bool(keys - seen_i)
+        seen_p |= set(prompts)
+        seen_i |= keys
+    cache = trainer.cache
+    assert (len(cache.prompts), len(cache.items)) == (len(PROMPTS), ITEMS)
+    assert item_steps == 2 and cache.posterior_calls == 2  # none in the second epoch
+    assert 1 <= text_steps <= 2 and cache.text_calls == text_steps

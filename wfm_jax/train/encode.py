@@ -89,6 +89,38 @@ def _visual_fn(pipe: PipelineFamily, graphdef, out_sharding):
     return _VISUAL_FNS.get((graphdef, pipe.static_key(), out_sharding), build)
 
 
+def _posterior_fn(pipe: PipelineFamily, graphdef, out_sharding):
+    """jit((vae state, pixels) -> (mean, std)): the posterior alone (the encode cache's)."""
+    shell = pipe.shell()
+
+    def build():
+        def posterior(state, pixels):
+            return shell.posterior_with(nnx.merge(graphdef, state), signed_unit(pixels))
+
+        if out_sharding is None:
+            return jax.jit(posterior)
+        return mesh_jit(posterior, mesh=out_sharding.mesh, out_shardings=out_sharding)
+
+    return _VISUAL_FNS.get(("posterior", graphdef, pipe.static_key(), out_sharding), build)
+
+
+def _draw_fn(pipe: PipelineFamily, out_sharding):
+    """jit((mean, std, key, ids) -> normalised latents): _visual_fn's draw on a given posterior."""
+    shell = pipe.shell()
+
+    def build():
+        def draw(mean, std, key, ids):
+            eps = per_sample_normal(key, ids, mean.shape[1:])
+            z = mean.astype(jnp.float32) + std.astype(jnp.float32) * eps
+            return shell.normalize_latents(z)
+
+        if out_sharding is None:
+            return jax.jit(draw)
+        return mesh_jit(draw, mesh=out_sharding.mesh, out_shardings=out_sharding)
+
+    return _VISUAL_FNS.get(("draw", pipe.static_key(), out_sharding), build)
+
+
 class TextEncoder:
     """prompts -> the family's conditioning dict (float32 leaves, batch first), as diffusers'
     encode_prompt (SD3: {"prompt_embeds" (B, 77 + L, D), "pooled_projections" (B, P)})."""
@@ -118,6 +150,16 @@ class VisualEncoder:
     def __init__(self, pipe: PipelineFamily, out_sharding=None):
         graphdef, self.state = nnx.split(pipe.vae)
         self._encode = _visual_fn(pipe, graphdef, out_sharding)
+        self._posterior = _posterior_fn(pipe, graphdef, out_sharding)
+        self._draw = _draw_fn(pipe, out_sharding)
 
     def __call__(self, pixels, key, ids):
         return self._encode(self.state, pixels, key, ids)
+
+    def posterior(self, pixels):
+        """(mean, std) of the VAE's latent distribution (un-normalised, the VAE's dtype)."""
+        return self._posterior(self.state, pixels)
+
+    def draw(self, mean, std, key, ids):
+        """__call__'s latents from a given posterior: the same per-row draw and normalisation."""
+        return self._draw(mean, std, key, ids)
