@@ -232,3 +232,47 @@ def test_rl_sigterm_and_nan_stop_at_the_step_boundary(run, monkeypatch):
     with pytest.raises(NonFiniteLoss):
         loop(run)
     assert events[-2:] == [("dispatch", 2), ("fetch", 1)]  # step 1: neither logged nor saved
+
+
+@pytest.mark.slow  # two JAX processes on loopback, each building the tiny NFT run
+def test_chunk_conditions_with_two_processes_equal_one(run, pipe_dir, tmp_path):
+    # 2 processes x 4 CPU devices on one fsdp=8 mesh: each process's rows of every chunk
+    # carry the conditioning one process gives those prompts (its encoder calls are collective)
+    import json
+    import socket
+    import subprocess
+    import sys
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    root = os.path.dirname(CONFIGS)
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
+               PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    logs = [open(tmp_path / f"proc{i}.log", "w") for i in range(2)]
+    procs = [subprocess.Popen([sys.executable, "-m", "tests._two_process_conditions", str(i),
+                               str(port), pipe_dir, str(tmp_path)], cwd=root, env=env,
+                              stdout=logs[i], stderr=subprocess.STDOUT) for i in range(2)]
+    try:
+        codes = [p.wait(timeout=400) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        for log in logs:
+            log.close()
+    assert codes == [0, 0], [open(tmp_path / f"proc{i}.log").read()[-2000:] for i in range(2)]
+    every = []
+    for i in range(2):
+        meta = json.load(open(tmp_path / f"process_{i}.json"))
+        got = np.load(tmp_path / f"process_{i}.npz")
+        prompts, chunk = meta["prompts"], meta["chunk"]
+        assert len(prompts) == 8 and chunk == 4  # 8 rows each, in chunks of 4
+        every += prompts
+        unique = list(dict.fromkeys(prompts))
+        want = run.encode(unique + [unique[-1]] * (run.rollout_chunk - len(unique)))
+        want = {name: np.asarray(v)[:len(unique)] for name, v in want.items()}
+        for k in range(len(prompts) // chunk):
+            for name in want:
+                rows = [want[name][unique.index(p)] for p in prompts[k * chunk:(k + 1) * chunk]]
+                np.testing.assert_array_equal(got[f"{k}/{name}"], np.stack(rows), err_msg=name)
+    assert sorted(every) == sorted(run.batcher.batch_at(0)["prompt"])  # the same global batch
