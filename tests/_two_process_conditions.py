@@ -4,7 +4,7 @@ chunk_conditions on the tiny NFT recipe's first batch.
 `python -m tests._two_process_conditions PROCESS_ID PORT PIPE_DIR OUT_DIR` (XLA_FLAGS set by
 the caller). Writes OUT_DIR/process_<id>.npz: this process's prompts and, per rollout chunk and
 conditioning key, the rows this process holds; tests/test_loop_overlap.py compares them with
-one process's encoding of the same prompts.
+one process's encoding of the same prompts, and the SFT encode cache's any_process vote.
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def main(process_id: int, port: int, pipe_dir: str, out_dir: str) -> None:
     from tests._rl_toy import PROMPTS
     from wfm_jax.config import load_config
     from wfm_jax.train import rl_setup
-    from wfm_jax.train.encode_cache import local_rows
+    from wfm_jax.train.encode_cache import any_process, local_rows
 
     config = load_config(os.path.join(os.path.dirname(os.path.dirname(
         os.path.abspath(__file__))), "configs", "tiny_nft.py"), [(k, str(v)) for k, v in {
@@ -42,7 +42,8 @@ def main(process_id: int, port: int, pipe_dir: str, out_dir: str) -> None:
         run.close()
     np.savez(os.path.join(out_dir, f"process_{process_id}.npz"), **arrays)
     with open(os.path.join(out_dir, f"process_{process_id}.json"), "w") as f:
-        json.dump({"prompts": prompts, "chunk": run.rollout_chunk}, f)
+        json.dump({"prompts": prompts, "chunk": run.rollout_chunk,  # the SFT cache's agreement:
+                   "any": [any_process(process_id == 0), any_process(False)]}, f)
 
 
 if __name__ == "__main__":

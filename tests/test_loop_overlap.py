@@ -267,6 +267,7 @@ def test_chunk_conditions_with_two_processes_equal_one(run, pipe_dir, tmp_path):
         got = np.load(tmp_path / f"process_{i}.npz")
         prompts, chunk = meta["prompts"], meta["chunk"]
         assert len(prompts) == 8 and chunk == 4  # 8 rows each, in chunks of 4
+        assert meta["any"] == [True, False]  # one process's miss makes every process encode
         every += prompts
         unique = list(dict.fromkeys(prompts))
         want = run.encode(unique + [unique[-1]] * (run.rollout_chunk - len(unique)))
