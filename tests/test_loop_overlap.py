@@ -277,3 +277,20 @@ def test_chunk_conditions_with_two_processes_equal_one(run, pipe_dir, tmp_path):
                 rows = [want[name][unique.index(p)] for p in prompts[k * chunk:(k + 1) * chunk]]
                 np.testing.assert_array_equal(got[f"{k}/{name}"], np.stack(rows), err_msg=name)
     assert sorted(every) == sorted(run.batcher.batch_at(0)["prompt"])  # the same global batch
+
+
+def test_rl_step_failing_before_its_first_dispatch_keeps_the_previous_step(run, monkeypatch):
+    # step 2's prompts fail to encode: step 1 is still logged and saved, then the error surfaces
+    from wfm_jax.data.errors import DataError
+    events = []
+    loop = _recording_loop(run, monkeypatch, events, max_steps=3)
+    conditions = run.chunk_conditions
+
+    def failing(prompts):
+        if ("update", 1) in events:
+            raise DataError("bad prompt")
+        return conditions(prompts)
+    monkeypatch.setattr(run, "chunk_conditions", failing)
+    with pytest.raises(DataError, match="bad prompt"):
+        loop(run)
+    assert events[-4:] == [("update", 1), ("fetch", 1), ("log", 1), ("save", 1, False)]

@@ -12,6 +12,7 @@ rl_nft.py, rl_grpo.py, rl_ddrl.py: sampler, stored rollout fields and loss.
 """
 from __future__ import annotations
 
+import functools
 import time
 
 import jax
@@ -201,12 +202,8 @@ def _loop(run) -> None:
         batch = run.batcher.batch_at(step - 1)
         key = jax.random.fold_in(run.base_key, step)
         k_roll, k_update = jax.random.split(key)
-        finish, spent = None, []
-        if pending is not None:
-            def finish(done=pending):
-                spent.append(time.perf_counter())  # started: not to be run again
-                _finish(run, *done)
-                spent[0] = time.perf_counter() - spent[0]
+        spent: list = []
+        finish = None if pending is None else functools.partial(_timed_finish, run, pending, spent)
         try:
             with timers("rollout"):
                 rollout = rollout_batch(run, state, batch, k_roll, timers, after_dispatch=finish)
@@ -226,6 +223,12 @@ def _loop(run) -> None:
     if pending is not None:
         _finish(run, *pending)
     run.save(state, run.max_steps, final=True)
+
+
+def _timed_finish(run, pending: tuple, spent: list) -> None:
+    spent.append(time.perf_counter())  # started: not to be run again
+    _finish(run, *pending)
+    spent[0] = time.perf_counter() - spent[0]
 
 
 def _finish(run, state, step: int, metrics: dict, update, t0: float) -> None:
