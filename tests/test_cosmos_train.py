@@ -242,7 +242,7 @@ def test_tiny_cosmos_ddrl_resume_is_bit_identical(ddrl_run, tiny_cosmos, wfm_vid
     out = tmp_path / "resumed"
     argv = _ddrl_argv(tiny_cosmos, wfm_videos, out, *DDRL_RUN, "--config.train.ckpt.save_freq=2")
     read = kill_and_resume(monkeypatch, argv, kill_after=3, resume_to=4)
-    assert read == {"killed": [0, 1, 2], "resumed": [2, 3]}
+    assert read == {"killed": [0, 1, 2, 3], "resumed": [2, 3]}  # 3: step 4 began
     assert_resumed_run_matches(out, ddrl_run, 4)
 
 

@@ -43,8 +43,8 @@ def test_crop_only_matches_numpy(tmp_path):
     Image.fromarray(pixels).save(tmp_path / "a.png")
     out = load_image(str(tmp_path / "a.png"), SIZE)
     left = round((25 - 16) / 2)
-    expected = pixels[:, left:left + 16].astype(np.float32) / 127.5 - 1.0
-    assert out.shape == (16, 16, 3) and out.dtype == np.float32
+    expected = pixels[:, left:left + 16]
+    assert out.shape == (16, 16, 3) and out.dtype == np.uint8
     np.testing.assert_array_equal(out, expected)
 
 
@@ -55,16 +55,16 @@ def test_resize_then_crop_matches_pil(tmp_path):
     # shorter side that must cover: width 30 -> 20 (scale 2/3); height 40 -> 27 (>= 12)
     ref = Image.fromarray(pixels).resize((20, 27), Image.Resampling.BILINEAR)
     top = round((27 - 12) / 2)
-    expected = np.asarray(ref)[top:top + 12].astype(np.float32) / 127.5 - 1.0
+    expected = np.asarray(ref)[top:top + 12]
     assert out.shape == (12, 20, 3)
-    np.testing.assert_allclose(out, expected, atol=1e-6)
-    assert out.min() >= -1.0 and out.max() <= 1.0
+    np.testing.assert_array_equal(out, expected)
+    assert out.dtype == np.uint8  # [-1, 1] happens on the device
 
 
 def test_batches_hold_matching_prompts_and_pixels(image_dir):
     loader = paired_loader(str(image_dir), 3, SIZE, seed=0)
     batch = next(loader)
-    assert batch["pixels"].shape == (3, 16, 16, 3) and batch["pixels"].dtype == np.float32
+    assert batch["pixels"].shape == (3, 16, 16, 3) and batch["pixels"].dtype == np.uint8
     for prompt, pixels in zip(batch["prompt"], batch["pixels"]):
         stem = "s" + prompt.split()[-1]
         np.testing.assert_array_equal(pixels, load_image(str(image_dir / f"{stem}.png"), SIZE))
@@ -178,7 +178,7 @@ def video_dir(tmp_path_factory):
 
 def frame_ids(window):
     """Frames were painted 20*t: recover t from the mean (mp4 is lossy, flat frames nearly exact)."""
-    values = (window.reshape(len(window), -1).mean(axis=1) + 1.0) * 127.5
+    values = window.reshape(len(window), -1).mean(axis=1)
     return np.round(values / 20).astype(int)
 
 
@@ -186,7 +186,7 @@ def test_video_random_window(video_dir):
     path = str(video_dir / "v0.mp4")
     a = load_video_window(path, SIZE, 4, np.random.default_rng(11))
     b = load_video_window(path, SIZE, 4, np.random.default_rng(11))
-    assert a.shape == (4, 16, 16, 3) and a.dtype == np.float32
+    assert a.shape == (4, 16, 16, 3) and a.dtype == np.uint8
     np.testing.assert_array_equal(a, b)
     ids = frame_ids(a)
     np.testing.assert_array_equal(ids, ids[0] + np.arange(4))  # consecutive frames

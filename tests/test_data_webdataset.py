@@ -201,7 +201,7 @@ def test_world_model_split_layout_with_videos(tmp_path):
     with WebDatasetLoader(shards, decode, 3, cycle_length=1) as a, \
             WebDatasetLoader(shards, decode, 3, cycle_length=1) as b:
         x, y = next(a), next(b)
-    assert x["pixels"].shape == (3, 4, 8, 8, 3) and x["pixels"].dtype == np.float32
+    assert x["pixels"].shape == (3, 4, 8, 8, 3) and x["pixels"].dtype == np.uint8
     np.testing.assert_array_equal(x["pixels"], y["pixels"])
     assert sorted(x["prompt"]) == ["clip 0", "clip 1", "clip 2"]
     assert [int(e[0, 0]) for e in x["text_embedding"]["emb"]] == [int(p[-1]) for p in x["prompt"]]

@@ -54,7 +54,7 @@ def test_scan_and_batches(wfm_dir):
     assert [r.prompt for r in records] == ["clip a", "clip b", "clip c"]
     loader = wfm_loader(str(root), 2, SIZE, 3, seed=0)
     batch = next(loader)
-    assert batch["pixels"].shape == (2, 3, 8, 8, 3) and batch["pixels"].dtype == np.float32
+    assert batch["pixels"].shape == (2, 3, 8, 8, 3) and batch["pixels"].dtype == np.uint8
     assert batch["text_embedding"].shape == (2, 4, 6)
     for prompt, emb in zip(batch["prompt"], batch["text_embedding"]):
         np.testing.assert_array_equal(emb, embeddings[prompt.split()[-1]])

@@ -51,14 +51,15 @@ def test_paired_and_wfm_video_records_load_windows(paired_videos, tmp_path):
     want = load_video_window(str(paired_videos / "b.mp4"), SIZE, 3, rng)
     np.testing.assert_array_equal(got, want)
     assert got.shape == (3, 8, 8, 3)
-    steps = np.diff(got[:, 0, 0, 0])  # consecutive frames of the ramp: 30 grey levels apart
-    np.testing.assert_allclose(steps, 30 / 127.5, atol=3 / 127.5)
+    assert got.dtype == np.uint8  # mapped to [-1, 1] on the device
+    steps = np.diff(got[:, 0, 0, 0].astype(int))  # consecutive frames of the ramp: 30 apart
+    np.testing.assert_allclose(steps, 30, atol=3)
 
     make_wfm(tmp_path / "wfm", embedding=None)
     wfm = scan_records(str(tmp_path / "wfm"))
     assert [r.prompt for r in wfm] == ["clip a", "clip b", "clip c"]
     clip = load_record_media(wfm[2], SIZE, 3, np.random.default_rng(0))
-    assert clip.shape == (3, 8, 8, 3) and abs(float(clip.mean()) - (80 / 127.5 - 1)) < 0.05
+    assert clip.shape == (3, 8, 8, 3) and abs(float(clip.mean()) - 80) < 0.05 * 127.5
     with pytest.raises(ValueError, match="needs an rng"):
         load_record_media(wfm[0], SIZE, 3)
 

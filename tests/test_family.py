@@ -201,6 +201,18 @@ def test_visual_encoder_takes_clips(fake_family):
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=0, atol=1e-6)
 
 
+def test_visual_encoder_maps_uint8_clips_on_the_device(fake_family):
+    # the loaders give uint8 (B, T, H, W, 3); the jit maps them to numpy's [-1, 1] floats
+    from wfm_jax.data.media import to_signed_unit
+    from wfm_jax.train.encode import VisualEncoder
+    pipe = FakeVideo("")
+    raw = np.random.default_rng(0).integers(0, 256, (2, FRAMES, SIZE, SIZE, 3), dtype=np.uint8)
+    ids, key = jnp.array([3, 7], jnp.int32), jax.random.key(1)
+    encoder = VisualEncoder(pipe)
+    np.testing.assert_array_equal(np.asarray(encoder(raw, key, ids)),
+                                  np.asarray(encoder(to_signed_unit(raw), key, ids)))
+
+
 def test_reward_media_sends_clips_channels_first():
     from wfm_jax.train.reward_media import reward_media
     clips = np.random.default_rng(0).integers(0, 256, (2, FRAMES, 8, 8, 3), dtype=np.uint8)

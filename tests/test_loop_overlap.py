@@ -175,3 +175,122 @@ def test_sft_fetches_a_step_after_the_next_is_loaded_and_encoded(pipe_dir, tmp_p
         for m in (rows[n], seen[n]):
             assert m["train/loss"] == float(out["loss"])
             assert m["optimizer/grad_norm"] == float(out["grad_norm"])
+
+
+def _recording_loop(run, monkeypatch, events, max_steps=2):
+    """run's loop with the sampler, the update, the logger and the saves replaced by recorders:
+    ("dispatch", n) per rollout chunk, ("update", step), ("fetch", step) when its update
+    metrics are waited for, ("log", step), ("save", step, final)."""
+    import jax.numpy as jnp
+    from wfm_jax.train import rl
+    monkeypatch.setattr(run, "rollout", _fake_rollout(events, run))
+    monkeypatch.setattr(run, "max_steps", max_steps)
+
+    def dispatch_update(state, rollout, adv, key, step):
+        events.append(("update", step))
+        return state, (step, jnp.float32(step) / 8)
+
+    def update_metrics(pending):
+        events.append(("fetch", pending[0]))
+        return {"train/loss": float(pending[1])}
+    monkeypatch.setattr(run, "dispatch_update", dispatch_update)
+    monkeypatch.setattr(run, "update_metrics", update_metrics)
+    monkeypatch.setattr(run.logger, "log", lambda step, m: events.append(("log", step)))
+    monkeypatch.setattr(run, "save", lambda state, step, final=False, export=True:
+                        events.append(("save", step, final)))
+    return rl._loop
+
+
+def test_rl_update_metrics_fetched_after_the_next_rollout_is_dispatched(run, monkeypatch):
+    events = []
+    _recording_loop(run, monkeypatch, events)(run)
+    # step 1's metrics wait only once step 2's first chunk is dispatched, and step 1 is logged
+    # and saved before step 2 fetches or trains anything (2 chunks a step)
+    assert [e for e in events if e[0] != "dispatch" or e[1] in (0, 2)] == [
+        ("dispatch", 0), ("update", 1), ("dispatch", 2), ("fetch", 1), ("log", 1),
+        ("save", 1, False), ("update", 2), ("fetch", 2), ("log", 2), ("save", 2, False),
+        ("save", 2, True)]
+    assert events.index(("save", 1, False)) < events.index(("dispatch", 3))
+
+
+def test_rl_sigterm_and_nan_stop_at_the_step_boundary(run, monkeypatch):
+    from wfm_jax.train import preempt
+    from wfm_jax.train.metrics import NonFiniteLoss
+    events = []
+    loop = _recording_loop(run, monkeypatch, events, max_steps=3)
+    monkeypatch.setattr(preempt, "requested", lambda: True)
+    with pytest.raises(preempt.Stopped):
+        loop(run)
+    # step 1 checkpointed, step 2's rollout abandoned after its first dispatch, nothing after
+    assert events[-4:] == [("fetch", 1), ("log", 1), ("save", 1, False), ("save", 1, True)]
+    assert ("update", 2) not in events and events[-5] == ("dispatch", 2)
+    monkeypatch.undo()
+    events.clear()
+    loop = _recording_loop(run, monkeypatch, events, max_steps=3)
+    monkeypatch.setattr(run, "update_metrics", lambda p: events.append(("fetch", p[0])) or
+                        {"train/loss": float("nan")})
+    with pytest.raises(NonFiniteLoss):
+        loop(run)
+    assert events[-2:] == [("dispatch", 2), ("fetch", 1)]  # step 1: neither logged nor saved
+
+
+@pytest.mark.slow  # two JAX processes on loopback, each building the tiny NFT run
+def test_chunk_conditions_with_two_processes_equal_one(run, pipe_dir, tmp_path):
+    # 2 processes x 4 CPU devices on one fsdp=8 mesh: each process's rows of every chunk
+    # carry the conditioning one process gives those prompts (its encoder calls are collective)
+    import json
+    import socket
+    import subprocess
+    import sys
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    root = os.path.dirname(CONFIGS)
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
+               PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    logs = [open(tmp_path / f"proc{i}.log", "w") for i in range(2)]
+    procs = [subprocess.Popen([sys.executable, "-m", "tests._two_process_conditions", str(i),
+                               str(port), pipe_dir, str(tmp_path)], cwd=root, env=env,
+                              stdout=logs[i], stderr=subprocess.STDOUT) for i in range(2)]
+    try:
+        codes = [p.wait(timeout=400) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        for log in logs:
+            log.close()
+    assert codes == [0, 0], [open(tmp_path / f"proc{i}.log").read()[-2000:] for i in range(2)]
+    every = []
+    for i in range(2):
+        meta = json.load(open(tmp_path / f"process_{i}.json"))
+        got = np.load(tmp_path / f"process_{i}.npz")
+        prompts, chunk = meta["prompts"], meta["chunk"]
+        assert len(prompts) == 8 and chunk == 4  # 8 rows each, in chunks of 4
+        assert meta["any"] == [True, False]  # one process's miss makes every process encode
+        every += prompts
+        unique = list(dict.fromkeys(prompts))
+        want = run.encode(unique + [unique[-1]] * (run.rollout_chunk - len(unique)))
+        want = {name: np.asarray(v)[:len(unique)] for name, v in want.items()}
+        for k in range(len(prompts) // chunk):
+            for name in want:
+                rows = [want[name][unique.index(p)] for p in prompts[k * chunk:(k + 1) * chunk]]
+                np.testing.assert_array_equal(got[f"{k}/{name}"], np.stack(rows), err_msg=name)
+    assert sorted(every) == sorted(run.batcher.batch_at(0)["prompt"])  # the same global batch
+
+
+def test_rl_step_failing_before_its_first_dispatch_keeps_the_previous_step(run, monkeypatch):
+    # step 2's prompts fail to encode: step 1 is still logged and saved, then the error surfaces
+    from wfm_jax.data.errors import DataError
+    events = []
+    loop = _recording_loop(run, monkeypatch, events, max_steps=3)
+    conditions = run.chunk_conditions
+
+    def failing(prompts):
+        if ("update", 1) in events:
+            raise DataError("bad prompt")
+        return conditions(prompts)
+    monkeypatch.setattr(run, "chunk_conditions", failing)
+    with pytest.raises(DataError, match="bad prompt"):
+        loop(run)
+    assert events[-4:] == [("update", 1), ("fetch", 1), ("log", 1), ("save", 1, False)]

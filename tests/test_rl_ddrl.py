@@ -316,7 +316,7 @@ def test_resume_after_a_kill_is_bit_identical(ddrl_run, tiny_dirs, compile_cache
                  "--config.train.ckpt.export_safetensors=False",
                  "--config.validation.enable=False")
     read = kill_and_resume(monkeypatch, argv, kill_after=3, resume_to=4)
-    assert read == {"killed": [0, 1, 2], "resumed": [2, 3]}
+    assert read == {"killed": [0, 1, 2, 3], "resumed": [2, 3]}  # 3: step 4 began
     assert_resumed_run_matches(out, ddrl_run, 4)
 
 

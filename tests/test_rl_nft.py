@@ -95,7 +95,7 @@ def test_local_rewards_match_remote_and_resume_is_bit_identical(remote_run, tiny
     argv = _argv(tiny_dir, out, "--config.train.ckpt.save_freq=3",
                  "--config.train.ckpt.export_safetensors=False", "--config.validation.enable=False")
     read = kill_and_resume(monkeypatch, argv, kill_after=4, resume_to=6)
-    assert read == {"killed": [0, 1, 2, 3], "resumed": [3, 4, 5]}
+    assert read == {"killed": [0, 1, 2, 3, 4], "resumed": [3, 4, 5]}  # 4: step 5 began
     assert_resumed_run_matches(out, remote_run, 6)
 
 

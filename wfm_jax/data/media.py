@@ -1,8 +1,10 @@
-"""Image and video decoding with the SFT transform: resize the shorter side, centre-crop, [-1, 1].
+"""Image and video decoding with the SFT transform: resize the shorter side, centre-crop.
 
-Layout: an image is float32 (H, W, C) RGB; a video window is float32 (T, H, W, C) RGB; values in
-[-1, 1] (x / 127.5 - 1). Resizing is PIL bilinear (antialiased when shrinking) to the smallest
-size covering (H, W); the crop offsets are round((w - W) / 2), round((h - H) / 2).
+Layout: an image is uint8 (H, W, C) RGB; a video window is uint8 (T, H, W, C) RGB. They stay uint8
+up to the device (a quarter of float32's bytes in worker IPC and host-to-device copies); the VAE
+encoder's jit maps them to [-1, 1] with to_signed_unit's float32 formula. Resizing is PIL
+bilinear (antialiased when shrinking) to the smallest size covering (H, W); the crop offsets are
+round((w - W) / 2), round((h - H) / 2).
 Videos are decoded with OpenCV's FFmpeg backend (opencv-python); PIL cannot read mp4.
 """
 from __future__ import annotations
@@ -29,12 +31,17 @@ def resize_center_crop(image: Image.Image, size_hw: tuple[int, int]) -> Image.Im
 
 
 def to_signed_unit(pixels: np.ndarray) -> np.ndarray:
-    """uint8 [0, 255] -> float32 [-1, 1]."""
+    """uint8 [0, 255] -> float32 [-1, 1] (x / 127.5 - 1)."""
     return pixels.astype(np.float32) / 127.5 - 1.0
 
 
+# to_signed_unit of every uint8 value: the encoders' jits look pixels up here, so the device
+# gives exactly numpy's float32 bits on any backend (no reliance on how XLA lowers the divide)
+SIGNED_UNIT_TABLE = to_signed_unit(np.arange(256, dtype=np.uint8))
+
+
 def load_image(path, size_hw: tuple[int, int], name: str | None = None) -> np.ndarray:
-    """(H, W, 3) float32 in [-1, 1] from a path or a binary file object (`name` for messages);
+    """(H, W, 3) uint8 from a path or a binary file object (`name` for messages);
     a file PIL cannot decode is a BadSample naming it."""
     name = name or path
     try:
@@ -43,7 +50,7 @@ def load_image(path, size_hw: tuple[int, int], name: str | None = None) -> np.nd
             rgb = image.convert("RGB")
     except (OSError, SyntaxError, ValueError) as e:  # UnidentifiedImageError is an OSError
         raise BadSample(f"corrupt image {name}: {e}") from e
-    return to_signed_unit(np.asarray(resize_center_crop(rgb, size_hw)))
+    return np.asarray(resize_center_crop(rgb, size_hw), np.uint8)
 
 
 def _cv2():
@@ -65,7 +72,7 @@ def _read_all(capture) -> list[np.ndarray]:
 
 def load_video_window(path: str, size_hw: tuple[int, int], num_frames: int,
                       rng: np.random.Generator) -> np.ndarray:
-    """A random window of `num_frames` consecutive frames -> (T, H, W, 3) float32 in [-1, 1].
+    """A random window of `num_frames` consecutive frames -> (T, H, W, 3) uint8.
     A video that cannot be decoded, or is shorter than the window, is a BadSample naming it."""
     cv2 = _cv2()
     capture = cv2.VideoCapture(path)
@@ -96,7 +103,7 @@ def load_video_window(path: str, size_hw: tuple[int, int], num_frames: int,
     finally:
         capture.release()
     out = [np.asarray(resize_center_crop(Image.fromarray(f[:, :, ::-1]), size_hw)) for f in window]
-    return to_signed_unit(np.stack(out))
+    return np.stack(out).astype(np.uint8, copy=False)
 
 
 def load_image_bytes(data: bytes, size_hw: tuple[int, int], name: str) -> np.ndarray:

@@ -367,7 +367,7 @@ def load_record_image(record, size_hw) -> np.ndarray:
 def load_record_media(record, size_hw, num_frames: int = 1,
                       rng: np.random.Generator | None = None) -> np.ndarray:
     """A record's image (H, W, 3), or a window of `num_frames` frames of its video
-    (T, H, W, 3), in [-1, 1]: a file (PairedRecord, WfmRecord) or a span of a shard
+    (T, H, W, 3), uint8: a file (PairedRecord, WfmRecord) or a span of a shard
     (TarRecord). rng picks the window's start (a BadSample names a short or corrupt clip)."""
     size_hw = tuple(size_hw)
     if record.is_video and rng is None:

@@ -6,7 +6,7 @@
                             <name>.safetensors   (one tensor -> array, several -> dict)
                             <name>.pickle        only with dataset.allow_pickle=True
 
-Batches: {"pixels": float32 (B, T, H, W, 3) in [-1, 1], "prompt": list[str],
+Batches: {"pixels": uint8 (B, T, H, W, 3), "prompt": list[str],
 "text_embedding": (B, ...) array or dict of arrays, when the dir has embeddings}.
 """
 from __future__ import annotations

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from wfm_jax.data.media import SIGNED_UNIT_TABLE
 from wfm_jax.mesh import mesh_jit
 from wfm_jax.models.family import PipelineFamily
 
@@ -63,12 +64,20 @@ def _text_fn(pipe: PipelineFamily, graphdef, max_len: int, out_sharding):
     return _TEXT_FNS.get((graphdef, pipe.static_key(), max_len, out_sharding), build)
 
 
+def signed_unit(pixels: jax.Array) -> jax.Array:
+    """Pixels as the VAE takes them: uint8 -> float32 [-1, 1] by lookup in numpy's own values
+    (media.to_signed_unit, bit for bit); float pixels (already in [-1, 1]) pass unchanged."""
+    if pixels.dtype == jnp.uint8:
+        return jnp.asarray(SIGNED_UNIT_TABLE)[pixels]
+    return pixels
+
+
 def _visual_fn(pipe: PipelineFamily, graphdef, out_sharding):
     shell = pipe.shell()
 
     def build():
         def encode(state, pixels, key, ids):
-            mean, std = shell.posterior_with(nnx.merge(graphdef, state), pixels)
+            mean, std = shell.posterior_with(nnx.merge(graphdef, state), signed_unit(pixels))
             eps = per_sample_normal(key, ids, mean.shape[1:])
             z = mean.astype(jnp.float32) + std.astype(jnp.float32) * eps
             return shell.normalize_latents(z)
@@ -78,6 +87,38 @@ def _visual_fn(pipe: PipelineFamily, graphdef, out_sharding):
         return mesh_jit(encode, mesh=out_sharding.mesh, out_shardings=out_sharding)
 
     return _VISUAL_FNS.get((graphdef, pipe.static_key(), out_sharding), build)
+
+
+def _posterior_fn(pipe: PipelineFamily, graphdef, out_sharding):
+    """jit((vae state, pixels) -> (mean, std)): the posterior alone (the encode cache's)."""
+    shell = pipe.shell()
+
+    def build():
+        def posterior(state, pixels):
+            return shell.posterior_with(nnx.merge(graphdef, state), signed_unit(pixels))
+
+        if out_sharding is None:
+            return jax.jit(posterior)
+        return mesh_jit(posterior, mesh=out_sharding.mesh, out_shardings=out_sharding)
+
+    return _VISUAL_FNS.get(("posterior", graphdef, pipe.static_key(), out_sharding), build)
+
+
+def _draw_fn(pipe: PipelineFamily, out_sharding):
+    """jit((mean, std, key, ids) -> normalised latents): _visual_fn's draw on a given posterior."""
+    shell = pipe.shell()
+
+    def build():
+        def draw(mean, std, key, ids):
+            eps = per_sample_normal(key, ids, mean.shape[1:])
+            z = mean.astype(jnp.float32) + std.astype(jnp.float32) * eps
+            return shell.normalize_latents(z)
+
+        if out_sharding is None:
+            return jax.jit(draw)
+        return mesh_jit(draw, mesh=out_sharding.mesh, out_shardings=out_sharding)
+
+    return _VISUAL_FNS.get(("draw", pipe.static_key(), out_sharding), build)
 
 
 class TextEncoder:
@@ -101,13 +142,24 @@ class TextEncoder:
 
 
 class VisualEncoder:
-    """channels-last pixels in [-1, 1] ((B, H, W, 3), or (B, T, H, W, 3) for video families) ->
+    """channels-last pixels, uint8 or float in [-1, 1] ((B, H, W, 3), or (B, T, H, W, 3) for
+    video families; uint8 is mapped inside the jit, so only a quarter of the bytes move) ->
     normalised latents in diffusers layout, one posterior sample per row from fold_in(key, id)
     (diffusers' training scripts sample `latent_dist`)."""
 
     def __init__(self, pipe: PipelineFamily, out_sharding=None):
         graphdef, self.state = nnx.split(pipe.vae)
         self._encode = _visual_fn(pipe, graphdef, out_sharding)
+        self._posterior = _posterior_fn(pipe, graphdef, out_sharding)
+        self._draw = _draw_fn(pipe, out_sharding)
 
     def __call__(self, pixels, key, ids):
         return self._encode(self.state, pixels, key, ids)
+
+    def posterior(self, pixels):
+        """(mean, std) of the VAE's latent distribution (un-normalised, the VAE's dtype)."""
+        return self._posterior(self.state, pixels)
+
+    def draw(self, mean, std, key, ids):
+        """__call__'s latents from a given posterior: the same per-row draw and normalisation."""
+        return self._draw(mean, std, key, ids)

@@ -12,6 +12,7 @@ rl_nft.py, rl_grpo.py, rl_ddrl.py: sampler, stored rollout fields and loss.
 """
 from __future__ import annotations
 
+import functools
 import time
 
 import jax
@@ -41,12 +42,15 @@ def gather_host(x: np.ndarray) -> np.ndarray:
     return np.asarray(multihost_utils.process_allgather(np.asarray(x), tiled=True))
 
 
-def rollout_batch(run, state, batch: dict, key, timers: Timers) -> dict:
+def rollout_batch(run, state, batch: dict, key, timers: Timers, after_dispatch=None) -> dict:
     """Sample, decode and submit every chunk of this process's rows; collect rewards at the end.
 
     A one-deep pipeline: chunk i's pixels are fetched to the host and submitted only after
     chunk i + 1's rollout is dispatched (and its host inputs, e.g. DDRL's data, prepared), so
     the device never waits for the host's fetch, encoding or PIL work between chunks.
+
+    after_dispatch(): called once the first chunk's rollout is dispatched, before any chunk is
+    fetched or submitted (the loop finishes the previous step there).
 
     Returns host/device arrays of the whole local batch: the algorithm's stored fields, the
     conditioning, rewards, the per-function scores and the keep mask.
@@ -67,6 +71,9 @@ def rollout_batch(run, state, batch: dict, key, timers: Timers) -> dict:
         media = run.algo.final_latents(fields) if run.rewards.media_type == "latent" else pixels
         if hasattr(media, "copy_to_host_async"):
             media.copy_to_host_async()  # the transfer starts when the chunk is done
+        if after_dispatch is not None:
+            after_dispatch()
+            after_dispatch = None
         if pending is not None:
             handles.append(_submit(run, batch, *pending))
         pending = (lo, fields, pixels)
@@ -178,34 +185,65 @@ def run(config) -> int:
 
 
 def _loop(run) -> None:
+    """Steps from the restored one to max_steps. Step N's update metrics are fetched (one
+    device_get) once step N + 1's first rollout chunk is dispatched, so the device goes on from
+    the update to the next rollout while the host waits; they are then checked, logged, and
+    step N validated and saved before anything of step N + 1 is fetched, submitted or
+    trained: a NaN stops the run before step N is saved, a SIGTERM checkpoints step N, a kill
+    after step N's log resumes from the same place as when each step waited for its own
+    metrics (step N + 1's batch is only read: GroupBatcher.batch_at is a pure lookup)."""
     state = run.state
     timers = Timers()
     if run.validation_enabled and run.val_before_train and run.start_step == 0:
         run.logger.log(0, validate(run, state, 0))
+    pending = None
     for step in range(run.start_step + 1, run.max_steps + 1):
         t0 = time.perf_counter()
         batch = run.batcher.batch_at(step - 1)
         key = jax.random.fold_in(run.base_key, step)
         k_roll, k_update = jax.random.split(key)
-        with timers("rollout"):
-            rollout = rollout_batch(run, state, batch, k_roll, timers)
+        spent: list = []
+        finish = None if pending is None else functools.partial(_timed_finish, run, pending, spent)
+        try:
+            with timers("rollout"):
+                rollout = rollout_batch(run, state, batch, k_roll, timers, after_dispatch=finish)
+        except BaseException:
+            if finish is not None and not spent:  # step N + 1 failed before its first dispatch
+                finish()  # step N is done: its log and checkpoint stand
+            raise
+        if spent:  # the previous step's bookkeeping is not this step's rollout time
+            timers.totals["rollout"] -= spent[0]
         with timers("advantages"):
             adv, metrics = advantages_for(run, rollout, batch)
         with timers("update"):
-            state, update_metrics = run.update(state, rollout, adv, k_update, step)
-        metrics.update(update_metrics)
+            state, update = run.dispatch_update(state, rollout, adv, k_update, step)
         metrics.update(timers.metrics())
         timers.reset()
-        elapsed = time.perf_counter() - t0
-        metrics["train/samples_per_s"] = run.global_batch / elapsed
-        metrics["train/iteration_time"] = elapsed
-        check_finite(step, metrics, keys=["train/loss"])
-        if run.validation_enabled and step % run.validation_freq == 0:
-            metrics.update(validate(run, state, step))
-        run.logger.log(step, metrics)
-        run.batcher.step = step
-        run.save(state, step)
-        if step < run.max_steps and preempt.requested():  # the checkpoint only: exports can wait for the resume
-            run.save(state, step, final=True, export=False)
-            raise preempt.Stopped(step)
+        pending = (state, step, metrics, update, t0)
+    if pending is not None:
+        _finish(run, *pending)
     run.save(state, run.max_steps, final=True)
+
+
+def _timed_finish(run, pending: tuple, spent: list) -> None:
+    spent.append(time.perf_counter())  # started: not to be run again
+    _finish(run, *pending)
+    spent[0] = time.perf_counter() - spent[0]
+
+
+def _finish(run, state, step: int, metrics: dict, update, t0: float) -> None:
+    """Step `step`'s bookkeeping: wait for its update metrics, check, validate, log, save, and
+    stop if preempted."""
+    metrics = {**metrics, **run.update_metrics(update)}
+    elapsed = time.perf_counter() - t0
+    metrics["train/samples_per_s"] = run.global_batch / elapsed
+    metrics["train/iteration_time"] = elapsed
+    check_finite(step, metrics, keys=["train/loss"])
+    if run.validation_enabled and step % run.validation_freq == 0:
+        metrics.update(validate(run, state, step))
+    run.logger.log(step, metrics)
+    run.batcher.step = step
+    run.save(state, step)
+    if step < run.max_steps and preempt.requested():  # the checkpoint only: exports can wait for the resume
+        run.save(state, step, final=True, export=False)
+        raise preempt.Stopped(step)

@@ -168,6 +168,14 @@ class RLRun:
         return self.encode([""] * n, negative=True)
 
     def update(self, state, rollout: dict, adv: np.ndarray, key, step: int):
+        """-> (new state, the step's metrics) after waiting for them (dispatch_update +
+        update_metrics)."""
+        state, pending = self.dispatch_update(state, rollout, adv, key, step)
+        return state, self.update_metrics(pending)
+
+    def dispatch_update(self, state, rollout: dict, adv: np.ndarray, key, step: int):
+        """Dispatch the algorithm's update -> (new state, pending metrics on the device, their
+        host copy started); nothing waits for the device here."""
         data = {name: rollout[name] for name in self.algo.train_fields}
         data["cond"] = rollout["cond"]
         data["advantage"] = self.setup.global_batch(np.asarray(adv, np.float32))
@@ -175,12 +183,19 @@ class RLRun:
         state, metrics = self._fns["update"](state, self.setup.frozen, data, key, jnp.float32(eta),
                                              self.shared)
         self.setup.state = state
-        metrics, count = jax.device_get((metrics, state.step))  # the step's one wait for it
+        pending = (metrics, state.step)
+        for leaf in jax.tree.leaves(pending):
+            leaf.copy_to_host_async()
+        return state, (pending, eta)
+
+    def update_metrics(self, pending) -> dict:
+        """The step's update metrics, host floats: the step's one wait for the device."""
+        (metrics, count), eta = jax.device_get(pending[0]), pending[1]
         out = {f"train/{k}": float(v) for k, v in metrics.items()}
         out["train/old_policy_decay"] = eta
         # the rate of the last optimizer update (several per step: mu_iterations x chunks)
         out["train/learning_rate"] = float(self.setup.lr_schedule(int(count) - 1))
-        return state, out
+        return out
 
     def validation_batches(self):
         dp = batch_shards(self.setup)

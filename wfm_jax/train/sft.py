@@ -30,6 +30,7 @@ from wfm_jax.data.errors import DataError
 from wfm_jax.mesh import check_batch, mesh_jit
 from wfm_jax.train import preempt, setup as setup_lib
 from wfm_jax.train.encode import TextEncoder, VisualEncoder, local_sample_ids, per_sample_normal
+from wfm_jax.train.encode_cache import EncodeCache
 from wfm_jax.train.export import export_step
 from wfm_jax.train.metrics import MetricsLogger, check_finite
 from wfm_jax.train.state import train_state_update
@@ -158,6 +159,8 @@ class SFTTrainer:
             data = s.batch_sharding()
             self.text = TextEncoder(pipe, d.max_prompt_length, out_sharding=data)
             self.visual = VisualEncoder(pipe, out_sharding=data)
+            self.cache = (EncodeCache(s, self.text, self.visual)
+                          if config.train.train_policy.cache_encodings else None)
             self.step_fn = make_train_step(s, pipe.shift, d.weighting_scheme, d.logit_mean,
                                            d.logit_std, d.mode_scale,
                                            (d.min_num_conditional_frames,
@@ -171,7 +174,8 @@ class SFTTrainer:
     def prepare(self, batch: dict) -> tuple:
         """Dispatch the encoders of one micro-batch -> (x0, cond, ids) on the device. The VAE
         draw is keyed by the current state's rng, so this must run after the previous
-        micro-step's dispatch."""
+        micro-step's dispatch. With train.train_policy.cache_encodings, prompts and items
+        seen before skip their encoders (encode_cache; a miss waits for its encoding)."""
         s = self.setup
         _check_batch(batch, s.pipe.is_video)
         local = len(batch["prompt"])
@@ -182,10 +186,18 @@ class SFTTrainer:
             except ValueError as e:
                 raise DataError(str(e)) from e
             cond = s.global_batch(cond)
+        elif self.cache is not None:
+            cond = self.cache.cond(list(batch["prompt"]))
         else:
             cond = self.text(s.global_batch(self.text.tokenize(batch["prompt"])))
-        pixels, ids = s.global_batch((np.asarray(batch["pixels"], np.float32), ids_host))
+        pixels = np.asarray(batch["pixels"])  # uint8 from the loaders: the encoder maps it
+        if pixels.dtype != np.uint8:
+            pixels = pixels.astype(np.float32, copy=False)
         key = jax.random.fold_in(s.state.rng, _KEY_VAE)  # not advanced: the step splits rng
+        if self.cache is not None:
+            ids = s.global_batch(ids_host)
+            return self.cache.latents(pixels, key, ids), cond, ids
+        pixels, ids = s.global_batch((pixels, ids_host))
         return self.visual(pixels, key, ids), cond, ids
 
     def micro_step(self, batch: dict):
