@@ -72,15 +72,20 @@ def signed_unit(pixels: jax.Array) -> jax.Array:
     return pixels
 
 
+def _draw(shell, mean, std, key, ids):
+    """Normalised latents: one posterior sample per row from fold_in(key, id)."""
+    eps = per_sample_normal(key, ids, mean.shape[1:])
+    z = mean.astype(jnp.float32) + std.astype(jnp.float32) * eps
+    return shell.normalize_latents(z)
+
+
 def _visual_fn(pipe: PipelineFamily, graphdef, out_sharding):
     shell = pipe.shell()
 
     def build():
         def encode(state, pixels, key, ids):
             mean, std = shell.posterior_with(nnx.merge(graphdef, state), signed_unit(pixels))
-            eps = per_sample_normal(key, ids, mean.shape[1:])
-            z = mean.astype(jnp.float32) + std.astype(jnp.float32) * eps
-            return shell.normalize_latents(z)
+            return _draw(shell, mean, std, key, ids)
 
         if out_sharding is None:
             return jax.jit(encode)
@@ -110,9 +115,7 @@ def _draw_fn(pipe: PipelineFamily, out_sharding):
 
     def build():
         def draw(mean, std, key, ids):
-            eps = per_sample_normal(key, ids, mean.shape[1:])
-            z = mean.astype(jnp.float32) + std.astype(jnp.float32) * eps
-            return shell.normalize_latents(z)
+            return _draw(shell, mean, std, key, ids)
 
         if out_sharding is None:
             return jax.jit(draw)
