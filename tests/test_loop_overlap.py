@@ -213,6 +213,20 @@ def test_rl_update_metrics_fetched_after_the_next_rollout_is_dispatched(run, mon
     assert events.index(("save", 1, False)) < events.index(("dispatch", 3))
 
 
+def test_rl_update_time_counts_the_wait_for_its_results(run, monkeypatch):
+    """time/update is the update's dispatch plus the later wait for its metrics (the device's
+    remaining update time), not the dispatch alone; the wait is not the next rollout's time."""
+    import time
+    events, logged = [], {}
+    loop = _recording_loop(run, monkeypatch, events)
+    monkeypatch.setattr(run, "update_metrics", lambda p: time.sleep(1.0) or {"train/loss": 0.5})
+    monkeypatch.setattr(run.logger, "log", lambda step, m: logged.update({step: m}))
+    loop(run)
+    for step in (1, 2):
+        assert logged[step]["time/update"] >= 1.0, logged[step]
+    assert logged[2]["time/rollout"] < 1.0, logged[2]  # step 1's wait ran inside it
+
+
 def test_rl_sigterm_and_nan_stop_at_the_step_boundary(run, monkeypatch):
     from wfm_jax.train import preempt
     from wfm_jax.train.metrics import NonFiniteLoss

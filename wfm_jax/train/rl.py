@@ -233,8 +233,11 @@ def _timed_finish(run, pending: tuple, spent: list) -> None:
 
 def _finish(run, state, step: int, metrics: dict, update, t0: float) -> None:
     """Step `step`'s bookkeeping: wait for its update metrics, check, validate, log, save, and
-    stop if preempted."""
+    stop if preempted. time/update is the update's dispatch plus this wait for its results
+    (the device's remaining update time, as the host sees it)."""
+    wait = time.perf_counter()
     metrics = {**metrics, **run.update_metrics(update)}
+    metrics["time/update"] = metrics.get("time/update", 0.0) + time.perf_counter() - wait
     elapsed = time.perf_counter() - t0
     metrics["train/samples_per_s"] = run.global_batch / elapsed
     metrics["train/iteration_time"] = elapsed
