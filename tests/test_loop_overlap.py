@@ -93,7 +93,7 @@ def _fake_rollout(events, run):
 def test_chunk_fetched_and_submitted_after_the_next_rollout_is_dispatched(run, monkeypatch):
     from wfm_jax.train import rl
     from wfm_jax.train.metrics import Timers
-    events, fetched = [], {}
+    events = []
     monkeypatch.setattr(run, "rollout", _fake_rollout(events, run))
     submit, get = run.rewards.submit, jax.device_get
 
