@@ -37,7 +37,7 @@ class PretrainSettings:
     size: int = 32               # image side in pixels (latents: size / 2)
     dataset_count: int = 1200    # training images (train split: 60 scenes, 20 each)
     vae_steps: int = 400
-    sft_steps: int = 1500        # more, smaller steps: 1500 x 16 beat 600 x 32 (count 0.57 vs 0.19)
+    sft_steps: int = 1500        # 1500 x 16 beat 600 x 32: held-out 0.59 vs 0.45 (both adaLN-Zero)
     batch: int = 16
     num_layers: int = 4
     heads: int = 4
@@ -63,7 +63,8 @@ def base_configs(s: PretrainSettings) -> dict:
 
 # adaLN modulations and the output projection start at zero (DiT's adaLN-Zero: every block
 # starts as the identity and the output at 0), the init DiT/SD3 are trained from, in place of
-# tiny.write_pipeline's torch-default random draw (which suits parity tests, not training)
+# tiny.write_pipeline's torch-default random draw (which suits parity tests, not training). At
+# the default 1500 x 16 it took the held-out count score from 0.27 to 0.57.
 ZERO_INIT = ("norm1.linear.", "norm1_context.linear.", "norm_out.linear.", "proj_out.")
 
 
