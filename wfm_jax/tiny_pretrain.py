@@ -33,7 +33,7 @@ GRAMMAR_WORDS = (*COUNT_WORDS.values(), "on", "background", *COLOURS, *SHAPES,
 
 @dataclasses.dataclass(frozen=True)
 class PretrainSettings:
-    """What a cache was built with; the defaults take about 10 minutes on 2 CPU cores."""
+    """What a cache was built with; the defaults take about 4 minutes on 2 idle CPU cores."""
     size: int = 32               # image side in pixels (latents: size / 2)
     dataset_count: int = 1200    # training images (train split: 60 scenes, 20 each)
     vae_steps: int = 400
@@ -175,7 +175,7 @@ def ensure_pretrained(directory: str, settings: PretrainSettings = PretrainSetti
         log(f"pretrain: {directory} is not a complete build with these settings; rebuilding it")
     else:
         log(f"pretrain: building the pretrained tiny shapes pipeline at {directory} "
-            "(about 10 minutes on 2 CPU cores, once)")
+            "(about 4 minutes on 2 idle CPU cores, once)")
     return build_pretrained(directory, settings, log=log)
 
 
