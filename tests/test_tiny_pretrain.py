@@ -77,6 +77,7 @@ def test_zero_init_zeroes_only_the_modulations_and_output(tmp_path):
     tiny_pretrain.zero_init_transformer(base)
     after = load_file(path)
     zeroed = {k for k in after if any(z in k for z in tiny_pretrain.ZERO_INIT)}
-    assert {"proj_out.weight", "norm_out.linear.weight", "transformer_blocks.0.norm1.linear.weight"} <= zeroed
+    assert {"proj_out.weight", "norm_out.linear.weight",
+            "transformer_blocks.0.norm1.linear.weight"} <= zeroed
     for k, v in after.items():
         assert (not v.any()) if k in zeroed else (v == before[k]).all(), k
