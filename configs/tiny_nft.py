@@ -4,8 +4,8 @@ background); no download, the reward rising within a few minutes on 2 CPU cores.
 
     python -m wfm_jax.main --config configs/tiny_nft.py
 
-The pretrained pipeline is built at policy.model_name_or_path on first use (about 10 minutes on
-2 CPU cores: `python -m wfm_jax.tiny --pretrained DIR`) and reused after.
+The pretrained pipeline is built at policy.model_name_or_path on first use (about 4 minutes on
+2 idle CPU cores: `python -m wfm_jax.tiny --pretrained DIR`) and reused after.
 """
 from wfm_jax.config_schema import default_config
 from wfm_jax.tiny_world import use_shapes_world

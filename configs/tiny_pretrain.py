@@ -14,14 +14,15 @@ def get_config():
     c = default_config()
     c.train.output_dir = "./outputs/tiny_pretrain"
     c.train.train_policy.type = "sft"
-    c.train.max_steps = 600
+    c.train.max_steps = 1500
     c.train.seed = 0
     c.train.param_dtype = "float32"
     c.train.compute_dtype = "float32"
-    c.train.train_batch_per_replica = 32
+    c.train.train_batch_per_replica = 16
     c.train.optm_lr = 2e-3
     c.train.optm_weight_decay = 1e-4
     c.train.optm_warmup_steps = 20
+    c.train.lr_schedule = "cosine"  # decays to 0 by the last step
     c.train.optm_grad_norm_clip = 1.0
     c.train.ema_enable = True
     c.train.ema_decay = 0.98

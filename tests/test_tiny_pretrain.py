@@ -64,3 +64,20 @@ def test_eval_scores_every_attribute_and_chance(built):
     assert out["n"] == 4
     for key in ("shapes_alignment", "background", "colour", "count", "shape", "chance"):
         assert 0.0 <= out[key] <= 1.0, key
+
+
+def test_zero_init_zeroes_only_the_modulations_and_output(tmp_path):
+    import glob
+    from safetensors.numpy import load_file
+    from wfm_jax import tiny
+    base = str(tmp_path / "base")
+    tiny.write_pipeline(base, 0, **tiny_pretrain.base_configs(QUICK))
+    path = glob.glob(os.path.join(base, "transformer", "*.safetensors"))[0]
+    before = load_file(path)
+    tiny_pretrain.zero_init_transformer(base)
+    after = load_file(path)
+    zeroed = {k for k in after if any(z in k for z in tiny_pretrain.ZERO_INIT)}
+    assert {"proj_out.weight", "norm_out.linear.weight",
+            "transformer_blocks.0.norm1.linear.weight"} <= zeroed
+    for k, v in after.items():
+        assert (not v.any()) if k in zeroed else (v == before[k]).all(), k
