@@ -2,7 +2,8 @@
 (an image) or `X.mp4` (a video) with the same basename.
 
 Batches: {"pixels": uint8 (B, H, W, 3) for images or (B, T, H, W, 3) for videos (the encoder
-maps them to [-1, 1] on the device), "prompt": list[str]}. All JSONs are read up front, so a missing "prompt" fails before training.
+maps them to [-1, 1] on the device), "prompt": list[str]}. All JSONs are read up front, so a
+missing "prompt" fails before training.
 """
 from __future__ import annotations
 

@@ -167,12 +167,6 @@ class RLRun:
             return None
         return self.encode([""] * n, negative=True)
 
-    def update(self, state, rollout: dict, adv: np.ndarray, key, step: int):
-        """-> (new state, the step's metrics) after waiting for them (dispatch_update +
-        update_metrics)."""
-        state, pending = self.dispatch_update(state, rollout, adv, key, step)
-        return state, self.update_metrics(pending)
-
     def dispatch_update(self, state, rollout: dict, adv: np.ndarray, key, step: int):
         """Dispatch the algorithm's update -> (new state, pending metrics on the device, their
         host copy started); nothing waits for the device here."""
