@@ -67,7 +67,7 @@ def test_plan_counts_match_the_compiled_sft_step(sd3_dir):
 
 def test_plan_counts_match_nft_rollout_and_update(sd3_dir):
     r = _plan("configs/tiny_nft.py", sd3_dir, "--config.policy.build_tiny_pretrained=False",
-              "--config.train.compute_dtype=float32")
+              "--config.train.compute_dtype=float32", "--config.train.train_batch_per_replica=16")
     t_cfg, v_cfg = _configs(sd3_dir)
     assert r["algorithm"] == "nft" and r["global_batch"] == 16 and r["rollout_chunk"] == 16
     # NFT keeps the old policy, and the KL reference of a full fine-tune: one params copy each
