@@ -253,28 +253,15 @@ def test_chunk_conditions_with_two_processes_equal_one(run, pipe_dir, tmp_path):
     # 2 processes x 4 CPU devices on one fsdp=8 mesh: each process's rows of every chunk
     # carry the conditioning one process gives those prompts (its encoder calls are collective)
     import json
-    import socket
-    import subprocess
     import sys
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    root = os.path.dirname(CONFIGS)
+    from tests._processes import free_port, run_processes
+    port, root = free_port(), os.path.dirname(CONFIGS)
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
                PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
-    logs = [open(tmp_path / f"proc{i}.log", "w") for i in range(2)]
-    procs = [subprocess.Popen([sys.executable, "-m", "tests._two_process_conditions", str(i),
-                               str(port), pipe_dir, str(tmp_path)], cwd=root, env=env,
-                              stdout=logs[i], stderr=subprocess.STDOUT) for i in range(2)]
-    try:
-        codes = [p.wait(timeout=400) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-        for log in logs:
-            log.close()
-    assert codes == [0, 0], [open(tmp_path / f"proc{i}.log").read()[-2000:] for i in range(2)]
+    codes, tails = run_processes(
+        [[sys.executable, "-m", "tests._two_process_conditions", str(i), str(port), pipe_dir,
+          str(tmp_path)] for i in range(2)], cwd=root, env=env, log_dir=tmp_path, timeout=400)
+    assert codes == [0, 0], tails
     every = []
     for i in range(2):
         meta = json.load(open(tmp_path / f"process_{i}.json"))

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
 import sys
 
 import jax
 import numpy as np
 import pytest
 
+from tests._processes import free_port, run_processes
 from wfm_jax import main as wmain
 from wfm_jax.config import load_config
 from wfm_jax.train import sft
@@ -176,36 +175,17 @@ def test_nan_loss_stops_and_keeps_last_checkpoint(assets, tmp_path, monkeypatch,
     assert max(_metrics(tmp_path)) == 4
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_two_processes_match_one(full_run, assets, tmp_path):
     base_out, _ = full_run
-    port, steps = _free_port(), 4
+    port, steps = free_port(), 4
     args = [f"--config.{k}={v}" for k, v in _overrides(assets, tmp_path, train__max_steps=steps)]
     args += [f"--config.distributed.coordinator_address=127.0.0.1:{port}",
              "--config.distributed.num_processes=2"]
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4")
-    procs, logs = [], []
-    for i in range(2):
-        log = open(tmp_path / f"proc{i}.log", "w")
-        logs.append(log)
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "wfm_jax.main", "--config", f"{ROOT}/configs/tiny_sft.py",
-             *args, f"--config.distributed.process_id={i}"],
-            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT))
-    try:
-        codes = [p.wait(timeout=300) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-        for log in logs:
-            log.close()
-    tails = [open(tmp_path / f"proc{i}.log").read()[-2000:] for i in range(2)]
+    codes, tails = run_processes(
+        [[sys.executable, "-m", "wfm_jax.main", "--config", f"{ROOT}/configs/tiny_sft.py", *args,
+          f"--config.distributed.process_id={i}"] for i in range(2)],
+        cwd=ROOT, env=env, log_dir=tmp_path, timeout=300)
     assert codes == [0, 0], tails
     np.testing.assert_allclose(_losses(tmp_path, range(1, steps + 1)),
                                _losses(base_out, range(1, steps + 1)), rtol=1e-5)
