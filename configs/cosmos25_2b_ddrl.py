@@ -7,7 +7,7 @@ recommended.
     python -m wfm_jax.main --config configs/cosmos25_2b_ddrl.py \
         --config.train.train_policy.dataset.local_dir=/path/to/dataset   # videos/ + metas/
 """
-from wfm_jax.config_schema import default_config
+from wfm_jax.config.schema import default_config
 
 
 def ddrl_720(model: str, output_dir: str, fsdp: int, context: int):

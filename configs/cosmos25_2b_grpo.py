@@ -23,7 +23,7 @@ frames; the conditioned latent frames add nothing to the loss: their velocity is
 """
 import os
 
-from wfm_jax.config_schema import default_config
+from wfm_jax.config.schema import default_config
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODEL = "nvidia/Cosmos-Predict2.5-2B"  # revision diffusers/base/post-trained

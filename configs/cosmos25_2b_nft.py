@@ -18,7 +18,7 @@ video2world on a dataset of videos: --config.policy.diffusers.max_num_conditiona
 Optimizer values cosmos-rl's NFT recipes share (lr 3e-4, wd 1e-4, betas (0.9, 0.999), clip 1.0,
 EMA 0.9 every step, bf16 params).
 """
-from wfm_jax.config_schema import COSMOS_LORA_TARGETS, default_config
+from wfm_jax.config.schema import COSMOS_LORA_TARGETS, default_config
 
 MODEL = "nvidia/Cosmos-Predict2.5-2B"  # revision diffusers/base/post-trained
 

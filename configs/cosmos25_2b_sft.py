@@ -12,7 +12,7 @@ video2world: --config.policy.diffusers.max_num_conditional_frames=1 (or 2; min_.
 mix) conditions each clip on its first latent frames (their loss is zero: the velocity there
 is exact).
 """
-from wfm_jax.config_schema import default_config
+from wfm_jax.config.schema import default_config
 
 
 def get_config():

@@ -18,7 +18,7 @@ steps the pipeline's DPM-Solver++ scheduler (spec video_models.md §5.3), so sam
 1000 sigma. Unlike cosmos-rl, the instruction prefix is the same in rollout, training and
 validation, and the Gemma mask reaches the cross-attention in the update as in the rollout.
 """
-from wfm_jax.config_schema import SANA_LORA_TARGETS, default_config
+from wfm_jax.config.schema import SANA_LORA_TARGETS, default_config
 
 
 def get_config():

@@ -13,7 +13,7 @@ sample.*). It keeps bf16 parameters; here fp32 master weights and bf16 compute (
 Unlike cosmos-rl, the text goes through SANA's complex-human-instruction prefix in training as in validation, and the
 Gemma mask reaches the cross-attention (spec video_models.md §5.3).
 """
-from wfm_jax.config_schema import default_config
+from wfm_jax.config.schema import default_config
 
 
 def get_config():

@@ -11,7 +11,7 @@ batch 8, logit-normal timesteps, 1024x1024, 300 tokens, validation at guidance 4
 checkpoints every 10 steps. The frozen base is bf16; the LoRA weights, their AdamW moments and
 the EMA are fp32. Instruction and text mask as in training, rollout and validation alike.
 """
-from wfm_jax.config_schema import SANA_LORA_TARGETS, default_config
+from wfm_jax.config.schema import SANA_LORA_TARGETS, default_config
 
 
 def get_config():

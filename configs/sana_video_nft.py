@@ -21,7 +21,7 @@ validation, the Gemma mask reaches the cross-attention in the update as in the r
 rollouts sample inference_frames (= train_frames) frames: cosmos-rl's passed `num_frames`, which
 SanaVideoPipeline does not take, so it always sampled 81 whatever train_frames said.
 """
-from wfm_jax.config_schema import SANA_LORA_TARGETS, default_config
+from wfm_jax.config.schema import SANA_LORA_TARGETS, default_config
 
 
 def get_config():

@@ -13,7 +13,7 @@ It keeps bf16 parameters; here fp32 master weights and bf16 compute. Unlike cosm
 instruction prefix is used in training as in validation, the Gemma mask reaches the
 cross-attention, and clips have train_frames frames (spec video_models.md §5.3).
 """
-from wfm_jax.config_schema import default_config
+from wfm_jax.config.schema import default_config
 
 
 def get_config():

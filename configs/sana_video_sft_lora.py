@@ -10,7 +10,7 @@ cosmos-rl's values as sana_video_sft.py (AdamW lr 1e-6, weight decay 0.01, eps 1
 steps, global batch 8, 480x832, 300 tokens, checkpoints every 30 steps). The frozen base is
 bf16; the LoRA weights, their AdamW moments and the EMA are fp32.
 """
-from wfm_jax.config_schema import SANA_LORA_TARGETS, default_config
+from wfm_jax.config.schema import SANA_LORA_TARGETS, default_config
 
 
 def get_config():

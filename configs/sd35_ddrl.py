@@ -8,7 +8,7 @@ The dataset is the SFT paired layout (X.json with "prompt" + X.jpg|png): each ba
 items, rolls each out 8 times from its caption (EDM sampler, 20 steps, churn 1, no CFG), and the
 images regularise the policy through the diffusion loss (data_beta). Full fine-tune, as cosmos-rl.
 """
-from wfm_jax.config_schema import default_config
+from wfm_jax.config.schema import default_config
 
 
 def get_config():

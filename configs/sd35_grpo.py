@@ -16,7 +16,7 @@ Flow-GRPO-Fast (spec §2): --config.policy.diffusers.sample.sde_window_size=2
 --config.train.train_policy.clip_range=1e-5 --config.train.train_policy.kl_beta=0
 (and guidance_scale=1 for the no-CFG variant, sde_window_size=3, sde_window_range="(0, 5)").
 """
-from wfm_jax.config_schema import default_config
+from wfm_jax.config.schema import default_config
 
 
 def get_config():

@@ -7,7 +7,7 @@
 The reward comes from a running reward service (REMOTE_REWARD_ENQUEUE_URL / _FETCH_URL /
 _TOKEN, or train.train_policy.remote_reward.*), PickScore by default.
 """
-from wfm_jax.config_schema import default_config
+from wfm_jax.config.schema import default_config
 
 
 def get_config():

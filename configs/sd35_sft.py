@@ -8,7 +8,7 @@ training script: shifted logit-normal timesteps, uniform weighting, target noise
 fp32 master weights, AdamW moments and EMA, bf16 compute; parameters sharded over
 policy.parallelism.fsdp devices (FSDP), the batch over data x fsdp.
 """
-from wfm_jax.config_schema import default_config
+from wfm_jax.config.schema import default_config
 
 
 def get_config():

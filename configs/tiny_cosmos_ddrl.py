@@ -9,7 +9,7 @@ built on first use); no download, a few minutes on 2 CPU cores.
 A dataset in cosmos-rl's WFM layout (videos/*.mp4 + metas/*.txt) works the same:
 --config.train.train_policy.dataset.local_dir=DIR --config.train.train_policy.dataset.layout=wfm
 """
-from wfm_jax.config_schema import default_config
+from wfm_jax.config.schema import default_config
 
 
 def get_config():

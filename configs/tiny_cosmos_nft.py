@@ -12,7 +12,7 @@ family 1000 sigma, which it divides, in rollout and training alike).
 """
 import os
 
-from wfm_jax.config_schema import COSMOS_LORA_TARGETS, default_config
+from wfm_jax.config.schema import COSMOS_LORA_TARGETS, default_config
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

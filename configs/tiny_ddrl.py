@@ -5,8 +5,8 @@ minutes on 2 CPU cores.
 
     python -m wfm_jax.main --config configs/tiny_ddrl.py
 """
-from wfm_jax.config_schema import default_config
-from wfm_jax.tiny_world import use_shapes_world
+from wfm_jax.config.schema import default_config
+from wfm_jax.worlds.shapes.recipe import use_shapes_world
 
 
 def get_config():

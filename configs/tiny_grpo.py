@@ -7,8 +7,8 @@ once on first use, see configs/tiny_nft.py).
 The Fast variant: --config.policy.diffusers.sample.sde_window_size=2 (solver cps, see
 configs/sd35_grpo.py).
 """
-from wfm_jax.config_schema import default_config
-from wfm_jax.tiny_world import use_shapes_world
+from wfm_jax.config.schema import default_config
+from wfm_jax.worlds.shapes.recipe import use_shapes_world
 
 
 def get_config():

@@ -7,8 +7,8 @@ background); no download, the reward rising within a few minutes on 2 CPU cores.
 The pretrained pipeline is built at policy.model_name_or_path on first use (about 4 minutes on
 2 idle CPU cores: `python -m wfm_jax.tiny --pretrained DIR`) and reused after.
 """
-from wfm_jax.config_schema import default_config
-from wfm_jax.tiny_world import use_shapes_world
+from wfm_jax.config.schema import default_config
+from wfm_jax.worlds.shapes.recipe import use_shapes_world
 
 
 def get_config():

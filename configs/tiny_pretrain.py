@@ -7,7 +7,7 @@ Run alone it trains whatever pipeline and paired dataset it is pointed at:
     python -m wfm_jax.main --config configs/tiny_pretrain.py \
         --config.policy.model_name_or_path=BASE --config.train.train_policy.dataset.local_dir=DATA
 """
-from wfm_jax.config_schema import default_config
+from wfm_jax.config.schema import default_config
 
 
 def get_config():

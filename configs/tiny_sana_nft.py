@@ -13,7 +13,7 @@ gives the recipe's adapters).
 """
 import os
 
-from wfm_jax.config_schema import SANA_LORA_TARGETS, default_config
+from wfm_jax.config.schema import SANA_LORA_TARGETS, default_config
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

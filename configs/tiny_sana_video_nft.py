@@ -16,7 +16,7 @@ gives the recipe's adapters).
 """
 import os
 
-from wfm_jax.config import base_recipe
+from wfm_jax.config.recipe import base_recipe
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

@@ -6,7 +6,7 @@
 The tiny pipeline (policy.model_name_or_path) and the shapes dataset
 (train.train_policy.dataset.local_dir) are generated on first use and reused after.
 """
-from wfm_jax.config_schema import default_config
+from wfm_jax.config.schema import default_config
 
 
 def get_config():

@@ -3,7 +3,7 @@ LoRA r 4 / alpha 8 on the SD3 attention projections; a few minutes on 2 CPU core
 
     python -m wfm_jax.main --config configs/tiny_sft_lora.py
 """
-from wfm_jax.config_schema import default_config
+from wfm_jax.config.schema import default_config
 
 
 def get_config():

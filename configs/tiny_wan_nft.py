@@ -12,7 +12,7 @@ server instead (videos sent as uint8 [B, C, T, H, W], media_type "video"):
 """
 import os
 
-from wfm_jax.config_schema import default_config
+from wfm_jax.config.schema import default_config
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

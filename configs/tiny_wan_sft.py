@@ -8,7 +8,7 @@ the clips (train.train_policy.dataset.local_dir: `python -m wfm_jax.data.tiny_da
 --frames 9`) are generated on first use and reused after. 9 frames encode to 3 latent frames of
 4x4, 12 tokens after the (1, 2, 2) patching.
 """
-from wfm_jax.config_schema import default_config
+from wfm_jax.config.schema import default_config
 
 
 def get_config():

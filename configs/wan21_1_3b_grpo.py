@@ -11,7 +11,7 @@ trained; 50 ODE steps with CFG 5 and EMA weights for validation. Flow-GRPO-Fast 
 of 2 steps): --config.policy.diffusers.sample.sde_window_size=2
 --config.policy.diffusers.sample.solver=cps.
 """
-from wfm_jax.config_schema import WAN_LORA_TARGETS, default_config
+from wfm_jax.config.schema import WAN_LORA_TARGETS, default_config
 
 
 def get_config():

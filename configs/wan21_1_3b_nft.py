@@ -11,7 +11,7 @@ The reward comes from a running reward service (REMOTE_REWARD_ENQUEUE_URL / _FET
 _TOKEN, or train.train_policy.remote_reward.*) that scores videos: cosmos-rl's video recipes ask
 for `dance_grpo` and read its `overall_reward`.
 """
-from wfm_jax.config_schema import WAN_LORA_TARGETS, default_config
+from wfm_jax.config.schema import WAN_LORA_TARGETS, default_config
 
 
 def get_config():

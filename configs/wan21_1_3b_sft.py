@@ -10,7 +10,7 @@ policy.model_name_or_path is the local download (override it to point elsewhere)
 weights, AdamW moments and EMA, bf16 compute with Wan's fp32 islands (norms, modulation, time
 embedding); parameters sharded over every device (FSDP), each block rematerialised.
 """
-from wfm_jax.config_schema import default_config
+from wfm_jax.config.schema import default_config
 
 
 def get_config():

@@ -10,7 +10,7 @@ weight_name="model.safetensors")`.
 
 The frozen base weights are bf16; LoRA weights, their AdamW moments and the EMA are fp32.
 """
-from wfm_jax.config_schema import WAN_LORA_TARGETS, default_config
+from wfm_jax.config.schema import WAN_LORA_TARGETS, default_config
 
 
 def get_config():

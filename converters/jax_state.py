@@ -19,7 +19,7 @@ from typing import Callable, Iterable, Mapping
 import jax
 import numpy as np
 
-from converters.atomic import atomic_directory
+from wfm_jax.io.atomic import atomic_directory
 
 CONFIG_NAME = "config.json"
 PARAMS_DIR = "params"

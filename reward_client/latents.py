@@ -21,7 +21,7 @@ class LatentDecoder:
         import jax
         from flax import nnx
 
-        from wfm_jax.models.loading import load_model
+        from converters.loading import load_model
         from wfm_jax.models.wan.vae import AutoencoderKLWan, unscale_latents
 
         try:

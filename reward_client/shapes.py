@@ -1,6 +1,6 @@
 """`shapes_alignment`: does an image show what a shapes-world prompt asks for?
 
-The prompt is parsed with the shapes grammar (wfm_jax.data.shapes); the image is read with plain
+The prompt is parsed with the shapes grammar (wfm_jax.worlds.shapes.grammar); the image is read with plain
 image analysis: every pixel goes to its nearest palette colour (the four shape colours and the
 two backgrounds), the border's majority is the background, the non-background pixels split into
 8-connected components (specks below a size floor dropped), and each component's shape is read
@@ -24,7 +24,7 @@ import numpy as np
 
 from reward_client.errors import RewardValueError
 from reward_client.registry import register_reward
-from wfm_jax.data.shapes import BACKGROUNDS, COLOURS, PromptGrammarError, parse_prompt
+from wfm_jax.worlds.shapes.grammar import BACKGROUNDS, COLOURS, PromptGrammarError, parse_prompt
 
 PALETTE_NAMES = list(COLOURS) + list(BACKGROUNDS)
 PALETTE = np.asarray([*COLOURS.values(), *BACKGROUNDS.values()], np.float32)

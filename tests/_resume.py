@@ -21,7 +21,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from jax.experimental.compilation_cache import compilation_cache
 
-from wfm_jax import main as wmain
+from wfm_jax.cli import main as wmain
 from wfm_jax.data.groups import GroupBatcher
 from wfm_jax.train.metrics import MetricsLogger
 

@@ -14,7 +14,7 @@ from flax import nnx
 from safetensors import safe_open
 
 from converters.table import convert_to_jax
-from wfm_jax.models.state import flat_params, flat_shapes
+from wfm_jax.core.tree import flat_params, flat_shapes
 
 ATOL = 2e-5
 BF16_REL_TOL = 2e-2

@@ -19,7 +19,7 @@ def main(process_id: int, port: int, pipe_dir: str, out_dir: str) -> None:
     import jax
     jax.distributed.initialize(f"localhost:{port}", num_processes=2, process_id=process_id)
     from tests._rl_toy import PROMPTS
-    from wfm_jax.config import load_config
+    from wfm_jax.config.recipe import load_config
     from wfm_jax.train import rl_setup
     from wfm_jax.train.encode_cache import any_process, local_rows
 

@@ -43,9 +43,9 @@ def main(process_id: int, port: int, checkpoint: str, out: str) -> None:
 
     from converters.table import TRANSFORMS
     from tests import _toy_model as toy
-    from wfm_jax import mesh as wmesh
-    from wfm_jax.models import loading
-    from wfm_jax.models.state import flat_params
+    from wfm_jax.core import mesh as wmesh
+    from converters import loading
+    from wfm_jax.core.tree import flat_params
 
     reads: list = []
     loading.open_checkpoint_slices = recording_opener(loading.open_checkpoint_slices, reads)

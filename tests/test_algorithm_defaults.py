@@ -12,8 +12,8 @@ import pytest
 
 from wfm_jax.algorithms import advantages as A
 from wfm_jax.algorithms.grpo import grpo_loss
-from wfm_jax.config import load_config
-from wfm_jax.config_schema import default_config
+from wfm_jax.config.recipe import load_config
+from wfm_jax.config.schema import default_config
 from wfm_jax.train import rl
 from wfm_jax.train.rl_grpo import cfg_velocity
 

@@ -7,7 +7,7 @@ import pytest
 
 from wfm_jax.algorithms import advantages as A
 from wfm_jax.algorithms import decay as D
-from wfm_jax.train.ema import soft_update
+from wfm_jax.programs.ema import soft_update
 
 
 def _grpo_numpy(rewards, prompts, global_std):

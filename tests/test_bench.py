@@ -23,7 +23,7 @@ from wfm_jax.bench.suites import CPU_VAE, LORA_TARGETS, TINY_TRANSFORMER, Option
 from wfm_jax.models.layers.embeddings import Buffer
 from wfm_jax.models.sd3.transformer import SD3Transformer
 from wfm_jax.models.vae import AutoencoderKL
-from wfm_jax.train.lora import attach_lora
+from wfm_jax.models.lora import attach_lora
 
 # 3 blocks: dual + plain + last (context_pre_only), non-square latents
 T_CFG = dict(TINY_TRANSFORMER, num_layers=3, dual_attention_layers=(0,))
@@ -94,7 +94,7 @@ def test_vae_decode_flops_match_jaxpr(post_quant):
 
 
 def test_lora_targets_are_the_recipe_targets():
-    from wfm_jax.config_schema import SD3_LORA_TARGETS
+    from wfm_jax.config.schema import SD3_LORA_TARGETS
     assert LORA_TARGETS == tuple(SD3_LORA_TARGETS)
 
 
@@ -271,7 +271,7 @@ def test_rl_curve_table_from_metrics_files(tmp_path):
 
 def test_rl_common_batch_and_overrides_reach_every_recipe():
     from wfm_jax.bench import rl_curves
-    from wfm_jax.config import load_config, parse_overrides
+    from wfm_jax.config.recipe import load_config, parse_overrides
     assert rl_curves.common_batch({"A": 8, "B": 8}, None)[0] == 8
     batch, note = rl_curves.common_batch({"A": 16, "B": 8}, None)
     assert batch == 8 and "differ" in note
@@ -422,7 +422,7 @@ def test_cosmos_full_finetune_flops_match_autodiff():
 def test_cosmos_suites_shapes():
     """The real suite is the NFT recipe's shape: 93 x 512^2 -> 24 x 64 x 64 latents, 24,576
     tokens, 512 Reason1 tokens of crossattn_proj's width; LoRA on the recipe's targets."""
-    from wfm_jax.config_schema import COSMOS_LORA_TARGETS as recipe_targets
+    from wfm_jax.config.schema import COSMOS_LORA_TARGETS as recipe_targets
     from wfm_jax.models.cosmos import COSMOS25_PREDICT_2B
     s = get_suite("cosmos_gpu").shapes()
     assert s["transformer"]["num_layers"] == COSMOS25_PREDICT_2B["num_layers"]

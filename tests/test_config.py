@@ -7,9 +7,9 @@ import textwrap
 
 import pytest
 
-from wfm_jax import config as cfg
-from wfm_jax.config import ConfigError
-from wfm_jax.config_schema import DEFAULTS, default_config
+from wfm_jax.config import recipe as cfg
+from wfm_jax.config.recipe import ConfigError
+from wfm_jax.config.schema import DEFAULTS, default_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -17,7 +17,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def write_recipe(tmp_path, body, name="recipe.py"):
     path = tmp_path / name
     path.write_text(textwrap.dedent("""\
-        from wfm_jax.config_schema import default_config
+        from wfm_jax.config.schema import default_config
         def get_config():
             config = default_config()
         """) + textwrap.indent(textwrap.dedent(body), "    ") + "    return config\n")
@@ -84,7 +84,7 @@ def test_recipe_typo_names_nearest_key(tmp_path):
         cfg.load_config(path)
     # a typo made in a helper / base recipe on a sub-tree still gets its full dotted path
     (tmp_path / "child.py").write_text(textwrap.dedent("""\
-        from wfm_jax.config_schema import default_config
+        from wfm_jax.config.schema import default_config
         def tweak(train):
             train.train_policy.timestep_fraction = 0.9
         def get_config():
@@ -142,8 +142,8 @@ def test_validation_checks(tmp_path):
 
 
 def test_parallelism_takes_minus_one_on_any_one_axis(tmp_path):
-    from wfm_jax.config_schema import MESH_AXES
-    from wfm_jax.mesh import MESH_AXES as mesh_axes
+    from wfm_jax.config.schema import MESH_AXES
+    from wfm_jax.core.mesh import MESH_AXES as mesh_axes
     assert MESH_AXES == mesh_axes
     path = write_recipe(tmp_path, "")
     for axis in ("fsdp", "context"):
@@ -214,7 +214,7 @@ def test_parse_overrides_and_cli(tmp_path):
     with pytest.raises(ConfigError, match="unexpected argument '--cfg.a=1'"):
         cfg.parse_overrides(["--cfg.a=1"])
     recipe = write_recipe(tmp_path, "")
-    proc = subprocess.run([sys.executable, "-m", "wfm_jax.config", f"--config={recipe}",
+    proc = subprocess.run([sys.executable, "-m", "wfm_jax.config.recipe", f"--config={recipe}",
                            "--config.train.train_policy.timestep_fraction=0.5"],
                           capture_output=True, text=True, cwd=REPO)
     assert proc.returncode != 0

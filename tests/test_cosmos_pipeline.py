@@ -1,5 +1,5 @@
 """The Cosmos2_5_PredictBasePipeline family against diffusers' own pipeline on the tiny Cosmos
-dir (wfm_jax.tiny_cosmos): the prompt embedding, whole text2world and video2world runs (1 and 2
+dir (wfm_jax.families.cosmos.tiny): the prompt embedding, whole text2world and video2world runs (1 and 2
 conditional latent frames, CFG off and on) from the same initial latents, the scheduler's
 sigmas; the conditioning entries through jax.jit and guided_velocity; geometry and embedding
 errors; load_pipeline dispatch.
@@ -19,10 +19,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from wfm_jax import tiny, tiny_cosmos
-from wfm_jax.generate import generate
-from wfm_jax.models.cosmos.pipeline import CosmosPipeline, karras_flow_sigmas
-from wfm_jax.models.family import PipelineError, load_pipeline
+from wfm_jax.families import tiny
+from wfm_jax.families.cosmos import tiny as tiny_cosmos
+from wfm_jax.programs.sample import generate
+from wfm_jax.families.cosmos.pipeline import CosmosPipeline, karras_flow_sigmas
+from wfm_jax.families.base import PipelineError, load_pipeline
 from wfm_jax.sampling.guidance import guided_velocity
 
 PROMPTS = ["a photo of the cat", "the red car on the road"]
@@ -195,7 +196,7 @@ def test_cond_from_embedding(pipe):
 
 
 def test_generate_cli_video_errors(cosmos_dir, tmp_path, capsys):
-    from wfm_jax.generate import main
+    from wfm_jax.cli.generate import main
     short = tmp_path / "short.npy"
     np.save(short, np.zeros((3, H, W, 3), np.float32))
     base = ["--model", cosmos_dir, "--prompt", "a cat", "--height", str(H), "--width", str(W),
@@ -211,8 +212,8 @@ def test_generate_cli_video_errors(cosmos_dir, tmp_path, capsys):
 
 
 def test_video_input_mp4_and_a_family_without_the_capability(tmp_path, capsys):
-    from wfm_jax.generate import main, read_video
-    from wfm_jax.media_out import write_mp4
+    from wfm_jax.cli.generate import main, read_video
+    from wfm_jax.io.media import write_mp4
     clip = np.random.default_rng(0).uniform(0, 1, (5, H, W, 3)).astype(np.float32)
     frames = read_video(write_mp4(str(tmp_path / "clip.mp4"), clip))
     assert frames.shape == clip.shape and frames.dtype == np.float32

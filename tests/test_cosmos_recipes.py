@@ -1,5 +1,5 @@
 """The Cosmos-Predict2.5 recipes (configs/cosmos25_*.py, configs/tiny_cosmos_*.py) load and
-validate through wfm_jax.config, ask for a geometry the Cosmos pipeline takes (VAE x patch,
+validate through wfm_jax.config.recipe, ask for a geometry the Cosmos pipeline takes (VAE x patch,
 4k+1 frames, within the rotary table), address real layers of the 2B DiT with their LoRA targets,
 take cosmos-rl's values, and the tiny ones build a Cosmos pipeline where they point."""
 from __future__ import annotations
@@ -9,8 +9,8 @@ import os
 
 import pytest
 
-from wfm_jax import config as cfg
-from wfm_jax.config_schema import COSMOS_LORA_TARGETS
+from wfm_jax.config import recipe as cfg
+from wfm_jax.config.schema import COSMOS_LORA_TARGETS
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KINDS = {"cosmos25_2b_nft": "nft", "cosmos25_2b_grpo": "grpo", "cosmos25_2b_grpo.py:mock_data":
@@ -26,8 +26,8 @@ def _load(name, overrides=()):
 
 def _shell(transformer_config):
     """A CosmosPipeline without modules: latent_shape reads configs only."""
-    from wfm_jax.models.cosmos.pipeline import CosmosPipeline
-    from wfm_jax.tiny_wan import vae_config
+    from wfm_jax.families.cosmos.pipeline import CosmosPipeline
+    from wfm_jax.families.wan.tiny import vae_config
     return CosmosPipeline("", None, None, None, None, dict(transformer_config),
                           vae_config(), {})
 
@@ -35,7 +35,7 @@ def _shell(transformer_config):
 @pytest.mark.parametrize("name", sorted(KINDS))
 def test_recipe_validates_with_a_geometry_cosmos_takes(name):
     from wfm_jax.models.cosmos.transformer import COSMOS25_PREDICT_2B, COSMOS25_PREDICT_14B
-    from wfm_jax.tiny_cosmos import transformer_config
+    from wfm_jax.families.cosmos.tiny import transformer_config
 
     c = _load(name)
     d = c.policy.diffusers
@@ -88,7 +88,7 @@ def test_lora_targets_address_the_released_2b_model():
     from flax import nnx
 
     from wfm_jax.models.cosmos.transformer import COSMOS25_PREDICT_2B, CosmosTransformer
-    from wfm_jax.train.lora import find_targets
+    from wfm_jax.models.lora import find_targets
 
     model = nnx.eval_shape(lambda: CosmosTransformer(COSMOS25_PREDICT_2B, rngs=nnx.Rngs(0)))
     found = find_targets(model, _load("cosmos25_2b_nft").policy.lora.target_modules)

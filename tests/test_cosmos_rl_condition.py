@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from wfm_jax import config as cfg
+from wfm_jax.config import recipe as cfg
 
 CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs")
 
@@ -22,10 +22,10 @@ CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "config
 def tiny():
     """(pipe shell, velocity(params, x, t, cond) with the family's guide, params, text, uncond,
     video condition on 1 latent frame for row 0 and 2 for row 1, initial noise)."""
-    from wfm_jax.models.cosmos.pipeline import CosmosPipeline
+    from wfm_jax.families.cosmos.pipeline import CosmosPipeline
     from wfm_jax.models.cosmos.transformer import CosmosTransformer
-    from wfm_jax.tiny_cosmos import scheduler_config, transformer_config
-    from wfm_jax.tiny_wan import vae_config
+    from wfm_jax.families.cosmos.tiny import scheduler_config, transformer_config
+    from wfm_jax.families.wan.tiny import vae_config
     pipe = CosmosPipeline("", None, None, None, None, transformer_config(), vae_config(),
                           scheduler_config())
     graphdef, params = nnx.split(CosmosTransformer(transformer_config(), rngs=nnx.Rngs(0)))

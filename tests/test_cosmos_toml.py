@@ -8,9 +8,9 @@ import os
 import numpy as np
 import pytest
 
-from wfm_jax import config as cfg
-from wfm_jax import main as wmain
-from wfm_jax.config import ConfigError
+from wfm_jax.config import recipe as cfg
+from wfm_jax.cli import main as wmain
+from wfm_jax.config.recipe import ConfigError
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RECIPES = os.path.join(HERE, "recipes")
@@ -125,7 +125,7 @@ def test_nft_recipe_trains_on_the_tiny_pipeline(tmp_path, monkeypatch):
     from reward_client.protocol import ENQUEUE_PATH, PULL_PATH
     from reward_client.registry import register_reward, unregister_reward
     from reward_client.server import create_app
-    from wfm_jax.tiny import build_tiny_pipeline
+    from wfm_jax.families.tiny import build_tiny_pipeline
 
     tiny = build_tiny_pipeline(str(tmp_path / "pipe"), seed=0)
     out = tmp_path / "out"
@@ -182,14 +182,14 @@ def test_the_model_names_the_family(tmp_path, model, family):
     end = text.index("\n", start)
     path = tmp_path / "recipe.toml"
     path.write_text(text[:start] + f'model_name_or_path = "{model}"' + text[end:])
-    from wfm_jax.cosmos_toml import read_recipe
+    from wfm_jax.config.cosmos_toml import read_recipe
     out, _ = read_recipe(str(path))
     assert out["policy.family"] == family
 
 
 def test_a_local_model_dir_names_its_family(tmp_path):
-    from wfm_jax.cosmos_toml import model_family
-    from wfm_jax.tiny import build_tiny_pipeline
+    from wfm_jax.config.cosmos_toml import model_family
+    from wfm_jax.families.tiny import build_tiny_pipeline
     wan = build_tiny_pipeline(str(tmp_path / "any_name"), family="wan")
     assert model_family(wan, "r.toml") == "wan"
     (tmp_path / "odd").mkdir()

@@ -15,24 +15,24 @@ import pytest
 
 from tests import _rl_toy as toy
 from tests._resume import assert_resumed_run_matches, kill_and_resume, persistent_compile_cache
-from wfm_jax import config as cfg
-from wfm_jax import main as wmain
+from wfm_jax.config import recipe as cfg
+from wfm_jax.cli import main as wmain
 
 CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs")
 
 
 def _shell(scheduler_config):
-    from wfm_jax.models.cosmos.pipeline import CosmosPipeline
-    from wfm_jax.tiny_cosmos import transformer_config
-    from wfm_jax.tiny_wan import vae_config
+    from wfm_jax.families.cosmos.pipeline import CosmosPipeline
+    from wfm_jax.families.cosmos.tiny import transformer_config
+    from wfm_jax.families.wan.tiny import vae_config
     return CosmosPipeline("", None, None, None, None, transformer_config(), vae_config(),
                           scheduler_config)
 
 
 def test_rl_rollouts_step_on_the_family_sigma_range():
-    from wfm_jax.models.cosmos.pipeline import karras_flow_sigmas
+    from wfm_jax.families.cosmos.pipeline import karras_flow_sigmas
     from wfm_jax.sampling.schedule import flow_sigmas, unipc_flow_schedule
-    from wfm_jax.tiny_cosmos import scheduler_config
+    from wfm_jax.families.cosmos.tiny import scheduler_config
     from wfm_jax.train.rl_grpo import GRPO
     from wfm_jax.train.rl_nft import NFT
 
@@ -59,8 +59,8 @@ def test_rl_rollouts_step_on_the_family_sigma_range():
 
 
 def test_family_without_karras_sigmas_is_one_line():
-    from wfm_jax.models.family import PipelineError
-    from wfm_jax.tiny_cosmos import scheduler_config
+    from wfm_jax.families.base import PipelineError
+    from wfm_jax.families.cosmos.tiny import scheduler_config
 
     pipe = _shell(dict(scheduler_config(), use_karras_sigmas=False))
     with pytest.raises(PipelineError, match="use_karras_sigmas"):
@@ -69,7 +69,7 @@ def test_family_without_karras_sigmas_is_one_line():
 
 def test_video_condition_masks_each_row_on_its_first_frames():
     import jax.numpy as jnp
-    from wfm_jax.tiny_cosmos import scheduler_config
+    from wfm_jax.families.cosmos.tiny import scheduler_config
 
     pipe = _shell(scheduler_config())
     c = jnp.arange(2 * 4 * 3 * 4 * 4, dtype=jnp.float32).reshape(2, 4, 3, 4, 4)
@@ -82,7 +82,7 @@ def test_video_condition_masks_each_row_on_its_first_frames():
     import jax
     from flax import nnx
     from wfm_jax.models.cosmos.transformer import CosmosTransformer
-    from wfm_jax.tiny_cosmos import transformer_config
+    from wfm_jax.families.cosmos.tiny import transformer_config
     model = CosmosTransformer(transformer_config(), rngs=nnx.Rngs(0))
     noise = jax.random.normal(jax.random.key(0), c.shape)
     sigma = 0.7
@@ -142,7 +142,7 @@ def brightness():
 
 @pytest.fixture(scope="module")
 def tiny_cosmos(tmp_path_factory):
-    from wfm_jax.tiny import build_tiny_pipeline
+    from wfm_jax.families.tiny import build_tiny_pipeline
     return build_tiny_pipeline(str(tmp_path_factory.mktemp("cosmos") / "pipe"), seed=0,
                                family="cosmos")
 
@@ -150,7 +150,7 @@ def tiny_cosmos(tmp_path_factory):
 @pytest.fixture(scope="module")
 def wfm_videos(tmp_path_factory):
     """The tiny shapes clips (9 frames of 32x32) in cosmos-rl's WFM layout."""
-    from wfm_jax.data.tiny_dataset import build_shapes_dataset
+    from wfm_jax.worlds.shapes.dataset import build_shapes_dataset
     root = tmp_path_factory.mktemp("wfm")
     clips = build_shapes_dataset(str(root / "clips"), count=8, frames=9)
     out = root / "wfm"
@@ -318,9 +318,9 @@ def test_cosmos_sft_sigmas_stay_in_its_karras_range():
     import jax
     import jax.numpy as jnp
     from scipy.stats import norm
-    from wfm_jax.models.wan.pipeline import WanPipeline
+    from wfm_jax.families.wan.pipeline import WanPipeline
     from wfm_jax.sampling.schedule import training_table
-    from wfm_jax.tiny_cosmos import scheduler_config
+    from wfm_jax.families.cosmos.tiny import scheduler_config
     from wfm_jax.train.sft import sample_timesteps
 
     pipe = _shell(scheduler_config())
@@ -352,9 +352,9 @@ def test_cosmos_sequence_the_context_does_not_divide_is_padded():
     import jax
     import jax.numpy as jnp
     from flax import nnx
-    from wfm_jax import mesh as wmesh
+    from wfm_jax.core import mesh as wmesh
     from wfm_jax.models.cosmos.transformer import CosmosTransformer
-    from wfm_jax.tiny_cosmos import transformer_config
+    from wfm_jax.families.cosmos.tiny import transformer_config
 
     graph, state = nnx.split(CosmosTransformer(transformer_config(), rngs=nnx.Rngs(0)))
     k = jax.random.split(jax.random.key(0), 3)

@@ -41,8 +41,8 @@ from wfm_jax.models.cosmos import COSMOS25_PREDICT_2B, COSMOS25_PREDICT_14B, Cos
 from wfm_jax.models.cosmos.embeddings import resize_nearest
 from wfm_jax.models.cosmos.rope import rope_tables
 from wfm_jax.models.layers.remat import REMAT_POLICIES
-from wfm_jax.models.loading import check_against_model
-from wfm_jax.models.state import flat_arrays, flat_params, flat_shapes
+from converters.loading import check_against_model
+from wfm_jax.core.tree import flat_arrays, flat_params, flat_shapes
 
 transformer_cosmos.transforms = SimpleNamespace(
     functional=SimpleNamespace(resize=lambda img, size, interpolation=None:
@@ -448,7 +448,7 @@ def test_sharded_forward_matches_diffusers():
     """Weights on their logical shards (embed over fsdp), batch over data, the token sequence
     over context: the numbers must not move. Per-frame sigmas (the pipeline's form) with a
     frame count (4) the context axis divides."""
-    from wfm_jax.mesh import make_mesh, param_shardings
+    from wfm_jax.core.mesh import make_mesh, param_shardings
     case = _case("frames")
     model = _jax_model(case["config"], case["tensors"])
     mesh = make_mesh(data=2, fsdp=2, context=2)
@@ -471,7 +471,7 @@ def test_lora_targets_address_diffusers_module_names():
     """cosmos-rl's Cosmos LoRA list (cosmos-predict2-5-2b-720-nft.toml; spec video_models.md
     §5.2) finds the same layers peft would: both attentions and the FFN of every block, not
     crossattn_proj."""
-    from wfm_jax.train.lora import find_targets
+    from wfm_jax.models.lora import find_targets
     targets = ["to_q", "to_k", "to_v", "to_out.0", "ff.net.0.proj", "ff.net.2"]
     model = nnx.eval_shape(lambda: CosmosTransformer(BASE, rngs=nnx.Rngs(0)))
     found = set(find_targets(model, targets))

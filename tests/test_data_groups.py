@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from wfm_jax.config_schema import default_config
+from wfm_jax.config.schema import default_config
 from wfm_jax.data import DataError, GroupBatcher, PromptRecord, Shard, eval_batches
 from wfm_jax.data.groups import group_batcher_from_config
 

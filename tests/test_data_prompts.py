@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from wfm_jax.config_schema import default_config
+from wfm_jax.config.schema import default_config
 from wfm_jax.data import DataError, prompt_splits, prompt_splits_from_config, read_prompt_file
 from wfm_jax.data.prompts import holdout_split
 

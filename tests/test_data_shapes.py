@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from wfm_jax.data import tiny_dataset
-from wfm_jax.data.shapes import (BACKGROUNDS, COLOURS, all_scenes, heldout_scenes, parse_prompt,
+from wfm_jax.worlds.shapes import dataset as tiny_dataset
+from wfm_jax.worlds.shapes.grammar import (BACKGROUNDS, COLOURS, all_scenes, heldout_scenes, parse_prompt,
                                  train_scenes)
 
 

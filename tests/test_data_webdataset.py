@@ -157,7 +157,7 @@ def test_indexed_records_read_back_the_same_images(tmp_path, s3_server, s3_bucke
     """DDRL's view: every sample located once, its image re-read by one ranged read."""
     from wfm_jax.data.media import load_image
     from wfm_jax.data.paired import scan_paired
-    from wfm_jax.data.tiny_dataset import build_shapes_dataset
+    from wfm_jax.worlds.shapes.dataset import build_shapes_dataset
     from wfm_jax.data.webdataset import index_records, load_record_image
     shapes = build_shapes_dataset(str(tmp_path / "shapes"), count=6, size=16, seed=0)
     _shards.shards_from_paired_dir(shapes, str(tmp_path / "tars"), per_shard=4)
@@ -217,7 +217,7 @@ def test_broken_shard_skipped_and_counted(tmp_path):
 
 
 def test_s3_shards_with_wrong_secret_or_missing_bucket(paired, s3_server, s3_bucket, monkeypatch):
-    from wfm_jax.storage.s3 import S3Error
+    from wfm_jax.io.storage.s3 import S3Error
     with pytest.raises(S3Error, match="bucket 'no-such-shards' does not exist"):
         resolve_shards("s3://no-such-shards/train")
     monkeypatch.setenv("PROD_S3_CHECKPOINT_SECRET_ACCESS_KEY", "not-the-secret")

@@ -15,7 +15,7 @@ from converters.dcae import build_table
 from converters.registry import spec_for
 from converters.table import ConversionError, convert_to_diffusers, convert_to_jax
 from wfm_jax.models.dcae import AutoencoderDC, DCAEConfig, scale_latents, unscale_latents
-from wfm_jax.models.state import flat_arrays, flat_params, flat_shapes
+from wfm_jax.core.tree import flat_arrays, flat_params, flat_shapes
 
 ATOL = 2e-5
 
@@ -253,7 +253,7 @@ def test_latent_scaling_is_sana_pipelines():
 
 def test_sharded_on_mesh_matches_diffusers():
     # params placed by their logical names, batch split over (data, fsdp): same numbers as torch
-    from wfm_jax.mesh import make_mesh, param_shardings
+    from wfm_jax.core.mesh import make_mesh, param_shardings
     vae = random_torch_vae(CONFIGS["spec"])
     model = load_jax(vae)
     mesh = make_mesh(data=2, fsdp=jax.device_count() // 2)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from tests.test_data_wfm import make_wfm, write_video
-from wfm_jax.config import load_config
+from wfm_jax.config.recipe import load_config
 from wfm_jax.data import DataError
 from wfm_jax.data.media import load_video_window
 from wfm_jax.data.webdataset import index_records, load_record_media

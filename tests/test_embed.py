@@ -1,4 +1,4 @@
-"""`python -m wfm_jax.embed`: per-prompt text embeddings of the tiny Cosmos pipeline, cached in
+"""`python -m wfm_jax.cli.embed`: per-prompt text embeddings of the tiny Cosmos pipeline, cached in
 the WFM layout, read back through the WFM loader into the family's conditioning unchanged."""
 from __future__ import annotations
 
@@ -7,10 +7,11 @@ import os
 import numpy as np
 import pytest
 
-from wfm_jax import tiny, tiny_cosmos
+from wfm_jax.families import tiny
+from wfm_jax.families.cosmos import tiny as tiny_cosmos
 from wfm_jax.data.wfm import load_embedding
-from wfm_jax.embed import main
-from wfm_jax.models.family import load_pipeline
+from wfm_jax.cli.embed import main
+from wfm_jax.families.base import load_pipeline
 
 MAX_LEN = 128
 PROMPTS = ["a photo of the cat", "the red car on the road", "one more"]

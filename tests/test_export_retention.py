@@ -8,8 +8,8 @@ import types
 
 import pytest
 
-from wfm_jax.config import load_config
-from wfm_jax.models.loading import load_model
+from wfm_jax.config.recipe import load_config
+from converters.loading import load_model
 from wfm_jax.train.export import export_step
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -17,7 +17,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 @pytest.fixture(scope="module")
 def pipe_and_model(tmp_path_factory):
-    from wfm_jax.tiny import build_tiny_pipeline
+    from wfm_jax.families.tiny import build_tiny_pipeline
     pipe = build_tiny_pipeline(str(tmp_path_factory.mktemp("tiny") / "pipe"), seed=0)
     return pipe, load_model(pipe)
 

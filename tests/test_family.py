@@ -1,4 +1,4 @@
-"""The model-family interface (wfm_jax.models.family): registry lookup, one-line errors for an
+"""The model-family interface (wfm_jax.families.base): registry lookup, one-line errors for an
 unsupported pipeline class and for a checkpoint of another family than the recipe's, SD3 through
 `load_pipeline` is `SD3Pipeline.load`, and a test-local video family proves the generic paths
 (VAE encoding, reward media, generate with its own CFG form, mp4 output) take 5-D latents."""
@@ -13,15 +13,15 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from wfm_jax.models import family as fam
-from wfm_jax.models.family import PipelineError, PipelineFamily
+from wfm_jax.families import base as fam
+from wfm_jax.families.base import PipelineError, PipelineFamily
 
 FRAMES, SIZE = 5, 16
 
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
-    from wfm_jax.tiny import build_tiny_pipeline
+    from wfm_jax.families.tiny import build_tiny_pipeline
     return build_tiny_pipeline(str(tmp_path_factory.mktemp("tiny") / "pipe"), seed=0)
 
 
@@ -108,7 +108,7 @@ def fake_family(monkeypatch):
 # ----------------------------------------------------------------------------- registry and errors
 
 def test_registry_finds_sd3_by_model_index(tiny_dir):
-    from wfm_jax.models.sd3.pipeline import SD3Pipeline
+    from wfm_jax.families.sd3.pipeline import SD3Pipeline
     assert fam.families()["sd3"] == "StableDiffusion3Pipeline"
     assert "StableDiffusion3Pipeline" in fam.supported_pipelines()
     assert fam.family_class(tiny_dir) is SD3Pipeline
@@ -138,7 +138,7 @@ def test_family_mismatch_is_one_line(tmp_path, tiny_dir, fake_family):
 
 
 def test_train_setup_reports_a_mismatch_as_one_setup_error(tmp_path, fake_family):
-    from wfm_jax.config_schema import default_config
+    from wfm_jax.config.schema import default_config
     from wfm_jax.train import setup as setup_lib
     config = default_config()
     config.policy.model_name_or_path = _index_dir(tmp_path / "video", "FakeVideoPipeline")
@@ -149,8 +149,8 @@ def test_train_setup_reports_a_mismatch_as_one_setup_error(tmp_path, fake_family
 
 
 def test_config_rejects_an_unknown_family():
-    from wfm_jax.config import ConfigError, validate
-    from wfm_jax.config_schema import default_config
+    from wfm_jax.config.recipe import ConfigError, validate
+    from wfm_jax.config.schema import default_config
     config = default_config()
     config.policy.family = "wan2"
     with pytest.raises(ConfigError, match=r"'policy.family' = 'wan2' is not one of \[.*'sd3'"):
@@ -158,7 +158,7 @@ def test_config_rejects_an_unknown_family():
 
 
 def test_is_video_must_match_the_family(fake_family):
-    from wfm_jax.config_schema import default_config
+    from wfm_jax.config.schema import default_config
     from wfm_jax.train import setup as setup_lib
     config = default_config()
     config.policy.diffusers.is_video = True
@@ -172,7 +172,7 @@ def test_is_video_must_match_the_family(fake_family):
 
 
 def test_sd3_through_load_pipeline_is_sd3pipeline_load(tiny_dir):
-    from wfm_jax.models.sd3.pipeline import SD3Pipeline
+    from wfm_jax.families.sd3.pipeline import SD3Pipeline
     a, b = fam.load_pipeline(tiny_dir, family="sd3"), SD3Pipeline.load(tiny_dir)
     assert type(a) is SD3Pipeline and a.static_key() == b.static_key()
     for x, y in [(a.transformer, b.transformer), (a.vae, b.vae),
@@ -190,7 +190,7 @@ def test_sd3_through_load_pipeline_is_sd3pipeline_load(tiny_dir):
 # ----------------------------------------------------------------------------- generic 5-D paths
 
 def test_visual_encoder_takes_clips(fake_family):
-    from wfm_jax.train.encode import VisualEncoder, per_sample_normal
+    from wfm_jax.programs.encode import VisualEncoder, per_sample_normal
     pipe = FakeVideo("")
     pixels = jax.random.uniform(jax.random.key(0), (2, FRAMES, SIZE, SIZE, 3), minval=-1, maxval=1)
     ids, key = jnp.array([3, 7], jnp.int32), jax.random.key(1)
@@ -204,7 +204,7 @@ def test_visual_encoder_takes_clips(fake_family):
 def test_visual_encoder_maps_uint8_clips_on_the_device(fake_family):
     # the loaders give uint8 (B, T, H, W, 3); the jit maps them to numpy's [-1, 1] floats
     from wfm_jax.data.media import to_signed_unit
-    from wfm_jax.train.encode import VisualEncoder
+    from wfm_jax.programs.encode import VisualEncoder
     pipe = FakeVideo("")
     raw = np.random.default_rng(0).integers(0, 256, (2, FRAMES, SIZE, SIZE, 3), dtype=np.uint8)
     ids, key = jnp.array([3, 7], jnp.int32), jax.random.key(1)
@@ -240,7 +240,7 @@ def _euler_reference(pipe, prompts, latents, steps, scale):
 
 
 def test_generate_runs_a_video_family_with_its_own_guidance(tmp_path, fake_family):
-    from wfm_jax import generate
+    from wfm_jax.cli import generate
     pipe = FakeVideo("")
     prompts = ["a", "a cat"]
     latents = np.asarray(jax.random.normal(jax.random.key(0), pipe.latent_shape(
@@ -253,7 +253,7 @@ def test_generate_runs_a_video_family_with_its_own_guidance(tmp_path, fake_famil
 
 
 def test_generate_cli_writes_mp4_and_the_clip_array(tmp_path, fake_family, capsys):
-    from wfm_jax import generate
+    from wfm_jax.cli import generate
     model = _index_dir(tmp_path / "video", "FakeVideoPipeline")
     out, arr = str(tmp_path / "clip.mp4"), str(tmp_path / "clip.npy")
     rc = generate.main(["--model", model, "--prompt", "a", "--prompt", "bb", "--height", "16",
@@ -274,7 +274,7 @@ def test_generate_cli_writes_mp4_and_the_clip_array(tmp_path, fake_family, capsy
 
 
 def test_generate_frames_on_an_image_family_is_one_line(tiny_dir, tmp_path, capsys):
-    from wfm_jax import generate
+    from wfm_jax.cli import generate
     rc = generate.main(["--model", tiny_dir, "--prompt", "x", "--frames", "5",
                         "--out", str(tmp_path / "x.png")])
     err = capsys.readouterr().err.strip().splitlines()
@@ -287,7 +287,7 @@ def test_generate_cli_matches_diffusers_wan(tmp_path, guidance):
     # the same CLI that runs SD3 runs Wan: UniPC by default, one batched CFG forward
     from tests.test_wan_pipeline import (FRAMES as T, HEIGHT, MAX_LEN, PIPELINE_ATOL, WIDTH,
                                          _torch_pipeline)
-    from wfm_jax import generate
+    from wfm_jax.cli import generate
     torch_pipe = _torch_pipeline()
     model = str(tmp_path / "wan")
     torch_pipe.save_pretrained(model)
@@ -315,8 +315,8 @@ def test_generate_cli_matches_diffusers_wan(tmp_path, guidance):
 
 def test_nft_rolls_out_with_unipc():
     # Wan's scheduler as NFT's rollout solver: its own sigmas, diffusers' truncated timesteps
-    from wfm_jax.config import validate
-    from wfm_jax.config_schema import default_config
+    from wfm_jax.config.recipe import validate
+    from wfm_jax.config.schema import default_config
     from wfm_jax.sampling.samplers import sample
     from wfm_jax.sampling.schedule import unipc_flow_schedule
     from wfm_jax.train.rl_nft import NFT

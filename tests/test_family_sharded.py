@@ -9,8 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from wfm_jax import mesh as wmesh
-from wfm_jax.config_schema import default_config
+from wfm_jax.core import mesh as wmesh
+from wfm_jax.config.schema import default_config
 from wfm_jax.train import setup as setup_lib, sft
 
 BATCH = 4  # rows split over data x fsdp = 4; the tokens (12 to 32) over context = 2
@@ -26,7 +26,7 @@ FAMILIES = {"wan": (9, 16), "cosmos": (9, 128), "sana": (None, 16), "sana_video"
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
 def family_dir(request, tmp_path_factory):
-    from wfm_jax.tiny import build_tiny_pipeline
+    from wfm_jax.families.tiny import build_tiny_pipeline
     path = str(tmp_path_factory.mktemp(request.param) / "pipe")
     return request.param, build_tiny_pipeline(path, seed=0, family=request.param)
 

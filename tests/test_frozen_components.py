@@ -10,8 +10,8 @@ import jax.numpy as jnp
 import pytest
 from flax import nnx
 
-from wfm_jax import mesh as wmesh
-from wfm_jax.config import load_config
+from wfm_jax.core import mesh as wmesh
+from wfm_jax.config.recipe import load_config
 from wfm_jax.train import setup as setup_lib
 
 CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
@@ -24,7 +24,7 @@ def test_full_fine_tune_recipes_default_to_fsdp(recipe):
 
 
 def test_frozen_components_in_compute_dtype_and_sharded(tmp_path):
-    from wfm_jax.tiny import build_tiny_pipeline
+    from wfm_jax.families.tiny import build_tiny_pipeline
     pipe_dir = build_tiny_pipeline(str(tmp_path / "pipe"), seed=0)
     config = load_config(os.path.join(CONFIGS, "sd35_sft.py"),
                          [("policy.model_name_or_path", pipe_dir)])

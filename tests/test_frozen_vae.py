@@ -13,8 +13,8 @@ import os
 import jax.numpy as jnp
 from flax import nnx
 
-from wfm_jax import mesh as wmesh
-from wfm_jax.config import load_config
+from wfm_jax.core import mesh as wmesh
+from wfm_jax.config.recipe import load_config
 from wfm_jax.train import setup as setup_lib
 
 CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
@@ -37,7 +37,7 @@ def test_real_vaes_are_small_in_bf16():
 
 
 def test_vae_loads_replicated_in_the_compute_dtype(tmp_path):
-    from wfm_jax.tiny import build_tiny_pipeline
+    from wfm_jax.families.tiny import build_tiny_pipeline
     config = load_config(os.path.join(CONFIGS, "sd35_sft.py"), [
         ("policy.model_name_or_path", build_tiny_pipeline(str(tmp_path / "pipe"), seed=0))])
     mesh = wmesh.make_mesh(config.policy.parallelism)

@@ -18,8 +18,8 @@ from converters import gemma2 as gemma2_conv
 from converters.registry import spec_for
 from converters.safetensors_io import open_checkpoint, save_checkpoint
 from converters.table import ConversionError, convert_to_diffusers, convert_to_jax
-from wfm_jax.mesh import MESH_AXES
-from wfm_jax.models.state import flat_arrays, flat_params, flat_shapes
+from wfm_jax.core.mesh import MESH_AXES
+from wfm_jax.core.tree import flat_arrays, flat_params, flat_shapes
 from wfm_jax.models.text.gemma2 import Gemma2Config, select_sana_tokens
 
 ATOL = 2e-5

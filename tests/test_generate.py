@@ -8,7 +8,7 @@ import os
 import numpy as np
 import pytest
 
-from wfm_jax import generate
+from wfm_jax.cli import generate
 
 PROMPTS = ["a red cube on a table", "two dogs"]
 H = W = 32
@@ -18,7 +18,7 @@ MAX_LEN = 16
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
-    from wfm_jax.tiny import build_tiny_pipeline
+    from wfm_jax.families.tiny import build_tiny_pipeline
     return build_tiny_pipeline(str(tmp_path_factory.mktemp("tiny") / "pipe"), seed=0)
 
 

@@ -27,9 +27,9 @@ from converters.safetensors_io import open_checkpoint_slices
 from converters.table import TRANSFORMS, ConversionError, Rule
 from tests import _toy_model as toy
 from tests._two_process_load import bounds, recording_opener
-from wfm_jax import mesh as wmesh
-from wfm_jax.models import loading
-from wfm_jax.models.state import flat_arrays, flat_params
+from wfm_jax.core import mesh as wmesh
+from converters import loading
+from wfm_jax.core.tree import flat_arrays, flat_params
 
 
 def _expected(tensors, dtype=np.float32):

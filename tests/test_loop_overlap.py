@@ -12,15 +12,15 @@ import jax
 import numpy as np
 import pytest
 
-from wfm_jax.config import load_config
-from wfm_jax.train.rl_encode import max_local_groups
+from wfm_jax.config.recipe import load_config
+from wfm_jax.programs.rl_encode import max_local_groups
 
 CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
 
 
 @pytest.fixture(scope="module")
 def pipe_dir(tmp_path_factory):
-    from wfm_jax.tiny import build_tiny_pipeline
+    from wfm_jax.families.tiny import build_tiny_pipeline
     return build_tiny_pipeline(str(tmp_path_factory.mktemp("overlap") / "pipe"), seed=0)
 
 
@@ -130,7 +130,7 @@ def test_chunk_fetched_and_submitted_after_the_next_rollout_is_dispatched(run, m
 def test_sft_fetches_a_step_after_the_next_is_loaded_and_encoded(pipe_dir, tmp_path,
                                                                   monkeypatch):
     from tests._rl_toy import metrics as logged
-    from wfm_jax.data.tiny_dataset import build_shapes_dataset
+    from wfm_jax.worlds.shapes.dataset import build_shapes_dataset
     from wfm_jax.train import sft
     values = {"policy.model_name_or_path": pipe_dir, "train.output_dir": str(tmp_path / "out"),
               "policy.parallelism.data": 1, "policy.parallelism.fsdp": 8,

@@ -9,7 +9,7 @@ from flax import nnx
 from jax.sharding import AxisType, PartitionSpec as P
 
 from tests import _toy_model as toy
-from wfm_jax import mesh as wmesh
+from wfm_jax.core import mesh as wmesh
 from wfm_jax.models.layers.linear import param
 
 
@@ -56,7 +56,7 @@ def test_make_mesh_errors_name_the_numbers(sizes, words):
 
 
 def test_config_parallelism_builds_the_mesh_with_any_axis_filled():
-    from wfm_jax.config_schema import default_config
+    from wfm_jax.config.schema import default_config
     from wfm_jax.train.setup import SetupError, build_mesh
     config = default_config()
     p = config.policy.parallelism

@@ -12,7 +12,7 @@ import pytest
 from jax._src import monitoring
 from jax._src.dispatch import BACKEND_COMPILE_EVENT
 
-from wfm_jax.config import load_config
+from wfm_jax.config.recipe import load_config
 
 pytestmark = pytest.mark.slow
 
@@ -21,8 +21,8 @@ CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory):
-    from wfm_jax.data.tiny_dataset import build_shapes_dataset
-    from wfm_jax.tiny import build_tiny_pipeline
+    from wfm_jax.worlds.shapes.dataset import build_shapes_dataset
+    from wfm_jax.families.tiny import build_tiny_pipeline
     root = tmp_path_factory.mktemp("assets")
     return (build_tiny_pipeline(str(root / "pipe"), seed=0),
             build_shapes_dataset(str(root / "shapes"), count=16, size=16, seed=0))

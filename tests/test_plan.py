@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import pytest
 
-from wfm_jax import mesh as wmesh
+from wfm_jax.core import mesh as wmesh
 from wfm_jax.plan.abstract import frozen_component_bytes
 from wfm_jax.plan.released import released_configs
 

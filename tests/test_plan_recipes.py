@@ -95,7 +95,7 @@ def test_main_refuses_14b_ddrl_on_a_mesh_that_cannot_hold_it(tmp_path, monkeypat
     compile time, not the verdict, is what the full 93x720x1280 shape would change): one line
     with the bytes each device needs and has, exit 2, before any weight is read (the model is
     not on disk at all)."""
-    from wfm_jax.main import EXIT_BAD_INPUT, main
+    from wfm_jax.cli.main import EXIT_BAD_INPUT, main
     monkeypatch.setenv(plan_lib.MEMORY_ENV, str(80_000_000_000))  # an H100
     out = tmp_path / "run"
     code = main(["--config", "configs/cosmos25_14b_ddrl.py", f"--config.train.output_dir={out}",

@@ -23,7 +23,7 @@ KEY_BYTES, ETA_BYTES = 8, 4  # a threefry key, the old-policy decay (replicated 
 
 @pytest.fixture(scope="module")
 def sd3_dir(tmp_path_factory):
-    from wfm_jax.tiny import build_tiny_pipeline
+    from wfm_jax.families.tiny import build_tiny_pipeline
     path = str(tmp_path_factory.mktemp("plan") / "tiny_sd3")
     build_tiny_pipeline(path, seed=0, family="sd3")
     return path
@@ -110,7 +110,7 @@ def test_plan_refuses_what_it_cannot_plan(sd3_dir):
 
 def test_main_refuses_a_run_that_cannot_fit_before_loading_weights(tmp_path, monkeypatch,
                                                                    capsys):
-    from wfm_jax.main import EXIT_BAD_INPUT, main
+    from wfm_jax.cli.main import EXIT_BAD_INPUT, main
     monkeypatch.setenv(plan_lib.MEMORY_ENV, str(1 << 20))  # a 1 MiB device
     out = tmp_path / "run"
     code = main(["--config", "configs/tiny_sft.py", f"--config.train.output_dir={out}",

@@ -20,13 +20,13 @@ from converters import qwen2_5_vl as qwen_conv
 from converters.registry import spec_for
 from converters.safetensors_io import open_checkpoint, save_checkpoint
 from converters.table import ConversionError, convert_to_diffusers, convert_to_jax
-from wfm_jax.models.loading import check_against_model
-from wfm_jax.mesh import MESH_AXES
+from converters.loading import check_against_model
+from wfm_jax.core.mesh import MESH_AXES
 from wfm_jax.models.cosmos import text_embedding as te
-from wfm_jax.models.state import flat_params
+from wfm_jax.core.tree import flat_params
 from wfm_jax.models.text.qwen2_5_vl import (Passthrough, QwenTextConfig, make_model,
                                             passthrough_shapes, rope_tables)
-from wfm_jax.tiny_qwen import qwen_config, qwen_tokenizer
+from wfm_jax.families.cosmos.tiny_qwen import qwen_config, qwen_tokenizer
 
 ATOL = 2e-5
 SEQ = 10
@@ -301,7 +301,7 @@ def test_cli_round_trip_and_load_model(pair, tokenizer, tmp_path):
     """`python -m converters to-jax | to-diffusers` on a bf16 save is bit-exact; load_model reads
     the text encoder of a checkpoint that has its visual tower, with the same numbers."""
     from converters.cli import main
-    from wfm_jax.models.loading import export_diffusers, load_model
+    from converters.loading import export_diffusers, load_model
     config, torch_model, jax_model = pair
     src = tmp_path / "src"
     copy.deepcopy(torch_model).to(torch.bfloat16).save_pretrained(src)  # the fixture stays fp32
@@ -411,9 +411,9 @@ def test_load_text_tower_reads_only_the_text(pair, tmp_path):
     the text tower alone, numbers equal to the full model's; other classes are one line."""
     from converters.cli import main
     from converters.registry import UnsupportedModelError
-    from wfm_jax.mesh import make_mesh
+    from wfm_jax.core.mesh import make_mesh
     from wfm_jax.models.text.qwen2_5_vl import QwenTextModel
-    from wfm_jax.models.text.qwen_loading import load_text_tower
+    from converters.qwen_loading import load_text_tower
     config, torch_model, jax_model = pair
     pipe = tmp_path / "pipe"
     torch_model.save_pretrained(pipe / "text_encoder")

@@ -8,9 +8,9 @@ import os
 
 import pytest
 
-from wfm_jax import main as wmain
-from wfm_jax.config import ConfigError, load_config, save_resolved
-from wfm_jax.resume_config import check_resumed_config
+from wfm_jax.cli import main as wmain
+from wfm_jax.config.recipe import ConfigError, load_config, save_resolved
+from wfm_jax.config.resume import check_resumed_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECIPE = f"{ROOT}/configs/tiny_sft.py"

@@ -224,7 +224,7 @@ def test_nan_scores_go_out_as_null_and_are_rejected_by_name(server):
 
 
 def test_trainer_config_takes_clip_min_max_and_budget(service):
-    from wfm_jax.config import ConfigError, from_tree, validate
+    from wfm_jax.config.recipe import ConfigError, from_tree, validate
     from wfm_jax.train.rl_setup import reward_config
 
     rr = "train.train_policy.remote_reward"

@@ -20,7 +20,7 @@ from reward_client.protocol import (ENQUEUE_PATH, build_header, check_media, dec
 from reward_client.registry import register_reward, unregister_reward
 from reward_client.server import create_app, main as server_main
 from tests.test_reward_server import TOKEN, fast_config
-from wfm_jax.config import ConfigError, from_tree, validate
+from wfm_jax.config.recipe import ConfigError, from_tree, validate
 from wfm_jax.train.reward_media import reward_media
 from wfm_jax.train.rl_setup import reward_config
 

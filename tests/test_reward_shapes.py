@@ -12,8 +12,8 @@ from PIL import Image, ImageDraw
 from reward_client.computer import RewardComputer
 from reward_client.errors import RewardValueError
 from reward_client.local import score_local
-from wfm_jax.data.shapes import BACKGROUNDS, COLOURS, PromptGrammarError, Scene, parse_prompt
-from wfm_jax.data.tiny_dataset import build_shapes_dataset
+from wfm_jax.worlds.shapes.grammar import BACKGROUNDS, COLOURS, PromptGrammarError, Scene, parse_prompt
+from wfm_jax.worlds.shapes.dataset import build_shapes_dataset
 
 KEYS = ("background", "colour", "count", "shape")
 
@@ -99,7 +99,7 @@ def test_parse_rejects(prompt):
 
 
 def test_parse_round_trips_every_scene():
-    from wfm_jax.data.shapes import all_scenes
+    from wfm_jax.worlds.shapes.grammar import all_scenes
     assert all(parse_prompt(s.prompt) == s for s in all_scenes())
     assert parse_prompt("A Red Circle on a black background.") == Scene("red", "circle", 1, "black")
 

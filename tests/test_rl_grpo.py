@@ -18,8 +18,8 @@ import pytest
 
 from tests import _rl_toy as toy
 from tests._resume import assert_resumed_run_matches, kill_and_resume, persistent_compile_cache
-from wfm_jax import main as wmain
-from wfm_jax.config_schema import default_config
+from wfm_jax.cli import main as wmain
+from wfm_jax.config.schema import default_config
 from wfm_jax.sampling.samplers import draw_window_start, sample
 from wfm_jax.sampling.schedule import flow_sigmas
 from wfm_jax.train.rl_grpo import GRPO
@@ -227,7 +227,7 @@ def test_fast_window_trains_only_the_cps_window():
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
-    from wfm_jax.tiny import build_tiny_pipeline
+    from wfm_jax.families.tiny import build_tiny_pipeline
     return build_tiny_pipeline(str(tmp_path_factory.mktemp("tiny") / "pipe"), seed=0)
 
 

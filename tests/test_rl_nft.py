@@ -17,7 +17,7 @@ import pytest
 
 from tests import _rl_toy as toy
 from tests._resume import assert_resumed_run_matches, kill_and_resume
-from wfm_jax import main as wmain
+from wfm_jax.cli import main as wmain
 
 RECIPE = os.path.join(os.path.dirname(__file__), "..", "configs", "tiny_nft.py")
 TOKEN = "test-token"
@@ -41,7 +41,7 @@ def _argv(tiny_dir, out_dir, *extra):
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
-    from wfm_jax.tiny import build_tiny_pipeline
+    from wfm_jax.families.tiny import build_tiny_pipeline
     return build_tiny_pipeline(str(tmp_path_factory.mktemp("tiny") / "pipe"), seed=0)
 
 
@@ -105,7 +105,7 @@ def test_lora_export_loads_in_diffusers(tiny_dir, tmp_path):
     import torch
     from diffusers import StableDiffusion3Pipeline
 
-    from wfm_jax.config import load_config
+    from wfm_jax.config.recipe import load_config
     from wfm_jax.train import rl, rl_setup
 
     out = tmp_path / "nft_lora"

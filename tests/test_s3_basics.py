@@ -1,11 +1,11 @@
-"""The S3 test server and the credential / endpoint handling (wfm_jax.storage.s3), against the
+"""The S3 test server and the credential / endpoint handling (wfm_jax.io.storage.s3), against the
 real server: a missing variable, a wrong key or secret, an unreachable endpoint and a missing
 bucket each give one line naming what to fix."""
 from __future__ import annotations
 
 import pytest
 
-from wfm_jax.storage import s3 as s3lib
+from wfm_jax.io.storage import s3 as s3lib
 
 
 def test_server_round_trip(s3_server, s3_bucket):

@@ -16,7 +16,7 @@ import pytest
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from wfm_jax.mesh import make_mesh, param_shardings
+from wfm_jax.core.mesh import make_mesh, param_shardings
 from wfm_jax.models.sana import SanaVideoTransformer
 from wfm_jax.models.sana.temporal import conv_frames, temporal_conv
 

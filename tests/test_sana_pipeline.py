@@ -1,4 +1,4 @@
-"""SanaPipeline as a model family: the tiny pipeline (wfm_jax.tiny_sana, spec §4.3 sizes) loaded
+"""SanaPipeline as a model family: the tiny pipeline (wfm_jax.families.sana.tiny, spec §4.3 sizes) loaded
 by diffusers and by `load_pipeline` must agree in fp32: prompt encoding with and without the
 complex human instruction (2e-5), the DC-AE latents (2e-5), and the whole pipeline from given
 latents with CFG off and on (1e-4), run through the generic `generate`. Exports: a full
@@ -15,12 +15,12 @@ import pytest
 import torch
 from flax import nnx
 
-from wfm_jax import tiny
-from wfm_jax.generate import generate
-from wfm_jax.models.family import PipelineError, families, load_pipeline
-from wfm_jax.models.loading import load_model
-from wfm_jax.models.sana.pipeline import IMAGE_INSTRUCTION, MASK_KEY, TEXT_KEY, SanaPipeline
-from wfm_jax.train import lora as lora_lib
+from wfm_jax.families import tiny
+from wfm_jax.programs.sample import generate
+from wfm_jax.families.base import PipelineError, families, load_pipeline
+from converters.loading import load_model
+from wfm_jax.families.sana.pipeline import IMAGE_INSTRUCTION, MASK_KEY, TEXT_KEY, SanaPipeline
+from wfm_jax.models import lora as lora_lib
 from wfm_jax.train.export import LORA_WEIGHT_NAME, export_full_pipeline, export_lora
 
 ATOL, PIPELINE_ATOL = 2e-5, 1e-4
@@ -131,7 +131,7 @@ def test_whole_pipeline_matches_diffusers(torch_pipe, pipe, guidance, chi):
 def test_sharded_load_generates_the_same(sana_dir, pipe):
     """Loaded onto a (data 2, fsdp 4) mesh of the 8 CPU devices, generate (CFG on) gives the
     single-device pixels."""
-    from wfm_jax import mesh as wmesh
+    from wfm_jax.core import mesh as wmesh
     sharded = load_pipeline(sana_dir, mesh=wmesh.make_mesh(data=2, fsdp=4),
                             rules=wmesh.active_rules())
     kernel = sharded.transformer.caption_projection.linear_1.kernel[...]
@@ -182,7 +182,7 @@ def test_refuses_sana_sprint_and_other_pipelines(sana_dir, tmp_path):
     cfg_path.write_text(json.dumps({**json.loads(cfg_path.read_text()), "guidance_embeds": True}))
     with pytest.raises(PipelineError, match="guidance_embeds=True .* not supported"):
         load_pipeline(str(sprint))
-    from wfm_jax.models.sana.video_pipeline import SanaVideoPipeline
+    from wfm_jax.families.sana.video_pipeline import SanaVideoPipeline
     with pytest.raises(PipelineError, match="holds a 'SanaPipeline', not a SanaVideoPipeline"):
         SanaVideoPipeline.load(sana_dir)
 

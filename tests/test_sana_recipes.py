@@ -1,5 +1,5 @@
 """The SANA recipes (configs/sana_*.py, configs/tiny_sana_*.py) load and validate through
-wfm_jax.config, ask for a geometry SANA takes (multiples of 32; 4k + 1 frames for video), carry
+wfm_jax.config.recipe, ask for a geometry SANA takes (multiples of 32; 4k + 1 frames for video), carry
 cosmos-rl's values, address real layers with their LoRA targets, and the tiny ones build a SANA
 pipeline where they point."""
 from __future__ import annotations
@@ -9,8 +9,8 @@ import os
 
 import pytest
 
-from wfm_jax import config as cfg
-from wfm_jax.config_schema import SANA_LORA_TARGETS
+from wfm_jax.config import recipe as cfg
+from wfm_jax.config.schema import SANA_LORA_TARGETS
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FULL = ("sana_image_sft", "sana_image_sft_lora", "sana_image_nft", "sana_video_sft",
@@ -61,9 +61,9 @@ def test_recipe_validates_with_a_geometry_sana_takes(name):
 
 @pytest.mark.parametrize("fam", ("sana", "sana_video"))
 def test_lora_targets_address_every_attention_projection(fam, tmp_path):
-    from wfm_jax.models import family as family_lib
-    from wfm_jax.tiny import build_tiny_pipeline
-    from wfm_jax.train.lora import find_targets
+    from wfm_jax.families import base as family_lib
+    from wfm_jax.families.tiny import build_tiny_pipeline
+    from wfm_jax.models.lora import find_targets
 
     pipe = family_lib.load_pipeline(build_tiny_pipeline(str(tmp_path / "p"), family=fam),
                                     family=fam)

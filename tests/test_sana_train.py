@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from tests import _rl_toy as toy
-from wfm_jax import main as wmain
-from wfm_jax.config import load_config
+from wfm_jax.cli import main as wmain
+from wfm_jax.config.recipe import load_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = os.path.join(ROOT, "configs")
@@ -30,7 +30,7 @@ def _metrics(out_dir) -> dict[int, dict]:
 
 @pytest.fixture(scope="module")
 def sana_dir(tmp_path_factory):
-    from wfm_jax.tiny import build_tiny_pipeline
+    from wfm_jax.families.tiny import build_tiny_pipeline
     return build_tiny_pipeline(str(tmp_path_factory.mktemp("sana") / "pipe"), family="sana")
 
 
@@ -75,7 +75,7 @@ def brightness():
 
 @pytest.mark.slow
 def test_tiny_sana_video_nft_reward_rises_with_validation(brightness, tmp_path):
-    from wfm_jax.tiny import build_tiny_pipeline
+    from wfm_jax.families.tiny import build_tiny_pipeline
     pipe = build_tiny_pipeline(str(tmp_path / "pipe"), family="sana_video")
     out, steps = tmp_path / "nft", NFT_STEPS
     reward = f'[{{"name": "{brightness}", "weight": 1.0, "score_key": ""}}]'
@@ -128,8 +128,8 @@ def _export_reproduces_jax(export: str, initial: str) -> None:
 def test_rollouts_sample_train_frames_and_validation_inference_frames(tmp_path):
     from types import SimpleNamespace
 
-    from wfm_jax.models import family as family_lib
-    from wfm_jax.tiny import build_tiny_pipeline
+    from wfm_jax.families import base as family_lib
+    from wfm_jax.families.tiny import build_tiny_pipeline
     from wfm_jax.train import setup as setup_lib
     from wfm_jax.train.rl_setup import RLRun
 
@@ -156,7 +156,7 @@ def _sft_config(pipe, shapes, out, steps):
 
 @pytest.fixture(scope="module")
 def shapes_dir(tmp_path_factory):
-    from wfm_jax.data.tiny_dataset import build_shapes_dataset
+    from wfm_jax.worlds.shapes.dataset import build_shapes_dataset
     return build_shapes_dataset(str(tmp_path_factory.mktemp("shapes") / "d"), count=16, size=32)
 
 
@@ -177,7 +177,7 @@ def test_padded_text_positions_do_not_reach_the_training_losses(sana_dir, shapes
     embedding changes where the mask is 0; with the mask all ones (what ignoring it amounts to)
     the same change moves both, so the comparison can fail."""
     from wfm_jax.train import setup as setup_lib, sft
-    from wfm_jax.train.encode import TextEncoder
+    from wfm_jax.programs.encode import TextEncoder
     from wfm_jax.train.rl_nft import nft_grads
     from wfm_jax.train.rl_setup import make_velocity
 

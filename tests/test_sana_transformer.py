@@ -26,10 +26,10 @@ from converters.sana_transformer import build_table, make_model
 from converters.table import ConversionError, convert_to_diffusers, convert_to_jax
 from tests import _sana as S
 from wfm_jax.models.layers.remat import REMAT_POLICIES
-from wfm_jax.models.loading import check_against_model
+from converters.loading import check_against_model
 from wfm_jax.models.sana import SANA15_1600M, SanaTransformer
 from wfm_jax.models.sana.linear_attention import linear_attention
-from wfm_jax.models.state import flat_arrays, flat_params, flat_shapes
+from wfm_jax.core.tree import flat_arrays, flat_params, flat_shapes
 
 BASE = dict(in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=8,
             num_layers=2, num_cross_attention_heads=2, cross_attention_head_dim=8,
@@ -296,7 +296,7 @@ def test_bad_options_and_inputs_fail_clearly():
 def test_sharded_forward_matches_diffusers():
     """Weights on their logical shards (embed over fsdp), batch over data, tokens over context:
     the numbers must not move (the linear attention's sums over the split sequence included)."""
-    from wfm_jax.mesh import make_mesh, param_shardings
+    from wfm_jax.core.mesh import make_mesh, param_shardings
     case = _case("tiny")
     model = _model(case)
     mesh = make_mesh(data=2, fsdp=2, context=2)
@@ -314,7 +314,7 @@ def test_sharded_forward_matches_diffusers():
 
 def test_lora_targets_address_diffusers_module_names():
     """cosmos-rl's SANA LoRA targets (spec §5.3) find the same layers peft would."""
-    from wfm_jax.train.lora import find_targets
+    from wfm_jax.models.lora import find_targets
     model = nnx.eval_shape(lambda: SanaTransformer(BASE, rngs=nnx.Rngs(0)))
     found = find_targets(model, ["attn1.to_q", "attn1.to_k", "attn1.to_v", "attn1.to_out.0",
                                  "attn2.to_q", "attn2.to_k", "attn2.to_v", "attn2.to_out.0"])

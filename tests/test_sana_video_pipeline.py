@@ -1,4 +1,4 @@
-"""SanaVideoPipeline as a model family: the tiny pipeline (wfm_jax.tiny_sana: spec §4.3's DiT,
+"""SanaVideoPipeline as a model family: the tiny pipeline (wfm_jax.families.sana.tiny: spec §4.3's DiT,
 the tiny Wan VAE with non-trivial latents_mean/std, flow shift 8) loaded by diffusers and by
 `load_pipeline` must agree in fp32: prompt encoding with the video instruction (2e-5), the
 latent normalisation (2e-5), and the whole pipeline from given latents with CFG off and on
@@ -15,13 +15,13 @@ import pytest
 import torch
 from flax import nnx
 
-from wfm_jax import tiny
-from wfm_jax.generate import generate
-from wfm_jax.models.family import load_pipeline
-from wfm_jax.models.loading import load_model
-from wfm_jax.models.sana.pipeline import MASK_KEY, TEXT_KEY
-from wfm_jax.models.sana.video_pipeline import VIDEO_INSTRUCTION, SanaVideoPipeline
-from wfm_jax.train import lora as lora_lib
+from wfm_jax.families import tiny
+from wfm_jax.programs.sample import generate
+from wfm_jax.families.base import load_pipeline
+from converters.loading import load_model
+from wfm_jax.families.sana.pipeline import MASK_KEY, TEXT_KEY
+from wfm_jax.families.sana.video_pipeline import VIDEO_INSTRUCTION, SanaVideoPipeline
+from wfm_jax.models import lora as lora_lib
 from wfm_jax.train.export import LORA_WEIGHT_NAME, export_full_pipeline, export_lora
 
 ATOL, PIPELINE_ATOL = 2e-5, 1e-4
@@ -59,7 +59,7 @@ def test_load_pipeline_dispatch_and_defaults(video_dir, pipe):
 def test_refuses_the_ltx2_vae(video_dir, tmp_path):
     import shutil
 
-    from wfm_jax.models.family import PipelineError
+    from wfm_jax.families.base import PipelineError
     other = tmp_path / "p720"
     shutil.copytree(video_dir, other)
     index = json.loads((other / "model_index.json").read_text())

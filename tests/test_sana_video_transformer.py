@@ -29,10 +29,10 @@ from converters.sana_transformer import make_video_model as make_model
 from converters.table import ConversionError, convert_to_diffusers, convert_to_jax
 from tests import _sana as S
 from wfm_jax.models.layers.remat import REMAT_POLICIES
-from wfm_jax.models.loading import check_against_model
+from converters.loading import check_against_model
 from wfm_jax.models.sana import SANA_VIDEO_2B, SanaVideoTransformer
 from wfm_jax.models.sana.linear_attention import linear_attention
-from wfm_jax.models.state import flat_arrays, flat_params, flat_shapes
+from wfm_jax.core.tree import flat_arrays, flat_params, flat_shapes
 from wfm_jax.models.wan.rope import rope_tables
 
 BASE = dict(in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=12,
@@ -303,7 +303,7 @@ def test_bad_inputs_fail_clearly():
 def test_sharded_forward_matches_diffusers():
     """Weights on their logical shards, batch over data, tokens over context: the RoPE'd linear
     attention's sums, the depthwise and temporal convs across the split must not move numbers."""
-    from wfm_jax.mesh import make_mesh, param_shardings
+    from wfm_jax.core.mesh import make_mesh, param_shardings
     case = _case("tiny")
     model = _model(case)
     mesh = make_mesh(data=2, fsdp=2, context=2)
@@ -326,7 +326,7 @@ def test_context_parallel_linear_attention_equals_unsplit(rope):
     gives the unsplit result; the model takes this path under such a mesh (jaxpr: a shard_map
     whose psums carry the local (B/4, H, d, d) state and (B/4, H, d) key sum, nothing else), and
     keeps the plain one without a mesh."""
-    from wfm_jax.mesh import make_mesh
+    from wfm_jax.core.mesh import make_mesh
     from wfm_jax.models.sana.linear_attention import (context_parallel_linear_attention,
                                                       sequence_split)
     rng = np.random.default_rng(4)
@@ -368,7 +368,7 @@ def test_sharded_remat_gradients_match_unsharded():
     """A training step's gradients under (data=2, fsdp=2, context=2) with remat equal the plain
     ones. (This caught XLA mis-partitioning a grouped conv's kernel gradient: the depthwise conv
     is written as shifted products for that reason.)"""
-    from wfm_jax.mesh import make_mesh, param_shardings
+    from wfm_jax.core.mesh import make_mesh, param_shardings
     case = _case("tiny")
     inputs = {k: np.concatenate([v, v]) if np.ndim(v) else v for k, v in case["inputs"].items()}
 

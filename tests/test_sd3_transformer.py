@@ -22,7 +22,7 @@ from converters.sd3_transformer import build_table, make_model
 from converters.table import ConversionError, convert_to_diffusers, convert_to_jax
 from wfm_jax.models.layers.embeddings import Buffer
 from wfm_jax.models.sd3 import REMAT_POLICIES, SD3Transformer
-from wfm_jax.models.state import flat_arrays, flat_params, flat_shapes
+from wfm_jax.core.tree import flat_arrays, flat_params, flat_shapes
 
 BASE = dict(sample_size=16, patch_size=2, in_channels=4, num_layers=2, attention_head_dim=8,
             num_attention_heads=2, joint_attention_dim=16, caption_projection_dim=16,
@@ -287,7 +287,7 @@ def test_bad_options_and_inputs_fail_clearly():
 def test_lora_trains_through_the_scanned_blocks():
     """LoRA adapters in scanned blocks: the same loss and adapter gradients as unrolled, and
     every block's adapters get their own gradient."""
-    from wfm_jax.train.lora import attach_lora
+    from wfm_jax.models.lora import attach_lora
     config = {**BASE, "num_layers": 4}
     latents, text, pooled, t = _inputs()
     results = []

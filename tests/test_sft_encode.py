@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from wfm_jax.config import load_config
+from wfm_jax.config.recipe import load_config
 from wfm_jax.data.media import to_signed_unit
 
 CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
@@ -22,7 +22,7 @@ ITEMS = 16
 
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory):
-    from wfm_jax.tiny import build_tiny_pipeline
+    from wfm_jax.families.tiny import build_tiny_pipeline
     root = tmp_path_factory.mktemp("sft_encode")
     data = root / "data"
     data.mkdir()
@@ -45,7 +45,7 @@ def config(assets, out_dir, **extra):
 
 
 def test_uint8_to_signed_unit_on_the_device_is_numpys():
-    from wfm_jax.train.encode import signed_unit
+    from wfm_jax.programs.encode import signed_unit
     every = np.arange(256, dtype=np.uint8)
     got = jax.jit(signed_unit)(every)
     assert got.dtype == np.float32

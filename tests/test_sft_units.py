@@ -13,10 +13,11 @@ import pytest
 from flax import nnx
 
 from tests import _tiny_sd3
-from wfm_jax import main as wmain
-from wfm_jax.config import load_config
-from wfm_jax.models.loading import load_model
-from wfm_jax.train import lora, setup as setup_lib
+from wfm_jax.cli import main as wmain
+from wfm_jax.config.recipe import load_config
+from converters.loading import load_model
+from wfm_jax.train import setup as setup_lib
+from wfm_jax.models import lora
 from wfm_jax.train.export import LORA_WEIGHT_NAME, export_lora
 
 TARGETS = ("attn.to_q", "attn.to_out.0", "attn.add_k_proj", "attn.to_add_out", "attn2.to_v")
@@ -34,8 +35,8 @@ def transformer_dir(tmp_path_factory, torch_transformer):
 
 @pytest.fixture(scope="module")
 def tiny_assets(tmp_path_factory):
-    from wfm_jax.data.tiny_dataset import build_shapes_dataset
-    from wfm_jax.tiny import build_tiny_pipeline
+    from wfm_jax.worlds.shapes.dataset import build_shapes_dataset
+    from wfm_jax.families.tiny import build_tiny_pipeline
     root = tmp_path_factory.mktemp("tiny_assets")
     return (build_tiny_pipeline(str(root / "pipe"), seed=0),
             build_shapes_dataset(str(root / "shapes"), count=8, size=32, seed=1))
@@ -159,7 +160,7 @@ def test_checkpoints_in_the_way(tiny_assets, tmp_path):
 
 def test_shapes_dataset(tmp_path):
     from wfm_jax.data.paired import paired_loader
-    from wfm_jax.data.tiny_dataset import build_shapes_dataset
+    from wfm_jax.worlds.shapes.dataset import build_shapes_dataset
     a = build_shapes_dataset(str(tmp_path / "a"), count=6, size=24, seed=3)
     b = build_shapes_dataset(str(tmp_path / "b"), count=6, size=24, seed=3)
     names = sorted(os.listdir(a))

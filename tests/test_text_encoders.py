@@ -19,8 +19,8 @@ from converters import t5 as t5_conv
 from converters.registry import spec_for
 from converters.safetensors_io import open_checkpoint, save_checkpoint
 from converters.table import ConversionError, convert_to_diffusers, convert_to_jax
-from wfm_jax.mesh import MESH_AXES
-from wfm_jax.models.state import flat_arrays, flat_params, flat_shapes
+from wfm_jax.core.mesh import MESH_AXES
+from wfm_jax.core.tree import flat_arrays, flat_params, flat_shapes
 from wfm_jax.models.text.t5 import relative_position_buckets
 
 ATOL = 2e-5
@@ -334,9 +334,9 @@ def test_t5_loads_every_tied_layout_transformers_writes(t5_reference, tmp_path, 
     through load_model and through `python -m converters to-jax`."""
     from converters import jax_state
     from converters.cli import main
-    from wfm_jax.mesh import make_mesh
+    from wfm_jax.core.mesh import make_mesh
     from converters.safetensors_io import checkpoint_meta
-    from wfm_jax.models.loading import load_model
+    from converters.loading import load_model
     torch_model, want = t5_reference
     src = _save_t5(torch_model, tmp_path / layout, layout)
     keys = set(checkpoint_meta(src))
@@ -353,7 +353,7 @@ def test_t5_loads_every_tied_layout_transformers_writes(t5_reference, tmp_path, 
 
 def test_t5_tied_keys_with_different_values_are_refused(t5_reference, tmp_path, capsys):
     from converters.cli import main
-    from wfm_jax.models.loading import load_model
+    from converters.loading import load_model
     torch_model, _ = t5_reference
     src = _save_t5(torch_model, tmp_path / "differ", "differ")
     needle = (rf"tied keys {t5_conv.SHARED} and {t5_conv.TIED_COPY} hold different "
@@ -371,7 +371,7 @@ def test_t5_tied_keys_with_different_values_are_refused(t5_reference, tmp_path, 
 
 
 def test_t5_tied_copy_with_another_shape_is_named_before_reading(tmp_path, monkeypatch):
-    from wfm_jax.models import loading
+    from converters import loading
     torch_model = _torch_model(transformers.T5EncoderModel, transformers.T5Config(**T5_CONFIG))
     state = _numpy_state(torch_model)
     state[t5_conv.TIED_COPY] = state[t5_conv.TIED_COPY][:-1]

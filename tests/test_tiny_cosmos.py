@@ -17,8 +17,10 @@ import torch
 import torch.nn.functional as F
 from flax import nnx
 
-from wfm_jax import tiny, tiny_cosmos
-from wfm_jax.models.loading import load_model
+from wfm_jax.cli import tiny as tiny_cli
+from wfm_jax.families import tiny
+from wfm_jax.families.cosmos import tiny as tiny_cosmos
+from converters.loading import load_model
 from wfm_jax.train.export import export_full_pipeline
 
 
@@ -96,13 +98,13 @@ def test_configs_are_what_diffusers_writes(cosmos_dir):
 def test_seeded_and_cli(cosmos_dir, tmp_path, capsys):
     again = tiny.build_tiny_pipeline(str(tmp_path / "again"), family="cosmos")
     assert _files(again) == _files(cosmos_dir)
-    assert tiny.main(["--family", "cosmos", "--seed", "1", str(tmp_path / "other")]) == 0
+    assert tiny_cli.main(["--family", "cosmos", "--seed", "1", str(tmp_path / "other")]) == 0
     other = _files(str(tmp_path / "other"))
     assert other.keys() == _files(cosmos_dir).keys()
     key = "transformer/diffusion_pytorch_model.safetensors"
     assert other[key] != _files(cosmos_dir)[key]
     capsys.readouterr()
-    assert tiny.main(["--family", "cosmos", str(tmp_path / "other")]) == 2
+    assert tiny_cli.main(["--family", "cosmos", str(tmp_path / "other")]) == 2
     assert "exists and is not empty" in capsys.readouterr().err
 
 

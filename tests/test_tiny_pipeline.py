@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from converters.safetensors_io import open_checkpoint
-from wfm_jax import tiny
+from wfm_jax.cli import tiny as tiny_cli
+from wfm_jax.families import tiny
 
 PROMPTS = ["a photo of the cat", "a red dog on the blue sofa"]
 WEIGHTED = ("text_encoder", "text_encoder_2", "text_encoder_3", "transformer", "vae")
@@ -160,7 +161,7 @@ def test_jax_pipeline_loads_and_matches_diffusers(tiny_dir, pipe):
     import jax.numpy as jnp
     from flax import nnx
 
-    from wfm_jax.models.sd3.pipeline import SD3Pipeline, encode_tokens
+    from wfm_jax.families.sd3.pipeline import SD3Pipeline, encode_tokens
 
     jax_pipe = SD3Pipeline.load(tiny_dir)
     ids = jax_pipe.tokenize(PROMPTS, max_sequence_length=16)
@@ -187,17 +188,17 @@ def test_jax_pipeline_loads_and_matches_diffusers(tiny_dir, pipe):
 
 def test_cli_writes_and_refuses_to_clobber(tmp_path, capsys):
     target = tmp_path / "cli_pipe"
-    assert tiny.main([str(target), "--seed", "3"]) == 0
+    assert tiny_cli.main([str(target), "--seed", "3"]) == 0
     with open(target / "model_index.json") as f:
         assert json.load(f)["_class_name"] == "StableDiffusion3Pipeline"
     before = sorted(os.listdir(target))
     capsys.readouterr()
-    assert tiny.main([str(target)]) == 2
+    assert tiny_cli.main([str(target)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "not empty" in err and str(target) in err
     assert sorted(os.listdir(target)) == before
     assert sorted(os.listdir(tmp_path)) == ["cli_pipe"]  # no temporary directory left behind
-    assert tiny.main([str(tmp_path / "neg"), "--seed", "-1"]) == 2
+    assert tiny_cli.main([str(tmp_path / "neg"), "--seed", "-1"]) == 2
     assert "seed" in capsys.readouterr().err and sorted(os.listdir(tmp_path)) == ["cli_pipe"]
 
 

@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from wfm_jax import tiny_pretrain
-from wfm_jax.tiny_pretrain import MARKER, QUICK, ensure_pretrained, is_built
+from wfm_jax.train import pretrain as tiny_pretrain
+from wfm_jax.train.pretrain import MARKER, QUICK, ensure_pretrained, is_built
 
 pytestmark = pytest.mark.slow
 
@@ -20,7 +20,7 @@ def built(tmp_path_factory):
 
 
 def test_complete_build_is_loadable_and_reused(built):
-    from wfm_jax.models.sd3.pipeline import SD3Pipeline
+    from wfm_jax.families.sd3.pipeline import SD3Pipeline
     marker = json.load(open(os.path.join(built, MARKER)))
     assert marker["complete"] and marker["settings"]["sft_steps"] == QUICK.sft_steps
     assert not os.path.exists(os.path.join(built, ".work"))
@@ -46,19 +46,19 @@ def test_half_written_cache_is_rebuilt_not_loaded(built, tmp_path):
 
 
 def test_build_killed_midway_leaves_nothing(tmp_path, monkeypatch):
-    import wfm_jax.tiny_vae
+    import wfm_jax.worlds.shapes.vae
 
     def killed(*a, **k):
         raise KeyboardInterrupt
-    monkeypatch.setattr(wfm_jax.tiny_vae, "fit_vae", killed)
+    monkeypatch.setattr(wfm_jax.worlds.shapes.vae, "fit_vae", killed)
     with pytest.raises(KeyboardInterrupt):
         ensure_pretrained(str(tmp_path / "dst"), QUICK, log=lambda m: None)
     assert os.listdir(tmp_path) == []
 
 
 def test_eval_scores_every_attribute_and_chance(built):
-    from wfm_jax.models.sd3.pipeline import SD3Pipeline
-    from wfm_jax.tiny_eval import score_pipeline
+    from wfm_jax.families.sd3.pipeline import SD3Pipeline
+    from wfm_jax.train.pretrain_eval import score_pipeline
     prompts = ["a red circle on a white background", "two blue squares on a black background"]
     out = score_pipeline(SD3Pipeline.load(built), prompts, per_prompt=2, steps=2, size=QUICK.size)
     assert out["n"] == 4
@@ -69,7 +69,7 @@ def test_eval_scores_every_attribute_and_chance(built):
 def test_zero_init_zeroes_only_the_modulations_and_output(tmp_path):
     import glob
     from safetensors.numpy import load_file
-    from wfm_jax import tiny
+    from wfm_jax.families import tiny
     base = str(tmp_path / "base")
     tiny.write_pipeline(base, 0, **tiny_pretrain.base_configs(QUICK))
     path = glob.glob(os.path.join(base, "transformer", "*.safetensors"))[0]

@@ -15,9 +15,10 @@ import numpy as np
 import pytest
 import torch
 
-from wfm_jax import generate as gen
-from wfm_jax import tiny, tiny_sana
-from wfm_jax.models.sana.pipeline import IMAGE_INSTRUCTION
+from wfm_jax.programs import sample as gen
+from wfm_jax.families import tiny
+from wfm_jax.families.sana import tiny as tiny_sana
+from wfm_jax.families.sana.pipeline import IMAGE_INSTRUCTION
 
 PROMPTS = ["a cat sleeping", "a busy city street"]
 FAMILIES = {"sana": ("SanaPipeline", tiny_sana.IMAGE_MODELS),
@@ -159,9 +160,9 @@ class NoTorch(importlib.machinery.PathFinder):
             return None
         return super().find_spec(name, path, target)
 sys.meta_path = [NoTorch if f is importlib.machinery.PathFinder else f for f in sys.meta_path]
-from wfm_jax import tiny
-assert tiny.main(["--family", "sana", {str(tmp_path / "i")!r}]) == 0
-assert tiny.main(["--family", "sana_video", {str(tmp_path / "v")!r}]) == 0
+from wfm_jax.cli import tiny as tiny_cli
+assert tiny_cli.main(["--family", "sana", {str(tmp_path / "i")!r}]) == 0
+assert tiny_cli.main(["--family", "sana_video", {str(tmp_path / "v")!r}]) == 0
 assert "torch" not in sys.modules
 """
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

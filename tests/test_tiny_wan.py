@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from wfm_jax import tiny, tiny_wan
+from wfm_jax.cli import tiny as tiny_cli
+from wfm_jax.families import tiny
+from wfm_jax.families.wan import tiny as tiny_wan
 
 PROMPTS = ["a photo of the cat", "a red dog on the blue sofa"]
 
@@ -106,8 +108,8 @@ def test_jax_loads_every_component_and_matches_torch(wan_dir, pipe):
     import jax.numpy as jnp
     from flax import nnx
 
-    from wfm_jax.models.loading import load_model
-    from wfm_jax.models.state import flat_params
+    from converters.loading import load_model
+    from wfm_jax.core.tree import flat_params
 
     models = {name: load_model(wan_dir, component=name)[0] for name in tiny_wan.MODELS}
     n_torch = {name: sum(p.numel() for p in getattr(pipe, name).parameters())
@@ -176,19 +178,19 @@ def test_failed_build_leaves_nothing_and_cli(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(tiny, "random_weights", real)
 
     target = tmp_path / "cli"
-    assert tiny.main(["--family", "wan", str(target), "--seed", "2"]) == 0
+    assert tiny_cli.main(["--family", "wan", str(target), "--seed", "2"]) == 0
     with open(target / "model_index.json") as f:
         assert json.load(f)["_class_name"] == "WanPipeline"
     before = _files(str(target))
     capsys.readouterr()
-    assert tiny.main(["--family", "wan", str(target)]) == 2
+    assert tiny_cli.main(["--family", "wan", str(target)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "not empty" in err
     assert _files(str(target)) == before and os.listdir(tmp_path) == ["cli"]
     with pytest.raises(ValueError, match="unknown tiny pipeline family 'flux'"):
         tiny.build_tiny_pipeline(str(tmp_path / "x"), family="flux")
     with pytest.raises(SystemExit):  # the pretrained shapes pipeline is an SD3 one
-        tiny.main(["--family", "wan", "--pretrained", str(tmp_path / "p")])
+        tiny_cli.main(["--family", "wan", "--pretrained", str(tmp_path / "p")])
     assert "SD3 shapes-world pipeline only" in capsys.readouterr().err
     assert os.listdir(tmp_path) == ["cli"]
 

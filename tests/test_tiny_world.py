@@ -4,9 +4,9 @@ import os
 
 import pytest
 
-from wfm_jax.config import load_config
-from wfm_jax.data.shapes import heldout_scenes, train_scenes
-from wfm_jax.tiny_world import HELDOUT_PROMPTS, PRETRAINED_DIR, TRAIN_PROMPTS
+from wfm_jax.config.recipe import load_config
+from wfm_jax.worlds.shapes.grammar import heldout_scenes, train_scenes
+from wfm_jax.worlds.shapes.recipe import HELDOUT_PROMPTS, PRETRAINED_DIR, TRAIN_PROMPTS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

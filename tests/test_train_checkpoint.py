@@ -10,8 +10,8 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from wfm_jax.train.checkpoint import Checkpointer, CheckpointError, abstract_of
-from wfm_jax.train.optim import make_optimizer
-from wfm_jax.train.state import TrainState, train_state_update
+from wfm_jax.programs.optim import make_optimizer
+from wfm_jax.programs.state import TrainState, train_state_update
 
 
 def _leaves_bytes(tree):

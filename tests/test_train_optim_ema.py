@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from wfm_jax.train.ema import ema_init, ema_update, soft_update
-from wfm_jax.train.optim import apply_gradients, make_lr_schedule, make_optimizer
-from wfm_jax.train.state import TrainState, train_state_update
+from wfm_jax.programs.ema import ema_init, ema_update, soft_update
+from wfm_jax.programs.optim import apply_gradients, make_lr_schedule, make_optimizer
+from wfm_jax.programs.state import TrainState, train_state_update
 
 
 # ---------- numpy references (written from the rules, not from the code) ----------

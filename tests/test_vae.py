@@ -13,7 +13,7 @@ from flax import nnx
 from converters.registry import spec_for
 from converters.table import ConversionError, convert_to_diffusers, convert_to_jax
 from converters.vae import build_table
-from wfm_jax.models.state import flat_arrays, flat_params, flat_shapes
+from wfm_jax.core.tree import flat_arrays, flat_params, flat_shapes
 from wfm_jax.models.vae import (AutoencoderKL, DiagonalGaussian, scale_latents, unscale_latents,
                                 vae_scale_factor)
 
@@ -241,7 +241,7 @@ def test_gaussian_sample_is_mean_plus_std_noise():
 
 def test_sharded_on_mesh_matches_diffusers():
     # params placed by their logical names, batch split over (data, fsdp): same numbers as torch
-    from wfm_jax.mesh import make_mesh, param_shardings
+    from wfm_jax.core.mesh import make_mesh, param_shardings
     vae = random_torch_vae(CONFIGS["one_block"])
     model = load_jax(vae)
     mesh = make_mesh(data=2, fsdp=jax.device_count() // 2)
@@ -272,8 +272,8 @@ def test_query_chunked_attention_is_plain_attention():
 def test_large_decode_does_not_hold_every_attention_score():
     # the tiny VAE does not downsample: 2 images at 192 px attend over 36864 positions, and the
     # unchunked mid-block attention compiled to 32.6 GB of temporaries (generate died there)
-    from wfm_jax import tiny
-    from wfm_jax.models.sd3.pipeline import decode_latents
+    from wfm_jax.families import tiny
+    from wfm_jax.families.sd3.pipeline import decode_latents
     cfg = tiny.vae_config()
     graphdef, state = nnx.split(nnx.eval_shape(lambda: AutoencoderKL(cfg, rngs=nnx.Rngs(0))))
     latents = jax.ShapeDtypeStruct((2, 4, 192, 192), jnp.float32)

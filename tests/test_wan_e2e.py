@@ -1,4 +1,4 @@
-"""Wan2.1 end to end on the tiny random pipeline (issue 12 acceptance), through `wfm_jax.main`
+"""Wan2.1 end to end on the tiny random pipeline (issue 12 acceptance), through `wfm_jax.cli.main`
 with the tiny recipes as shipped, shortened:
 
 - configs/tiny_wan_sft.py: the loss falls and the exported step loads in diffusers' WanPipeline
@@ -16,7 +16,7 @@ import os
 import numpy as np
 import pytest
 
-from wfm_jax import main as wmain
+from wfm_jax.cli import main as wmain
 
 CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
 TOKEN = "test-token"
@@ -29,7 +29,7 @@ def _metrics(out_dir) -> dict[int, dict]:
 
 @pytest.fixture(scope="module")
 def wan_dir(tmp_path_factory):
-    from wfm_jax.tiny import build_tiny_pipeline
+    from wfm_jax.families.tiny import build_tiny_pipeline
     return build_tiny_pipeline(str(tmp_path_factory.mktemp("wan") / "pipe"), seed=0, family="wan")
 
 

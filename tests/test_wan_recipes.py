@@ -1,5 +1,5 @@
 """The Wan recipes (configs/wan21_1_3b_*.py, configs/tiny_wan_*.py) load and validate through
-wfm_jax.config, ask for a geometry the Wan VAE and patching take, address real layers with their
+wfm_jax.config.recipe, ask for a geometry the Wan VAE and patching take, address real layers with their
 LoRA targets, and the tiny ones build a WanPipeline and a video dataset where they point."""
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import os
 import numpy as np
 import pytest
 
-from wfm_jax import config as cfg
-from wfm_jax.config_schema import WAN_LORA_TARGETS
+from wfm_jax.config import recipe as cfg
+from wfm_jax.config.schema import WAN_LORA_TARGETS
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FULL = ("wan21_1_3b_sft", "wan21_1_3b_sft_lora", "wan21_1_3b_nft", "wan21_1_3b_grpo")
@@ -49,7 +49,7 @@ def test_lora_targets_address_the_released_1_3b_model():
     from flax import nnx
 
     from wfm_jax.models.wan import WAN21_T2V_1_3B, WanTransformer
-    from wfm_jax.train.lora import find_targets
+    from wfm_jax.models.lora import find_targets
 
     model = nnx.eval_shape(lambda: WanTransformer(WAN21_T2V_1_3B, rngs=nnx.Rngs(0)))
     for name in FULL:
@@ -86,7 +86,7 @@ def test_tiny_recipe_builds_a_wan_pipeline_and_video_data(name, tmp_path, capsys
 
 
 def test_video_dataset_refuses_negative_frames(tmp_path):
-    from wfm_jax.data.tiny_dataset import build_shapes_dataset
+    from wfm_jax.worlds.shapes.dataset import build_shapes_dataset
 
     with pytest.raises(ValueError, match="frames must be >= 0"):
         build_shapes_dataset(str(tmp_path / "clips"), count=2, frames=-1)

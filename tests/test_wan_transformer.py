@@ -28,9 +28,9 @@ from converters import jax_state
 from converters.cli import main as converters_main
 from converters.wan_transformer import build_table, make_model
 from converters.table import ConversionError, convert_to_diffusers, convert_to_jax
-from wfm_jax.models.loading import check_against_model
+from converters.loading import check_against_model
 from wfm_jax.models.layers.remat import REMAT_POLICIES
-from wfm_jax.models.state import flat_arrays, flat_params, flat_shapes
+from wfm_jax.core.tree import flat_arrays, flat_params, flat_shapes
 from wfm_jax.models.wan import WAN21_T2V_1_3B, WAN21_T2V_14B, WanTransformer
 from wfm_jax.models.wan.rope import rope_tables
 
@@ -318,7 +318,7 @@ def test_bad_options_and_inputs_fail_clearly():
 def test_sharded_forward_matches_diffusers():
     """Weights on their logical shards (embed over fsdp), batch over data, the token sequence
     over context: the numbers must not move."""
-    from wfm_jax.mesh import make_mesh, param_shardings
+    from wfm_jax.core.mesh import make_mesh, param_shardings
     case = _case("p122_norm")
     model = _jax_model(case["config"], case["tensors"])
     mesh = make_mesh(data=2, fsdp=2, context=2)
@@ -338,7 +338,7 @@ def test_sharded_forward_matches_diffusers():
 
 def test_lora_targets_address_diffusers_module_names():
     """The Wan LoRA list (spec video_models.md §5.5) finds the same layers peft would."""
-    from wfm_jax.train.lora import find_targets
+    from wfm_jax.models.lora import find_targets
     model = nnx.eval_shape(lambda: WanTransformer(BASE, rngs=nnx.Rngs(0)))
     found = find_targets(model, ["to_q", "to_k", "to_v", "to_out.0", "ffn.net.0.proj",
                                  "ffn.net.2"])

@@ -19,7 +19,7 @@ from converters.cli import main as converters_main
 from converters.registry import spec_for
 from converters.table import ConversionError, convert_to_diffusers, convert_to_jax
 from converters.wan_vae import _resample, build_table
-from wfm_jax.models.state import flat_arrays, flat_params, flat_shapes
+from wfm_jax.core.tree import flat_arrays, flat_params, flat_shapes
 from wfm_jax.models.wan.vae import (AutoencoderKLWan, WanVAEConfig, latent_frames, scale_latents,
                                     unscale_latents)
 from wfm_jax.models.wan.vae_layers import Resample
@@ -290,7 +290,7 @@ def test_converters_cli_round_trip(tmp_path, capsys, dtype):
 
 def test_load_model_from_a_pipeline_dir_and_export(tmp_path):
     # the loaders trainers use: a WanPipeline-shaped dir's vae/ in, a diffusers dir out, bit-exact
-    from wfm_jax.models.loading import export_diffusers, load_model
+    from converters.loading import export_diffusers, load_model
     vae = random_torch_vae()
     vae.save_pretrained(tmp_path / "pipe" / "vae", safe_serialization=True)
     (tmp_path / "pipe" / "model_index.json").write_text(

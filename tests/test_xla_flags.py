@@ -1,5 +1,5 @@
 """The GPU overlap flags are added to XLA_FLAGS without overriding what the user set."""
-from wfm_jax import xla_flags
+from wfm_jax.core import xla_flags
 
 
 def test_defaults_are_added_and_user_flags_win():

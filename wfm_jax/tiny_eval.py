@@ -1,64 +1,7 @@
-"""How well a tiny shapes pipeline follows prompts: sample each prompt a few times and score
-the images with `shapes_alignment` (mean and per attribute). Used by the pretraining to record
-its figure, by tests, and by README numbers.
-
-    python -m wfm_jax.tiny_eval DIR [--split heldout] [--per-prompt 4] [--steps 10]
-"""
-from __future__ import annotations
-
-import argparse
-import json
+"""`python -m wfm_jax.tiny_eval DIR`: the shapes world's score of a tiny pipeline (wfm_jax/cli/tiny.py)."""
 import sys
 
-import numpy as np
-
-from wfm_jax.data.shapes import SPLIT_SCENES
-
-
-def score_pipeline(pipe, prompts, *, per_prompt: int = 4, steps: int = 10, size: int = 32,
-                   seed: int = 0, guidance: float = 1.0, batch: int = 48) -> dict:
-    """{"shapes_alignment": mean, "<attribute>": mean, "chance": mean score against every
-    prompt of the list, "n": images} over `per_prompt` images of each prompt (Euler ODE, CFG-free unless
-    `guidance` > 1)."""
-    from reward_client.local import score_local
-    from wfm_jax.generate import generate
-
-    todo = [p for p in prompts for _ in range(per_prompt)]
-    scores: dict[str, list] = {}
-    for start in range(0, len(todo), batch):
-        chunk = todo[start:start + batch]
-        images = generate(pipe, chunk, steps=steps, guidance=guidance, height=size, width=size,
-                          seed=seed + start, max_sequence_length=16)
-        pixels = (np.clip(images, 0.0, 1.0) * 255).round().astype(np.uint8)
-        for key, values in score_local("shapes_alignment", pixels, chunk).items():
-            scores.setdefault(key, []).extend(values.tolist())
-        # chance: the same images scored against every prompt of the list, averaged: what a
-        # model that ignored its prompt would score
-        against_all = [score_local("shapes_alignment", pixels, [p] * len(chunk))["shapes_alignment"]
-                       for p in prompts]
-        scores.setdefault("chance", []).extend(np.mean(against_all, axis=0).tolist())
-    return {**{k: float(np.mean(v)) for k, v in scores.items()}, "n": len(todo)}
-
-
-def score_directory(directory: str, split: str = "heldout", **kwargs) -> dict:
-    from wfm_jax.models.sd3.pipeline import SD3Pipeline
-
-    prompts = [s.prompt for s in SPLIT_SCENES[split]()]
-    return score_pipeline(SD3Pipeline.load(directory), prompts, **kwargs)
-
-
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m wfm_jax.tiny_eval", description=__doc__.split("\n")[0])
-    p.add_argument("directory")
-    p.add_argument("--split", default="heldout", choices=sorted(SPLIT_SCENES))
-    p.add_argument("--per-prompt", type=int, default=4)
-    p.add_argument("--steps", type=int, default=10)
-    p.add_argument("--seed", type=int, default=0)
-    args = p.parse_args(argv)
-    print(json.dumps(score_directory(args.directory, args.split, per_prompt=args.per_prompt,
-                                     steps=args.steps, seed=args.seed)))
-    return 0
-
+from wfm_jax.cli.tiny import eval_main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(eval_main())

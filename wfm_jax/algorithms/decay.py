@@ -1,5 +1,5 @@
 """DiffusionNFT's old-policy decay schedule (spec algorithms.md §3). The averaging itself
-(soft update, EMA with its warm-up rule) lives in wfm_jax.train.ema.
+(soft update, EMA with its warm-up rule) lives in wfm_jax.programs.ema.
 """
 
 from __future__ import annotations

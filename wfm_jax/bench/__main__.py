@@ -94,7 +94,7 @@ def main(argv=None) -> int:
     # torch's OpenMP threads spin-wait by default; on a CPU shared with other processes that
     # makes eager torch ~10x slower (measured on the 2-core CI box). Must precede `import torch`.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    from wfm_jax import xla_flags
+    from wfm_jax.core import xla_flags
     xla_flags.apply()  # the GPU overlap flags training runs with (before jax's backend starts)
     from wfm_jax.bench import report, runner
     if args.worker is not None:

@@ -140,7 +140,7 @@ class SD3(BenchFamily):
         return velocity
 
     def jax_decode(self, vae, suite, latents):
-        from wfm_jax.models.sd3.pipeline import decode_latents
+        from wfm_jax.families.sd3.pipeline import decode_latents
         return decode_latents(vae, suite.vae, latents)
 
     # ---------------------------------------------------------------- torch
@@ -229,7 +229,7 @@ class Cosmos(BenchFamily):
     # ---------------------------------------------------------------- wfm_jax
     def pipeline(self, suite):
         """A weightless CosmosPipeline: its velocity_with / decode_with read only configs."""
-        from wfm_jax.models.family import family_named
+        from wfm_jax.families.base import family_named
         pipe = object.__new__(family_named(self.name))
         pipe.directory, pipe.transformer, pipe.vae, pipe.text_encoders = None, None, None, ()
         pipe.transformer_config, pipe.vae_config = dict(suite.transformer), dict(suite.vae)

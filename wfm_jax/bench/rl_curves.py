@@ -36,7 +36,7 @@ class RLBenchError(ValueError):
 
 def recipe_batches(recipes: dict) -> dict:
     """{name: train.train_batch_per_replica} as each recipe file sets it."""
-    from wfm_jax.config import ConfigError, load_config
+    from wfm_jax.config.recipe import ConfigError, load_config
     out = {}
     for name, path in recipes.items():
         try:

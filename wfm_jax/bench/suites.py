@@ -15,11 +15,11 @@ from wfm_jax.models.wan.vae import WAN21_LATENTS_MEAN, WAN21_LATENTS_STD
 # Full fine-tune: torch's AdamW defaults with a fine-tuning rate; LoRA: the SD3.5 NFT recipe.
 OPTIM = {"full": dict(lr=1e-5, weight_decay=1e-2, betas=(0.9, 0.999), eps=1e-8, clip=1.0),
          "lora": dict(lr=3e-4, weight_decay=1e-4, betas=(0.9, 0.999), eps=1e-8, clip=1.0)}
-# = wfm_jax.config_schema.SD3_LORA_TARGETS (not imported: it needs ml_collections, which GPU
+# = wfm_jax.config.schema.SD3_LORA_TARGETS (not imported: it needs ml_collections, which GPU
 # machines lack; tests/test_bench.py checks the two agree).
 LORA_TARGETS = ("attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0",
                 "attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj", "attn.to_add_out")
-# = wfm_jax.config_schema.COSMOS_LORA_TARGETS (configs/cosmos25_2b_nft.py: attn1 and attn2, the
+# = wfm_jax.config.schema.COSMOS_LORA_TARGETS (configs/cosmos25_2b_nft.py: attn1 and attn2, the
 # MLP; crossattn_proj frozen).
 COSMOS_LORA_TARGETS = ("to_q", "to_k", "to_v", "to_out.0", "ff.net.0.proj", "ff.net.2")
 

@@ -93,7 +93,7 @@ def jax_module(kind: str, config: dict, *, dtype, param_dtype, seed: int = 0, **
 
     from converters.registry import spec_for
     from converters.table import convert_to_jax
-    from wfm_jax.models.state import flat_shapes, path_str
+    from wfm_jax.core.tree import flat_shapes, path_str
 
     cfg = dict(config, _class_name=class_name(kind))
     spec = spec_for(cfg)

@@ -6,7 +6,7 @@ on an N-device fsdp mesh of simulated CPU devices with abstract weights.
 The step compiled is the bench's own (train_step.step_fn: noise mix -> the family's forward ->
 flow-matching loss -> grads -> clip -> AdamW, params and optimizer state donated) with the
 transformer built by its converter registry entry under nnx.eval_shape: ShapeDtypeStructs
-carrying the mesh shardings the trainer gives them (wfm_jax.mesh.param_shardings; optimizer
+carrying the mesh shardings the trainer gives them (wfm_jax.core.mesh.param_shardings; optimizer
 leaves like their params), the batch split over (data, fsdp), `train_batch` rows per device.
 wfm_jax.plan compiles the trainer's own steps (SFT, and RL's rollout and update) for every
 family; this compiles the bench's step, so the memory sits beside the bench's timings (plan's
@@ -26,7 +26,7 @@ def _abstract_model(suite, mode: str, options, scan: bool):
     from flax import nnx
 
     from converters.registry import spec_for
-    from wfm_jax.train.lora import attach_lora
+    from wfm_jax.models.lora import attach_lora
     wl = suite.workload
     spec = spec_for(dict(suite.transformer, _class_name=wl.transformer_class))
     lora = mode == "lora"
@@ -49,7 +49,7 @@ def compile_step(suite, mode: str, options, *, devices: int = 8, scan: bool = Tr
     import optax
     from flax import nnx
 
-    from wfm_jax import mesh as wmesh
+    from wfm_jax.core import mesh as wmesh
     from wfm_jax.bench.train_step import TRAINABLE_FULL, optimizer, resolved_attention, step_fn
     from wfm_jax.plan.abstract import per_device_bytes, with_shardings
     from wfm_jax.train.setup import batch_sharding, replicated

@@ -14,7 +14,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from wfm_jax.console import say
+from wfm_jax.core.console import say
 from wfm_jax.data.errors import BadSample, DataError
 
 try:

@@ -20,7 +20,7 @@ import time
 import grain
 
 from wfm_jax.data.errors import DataError
-from wfm_jax.storage import s3 as s3lib
+from wfm_jax.io.storage import s3 as s3lib
 
 _KEY_RE = re.compile(r"^((?:.*/|)[^./]+)[.]([^/]*)$")
 _META_RE = re.compile(r"__[^/]*__($|/)")

@@ -35,7 +35,7 @@ from wfm_jax.data.errors import BadSample, DataError
 from wfm_jax.data.loader import Loader, Shard, local_batch_size, process_shard, stack_batch
 from wfm_jax.data.tar_stream import ShardDataset, TarShardIterator, read_range
 from wfm_jax.data.window_shuffle import WindowShuffleIterDataset
-from wfm_jax.storage import s3 as s3lib
+from wfm_jax.io.storage import s3 as s3lib
 
 MEDIA_KEYS = ("video", "videos", "images", "image")          # split layout: the pixels
 TEXT_KEYS = ("metas", "captions", "text")                    # split layout: the prompt

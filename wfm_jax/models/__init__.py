@@ -13,17 +13,17 @@ def load_transformer(path: str, dtype=None, param_dtype=jnp.float32, mesh=None, 
     `model(hidden_states, encoder_hidden_states, pooled_projections, timestep)` -> velocity in
     the layout of `hidden_states`. `dtype` is the compute dtype, `param_dtype` the stored one;
     options go to the model constructor (SD3: attention_impl="auto"|"xla"|"cudnn"|None,
-    remat="none"|"full"|"dots"). `rules` (default: the active ones, wfm_jax.mesh.DEFAULT_RULES)
+    remat="none"|"full"|"dots"). `rules` (default: the active ones, wfm_jax.core.mesh.DEFAULT_RULES)
     place the parameters; run the forward under `jax.set_mesh(mesh)` and, for custom rules,
-    `wfm_jax.mesh.use_rules(rules)` so the activation constraints agree.
+    `wfm_jax.core.mesh.use_rules(rules)` so the activation constraints agree.
     """
-    from wfm_jax.models.loading import load_model
+    from converters.loading import load_model
     model, _ = load_model(path, component="transformer", dtype=dtype, param_dtype=param_dtype,
                           mesh=mesh, rules=rules, **options)
     return model
 
 
 def export_diffusers(model, config, dst, **kwargs):
-    """See `wfm_jax.models.loading.export_diffusers`."""
-    from wfm_jax.models.loading import export_diffusers as _export
+    """See `converters.loading.export_diffusers`."""
+    from converters.loading import export_diffusers as _export
     return _export(model, config, dst, **kwargs)

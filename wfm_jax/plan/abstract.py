@@ -76,7 +76,7 @@ def abstract_transformer(config, t_cfg: dict, remat: str, scan: bool):
     from flax import nnx
 
     from converters.registry import spec_for
-    from wfm_jax.train import lora as lora_lib
+    from wfm_jax.models import lora as lora_lib
     from wfm_jax.train.setup import DTYPES
     t, lora = config.train, config.policy.lora
     options = dict(attention_impl=config.policy.attention_impl, remat=remat, scan_layers=scan,
@@ -96,7 +96,7 @@ def abstract_transformer(config, t_cfg: dict, remat: str, scan: bool):
 def family_shell(config, configs: dict, vae):
     """A weightless pipeline object of the recipe's family: the configs its *_with methods read
     and the abstract `vae` (whose graphdef the rollout decodes with); no text encoders."""
-    from wfm_jax.models.family import family_named
+    from wfm_jax.families.base import family_named
     cls = family_named(str(config.policy.family))
     pipe = object.__new__(cls)
     pipe.directory = str(config.policy.model_name_or_path)
@@ -120,7 +120,7 @@ def placed(model, mesh, rules, filter):
     """nnx.state(model, filter) with every value a ShapeDtypeStruct carrying its sharding."""
     from flax import nnx
 
-    from wfm_jax.mesh import param_shardings
+    from wfm_jax.core.mesh import param_shardings
     shardings = param_shardings(model, mesh, rules, filter=filter)
     return with_shardings(nnx.state(model, filter), shardings)
 
@@ -154,7 +154,7 @@ def abstract_setup(config, mesh, rules, remat: str, scan: bool, aux_fn=None):
     from flax import nnx
 
     from wfm_jax.train import setup as setup_lib
-    from wfm_jax.train.state import TrainState
+    from wfm_jax.programs.state import TrainState
     configs, source = pipeline_configs(config)
     model = abstract_transformer(config, configs["transformer"], remat, scan)
     use_lora = bool(config.policy.lora.enable)

@@ -48,7 +48,7 @@ def parse_args(argv):
                    help="a config override, e.g. policy.parallelism.fsdp=1")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     args, rest = p.parse_known_args(argv)
-    for item in rest:  # --config.a.b=v, as wfm_jax.main takes them
+    for item in rest:  # --config.a.b=v, as wfm_jax.cli.main takes them
         if not item.startswith("--config.") or "=" not in item:
             p.error(f"unrecognized argument {item!r}")
         args.set.append(item[len("--config."):])
@@ -70,7 +70,7 @@ def virtual_devices(n: int) -> None:
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     virtual_devices(args.devices)
-    from wfm_jax.config import ConfigError
+    from wfm_jax.config.recipe import ConfigError
     from wfm_jax.plan.report import describe, plan
     try:
         r = plan(args)

@@ -50,7 +50,7 @@ DCAE_F32C32 = dict(
 
 
 def _sd3():
-    from wfm_jax import tiny
+    from wfm_jax.families import tiny
     from wfm_jax.bench.suites import SD3_VAE, SD35_MEDIUM
     return dict(transformer=tiny.transformer_config(**SD35_MEDIUM),
                 vae=tiny.vae_config(**SD3_VAE), scheduler=tiny.scheduler_config(),
@@ -58,7 +58,7 @@ def _sd3():
 
 
 def _wan():
-    from wfm_jax import tiny_wan
+    from wfm_jax.families.wan import tiny as tiny_wan
     from wfm_jax.models.wan.transformer import WAN21_T2V_1_3B
     return dict(transformer=tiny_wan.transformer_config(**WAN21_T2V_1_3B),
                 vae=tiny_wan.vae_config(**WAN_VAE), scheduler=tiny_wan.scheduler_config(),
@@ -66,7 +66,8 @@ def _wan():
 
 
 def _cosmos(name: str):
-    from wfm_jax import tiny_cosmos, tiny_wan
+    from wfm_jax.families.cosmos import tiny as tiny_cosmos
+    from wfm_jax.families.wan import tiny as tiny_wan
     from wfm_jax.models.cosmos import transformer as t
     shape = t.COSMOS25_PREDICT_14B if "14B" in name else t.COSMOS25_PREDICT_2B
     return dict(transformer=tiny_cosmos.transformer_config(**shape),
@@ -75,7 +76,7 @@ def _cosmos(name: str):
 
 
 def _sana():
-    from wfm_jax import tiny_sana
+    from wfm_jax.families.sana import tiny as tiny_sana
     from wfm_jax.models.sana.transformer import SANA15_1600M
     return dict(transformer=tiny_sana.transformer_config(**SANA15_1600M),
                 vae=tiny_sana.vae_config(**DCAE_F32C32),
@@ -84,7 +85,8 @@ def _sana():
 
 
 def _sana_video():
-    from wfm_jax import tiny_sana, tiny_wan
+    from wfm_jax.families.sana import tiny as tiny_sana
+    from wfm_jax.families.wan import tiny as tiny_wan
     from wfm_jax.models.sana.video import SANA_VIDEO_2B
     return dict(transformer=tiny_sana.video_transformer_config(**SANA_VIDEO_2B),
                 vae=tiny_wan.vae_config(**WAN_VAE),

@@ -33,7 +33,7 @@ def compile_program(fn, *args) -> dict:
     memory and cost analysis of the program, its matmul FLOPs and collective bytes."""
     import jax
 
-    from wfm_jax import mesh as wmesh
+    from wfm_jax.core import mesh as wmesh
     from wfm_jax.bench.flops import count_jaxpr_flops
     with jax.set_mesh(fn.mesh), wmesh.use_rules(fn.rules):  # what MeshJit.lower does
         traced = fn.jitted.trace(*args)

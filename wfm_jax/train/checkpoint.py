@@ -24,7 +24,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
-from wfm_jax.console import say
+from wfm_jax.core.console import say
 
 _FORMAT = 1
 

@@ -23,12 +23,12 @@ from typing import Any, Mapping, Sequence
 import jax
 import numpy as np
 
-from converters.atomic import atomic_directory
-from wfm_jax.console import say
-from wfm_jax.models.family import family_class
-from wfm_jax.models.loading import export_diffusers, host_array
-from wfm_jax.models.state import path_str
-from wfm_jax.train import lora as lora_lib
+from wfm_jax.io.atomic import atomic_directory
+from wfm_jax.core.console import say
+from wfm_jax.families.base import family_class
+from converters.loading import export_diffusers, host_array
+from wfm_jax.core.tree import path_str
+from wfm_jax.models import lora as lora_lib
 
 LORA_WEIGHT_NAME = "model.safetensors"
 LORA_METADATA_KEY = "lora_adapter_metadata"  # diffusers reads the peft LoraConfig from here
@@ -38,7 +38,7 @@ def step_dir(output_dir: str, step: int) -> str:
     return os.path.join(output_dir, "safetensors", f"step_{int(step)}")
 
 
-_STALE = re.compile(r"^\.step_\d+\.(tmp|old)-[0-9a-f]+$")  # converters.atomic's temporaries
+_STALE = re.compile(r"^\.step_\d+\.(tmp|old)-[0-9a-f]+$")  # wfm_jax.io.atomic's temporaries
 
 
 def remove_stale_temporaries(output_dir: str) -> list[str]:

@@ -48,7 +48,7 @@ def media_records(config) -> tuple[list, list]:
                         f"file, but this recipe reads data items with media (DDRL's data term, "
                         f"or max_num_conditional_frames > 0: frames of the dataset's videos)")
     if ds.build_tiny and ds.local_dir:
-        from wfm_jax.data.tiny_dataset import ensure_shapes_dataset
+        from wfm_jax.worlds.shapes.dataset import ensure_shapes_dataset
         frames = int(d.train_frames) if d.is_video else 0
         train_setup._primary_builds(
             ds.local_dir, lambda p: ensure_shapes_dataset(p, frames=frames),
@@ -85,7 +85,7 @@ class ItemMedia:
 
     def prepare(self, run) -> None:
         """Once per run: the VAE encoder, its output split over the batch like the rollouts."""
-        from wfm_jax.train.encode import VisualEncoder
+        from wfm_jax.programs.encode import VisualEncoder
         self._encoder = VisualEncoder(run.setup.pipe, out_sharding=run.setup.batch_sharding())
 
     def conditional_frame_counts(self, step: int, index) -> np.ndarray:

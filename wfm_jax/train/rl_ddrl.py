@@ -35,7 +35,7 @@ import jax.numpy as jnp
 from wfm_jax.algorithms.advantages import ddrl_advantages
 from wfm_jax.algorithms.ddrl import (ddrl_data_loss, ddrl_loss, draw_data_sigma, edm_noisy,
                                      unscaled_log_ratio)
-from wfm_jax.config import ConfigError
+from wfm_jax.config.recipe import ConfigError
 from wfm_jax.sampling import steps as S
 from wfm_jax.sampling.samplers import sample
 from wfm_jax.sampling.schedule import edm_churn_eta, edm_sigmas

@@ -147,6 +147,6 @@ class NFT:
         return old_policy_decay(step, self.decay_type)
 
     def post_update(self, state, eta):
-        from wfm_jax.train.ema import soft_update
+        from wfm_jax.programs.ema import soft_update
         return state.replace(aux=dict(state.aux, old=soft_update(state.aux["old"], state.params,
                                                                  eta)))

@@ -21,8 +21,8 @@ import time
 
 import jax
 
-from wfm_jax.console import say
-from wfm_jax.storage import mirror, s3 as s3lib
+from wfm_jax.core.console import say
+from wfm_jax.io.storage import mirror, s3 as s3lib
 
 _SIDE_FILES = ("config.json", "metrics.jsonl")
 

@@ -14,7 +14,7 @@ parameters follow the mesh rules (FSDP over `fsdp`), batches split over (data, f
 `pipe.transformer` is consumed by the split (its trained variables now live in the state only):
 use `setup.merge(params)` for the model.
 
-TrainState (wfm_jax.train.state) holds step, params (trainable), opt_state, ema (or None), rng
+TrainState (wfm_jax.programs.state) holds step, params (trainable), opt_state, ema (or None), rng
 (typed key) and aux (named extra copies, e.g. the RL "old" policy: `aux_fn=lambda p: {"old": p}`);
 all of it is checkpointed, plus each process's data-iterator state and a JSON `extra`.
 """
@@ -30,15 +30,15 @@ import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from wfm_jax import mesh as wmesh
-from wfm_jax.console import say
+from wfm_jax.core import mesh as wmesh
+from wfm_jax.core.console import say
 from wfm_jax.models.layers.embeddings import Buffer
-from wfm_jax.models import family as family_lib
-from wfm_jax.models.family import PipelineError, PipelineFamily
-from wfm_jax.train import lora as lora_lib
+from wfm_jax.families import base as family_lib
+from wfm_jax.families.base import PipelineError, PipelineFamily
+from wfm_jax.models import lora as lora_lib
 from wfm_jax.train.checkpoint import Checkpointer, Restored
-from wfm_jax.train.optim import make_lr_schedule, make_optimizer, optimizer_updates
-from wfm_jax.train.state import TrainState
+from wfm_jax.programs.optim import make_lr_schedule, make_optimizer, optimizer_updates
+from wfm_jax.programs.state import TrainState
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 MODEL_FLAG = "--config.policy.model_name_or_path"
@@ -83,13 +83,13 @@ def ensure_tiny_assets(config) -> None:
     pipeline / shapes dataset at their configured paths when absent (embedded recipes)."""
     path = config.policy.model_name_or_path
     if config.policy.build_tiny and path:
-        from wfm_jax.tiny import build_tiny_pipeline
+        from wfm_jax.families.tiny import build_tiny_pipeline
         family = config.policy.family
         name = family_lib.family_named(family).display_name or family
         _primary_builds(path, lambda p: build_tiny_pipeline(p, seed=0, family=family),
                         f"the tiny random {name} pipeline (policy.build_tiny)")
     if config.policy.build_tiny_pretrained and path:
-        from wfm_jax.tiny_pretrain import ensure_pretrained
+        from wfm_jax.train.pretrain import ensure_pretrained
         if jax.process_index() == 0:  # checks the cache's marker: an incomplete one is rebuilt
             ensure_pretrained(path, log=say)
         if jax.process_count() > 1:
@@ -97,7 +97,7 @@ def ensure_tiny_assets(config) -> None:
             multihost_utils.sync_global_devices(f"build {path}")
     dataset = config.train.train_policy.dataset
     if dataset.build_tiny and dataset.local_dir:
-        from wfm_jax.data.tiny_dataset import ensure_shapes_dataset
+        from wfm_jax.worlds.shapes.dataset import ensure_shapes_dataset
         # video recipes: clips of the moving shapes, as many frames as a training window
         frames = config.policy.diffusers.train_frames if config.policy.diffusers.is_video else 0
         _primary_builds(dataset.local_dir, lambda p: ensure_shapes_dataset(p, frames=frames),
@@ -414,7 +414,7 @@ def build(config, *, aux_fn: Callable[[Any], dict] | None = None, pipe: Pipeline
         start, data_state, extra = 0, None, {}
     del trainable
     if jax.process_index() == 0:  # the run has started: now config.json may describe it
-        from wfm_jax.config import save_resolved
+        from wfm_jax.config.recipe import save_resolved
         save_resolved(config, os.path.join(config.train.output_dir, "config.json"))
     try:
         uploader = S3Sync.from_config(config)

@@ -8,7 +8,7 @@ from typing import Sequence
 
 import numpy as np
 
-from wfm_jax.media_out import to_uint8, write_mp4
+from wfm_jax.io.media import to_uint8, write_mp4
 from wfm_jax.train.image_grid import captioned_grid, save_grid
 from wfm_jax.train.video_grid import captioned_video_grid
 

@@ -6,7 +6,7 @@ from typing import Sequence
 
 import numpy as np
 
-from wfm_jax.media_out import to_uint8
+from wfm_jax.io.media import to_uint8
 from wfm_jax.train.image_grid import GridGeometry, captioned_grid
 
 

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from wfm_jax import mesh
+from wfm_jax.core import mesh
 from wfm_jax.models.cosmos.blocks import AdaLayerNormLoRA, CosmosTransformerBlock
 from wfm_jax.models.cosmos.embeddings import CosmosTimeEmbedding, PatchEmbed, resize_nearest
 from wfm_jax.models.cosmos.rope import check_head_dim, rope_tables

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from wfm_jax.mesh import constrain
+from wfm_jax.core.mesh import constrain
 from wfm_jax.models.dcae.blocks import (Conv2d, DCDownBlock2d, DCUpBlock2d, EfficientViTBlock,
                                         ResBlock, RMSNorm, activation, group_mean,
                                         repeat_channels)

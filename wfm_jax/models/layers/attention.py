@@ -23,7 +23,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
-from wfm_jax import mesh
+from wfm_jax.core import mesh
 from wfm_jax.models.layers import context_parallel as cp
 from wfm_jax.models.layers.context_parallel import (CONTEXT_PARALLEL_IMPLS,  # noqa: F401
                                                     check_context_parallel_impl)

@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from wfm_jax import mesh
+from wfm_jax.core import mesh
 from wfm_jax.models.layers.blockwise_attention import blockwise_attention
 from wfm_jax.models.layers.ring_attention import ring_attention
 

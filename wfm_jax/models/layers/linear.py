@@ -1,7 +1,7 @@
 """Dense layer with logical sharding names and an optional LoRA branch.
 
 Parameters are created with `out_sharding=<logical axis names>` and `eager_sharding=False`: the
-model never places itself on devices; `wfm_jax.mesh` maps the logical names to mesh axes and the
+model never places itself on devices; `wfm_jax.core.mesh` maps the logical names to mesh axes and the
 loaders put each tensor straight into its shards.
 """
 from __future__ import annotations

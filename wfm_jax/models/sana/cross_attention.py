@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from wfm_jax import mesh
+from wfm_jax.core import mesh
 from wfm_jax.models.layers.attention import QKV_AXES
 from wfm_jax.models.layers.linear import Linear
 from wfm_jax.models.layers.norms import RMSNorm

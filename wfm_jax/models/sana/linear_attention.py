@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
-from wfm_jax import mesh
+from wfm_jax.core import mesh
 from wfm_jax.models.layers.attention import QKV_AXES
 from wfm_jax.models.layers.linear import Linear
 from wfm_jax.models.layers.norms import RMSNorm

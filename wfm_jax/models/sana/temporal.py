@@ -27,7 +27,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
-from wfm_jax import mesh
+from wfm_jax.core import mesh
 from wfm_jax.models.layers.linear import param
 
 _NHWC = ("NHWC", "HWIO", "NHWC")

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from wfm_jax.models.layers.attention import check_context_parallel_impl
-from wfm_jax import mesh
+from wfm_jax.core import mesh
 from wfm_jax.models.layers.linear import Linear, param
 from wfm_jax.models.layers.norms import LayerNorm
 from wfm_jax.models.layers.remat import check_remat, run_blocks

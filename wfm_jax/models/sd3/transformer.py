@@ -11,7 +11,7 @@ import warnings
 import jax.numpy as jnp
 from flax import nnx
 
-from wfm_jax import mesh
+from wfm_jax.core import mesh
 from wfm_jax.models.layers.attention import check_attention_impl
 from wfm_jax.models.layers.embeddings import CombinedTimestepTextProjEmbeddings, PatchEmbed
 from wfm_jax.models.layers.linear import Linear

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from wfm_jax.mesh import constrain
+from wfm_jax.core.mesh import constrain
 from wfm_jax.models.layers.linear import Linear, param
 from wfm_jax.models.layers.norms import LayerNorm
 from wfm_jax.models.text.activations import activation

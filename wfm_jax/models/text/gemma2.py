@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from wfm_jax.mesh import constrain
+from wfm_jax.core.mesh import constrain
 from wfm_jax.models.layers.linear import Linear, param
 from wfm_jax.models.text.activations import activation
 

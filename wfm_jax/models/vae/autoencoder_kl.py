@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from wfm_jax.mesh import constrain
+from wfm_jax.core.mesh import constrain
 from wfm_jax.models.vae.blocks import (Conv2d, Downsample2D, GroupNorm, MidBlock2D, Upsample2D,
                                        activation, pairs, resnet_stack)
 

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from wfm_jax import mesh
+from wfm_jax.core import mesh
 from wfm_jax.models.layers.attention import check_attention_impl
 from wfm_jax.models.layers.feedforward import FeedForward
 from wfm_jax.models.layers.linear import Linear, param

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from wfm_jax.mesh import constrain
+from wfm_jax.core.mesh import constrain
 from wfm_jax.models.vae.autoencoder_kl import DiagonalGaussian
 from wfm_jax.models.wan.vae_layers import (CausalConv3d, ChannelRMSNorm, MidBlock, Resample,
                                            ResidualBlock)

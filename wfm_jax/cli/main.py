@@ -1,0 +1,111 @@
+"""The training entry point.
+
+    python -m wfm_jax.main --config configs/X.py [--config.a.b=value ...]
+
+Loads and validates the locked config (a resumed one is compared with the stored
+output_dir/config.json: wfm_jax.config.resume), starts jax.distributed when the config /
+environment asks for several processes, then runs the trainer for train.train_policy.type:
+"sft" -> wfm_jax.train.sft, "nft" / "grpo" / "ddrl" -> wfm_jax.train.rl. The resolved config is
+written to output_dir/config.json once the run has started (wfm_jax.train.setup.build). Every known failure (bad config, missing model or data, corrupt
+sample, NaN loss, unusable checkpoint) is one line on stderr and a non-zero exit, no traceback.
+SIGTERM stops after the step in progress with a checkpoint (exit 143; wfm_jax.train.preempt).
+"""
+from __future__ import annotations
+
+import os
+import sys
+from typing import Sequence
+
+EXIT_BAD_INPUT = 2      # the run could not start: config, model dir, data, checkpoint layout
+EXIT_TRAINING_FAILED = 1  # it started and stopped: NaN/inf loss, a bad sample mid-run, ...
+EXIT_INTERRUPTED = 130
+EXIT_PREEMPTED = 143  # 128 + SIGTERM, what a scheduler expects from a preempted job
+
+
+def _known_errors() -> tuple[tuple[type, ...], tuple[type, ...]]:
+    """(bad-input errors, training-failure errors), imported lazily (jax is heavy)."""
+    from converters.registry import UnsupportedModelError
+    from converters.table import ConversionError
+    from reward_client.errors import RewardError
+    from wfm_jax.config.recipe import ConfigError
+    from wfm_jax.data.errors import DataError
+    from wfm_jax.families.base import PipelineError
+    from wfm_jax.train.checkpoint import CheckpointError
+    from wfm_jax.models.lora import LoraError
+    from wfm_jax.train.metrics import NonFiniteLoss
+    from wfm_jax.io.storage.s3 import S3Error
+    from wfm_jax.train.setup import SetupError
+    bad_input = (ConfigError, SetupError, PipelineError, LoraError, ConversionError,
+                 UnsupportedModelError, CheckpointError, DataError, S3Error, FileNotFoundError)
+    from wfm_jax.train.s3_sync import S3UploadError
+    return bad_input, (NonFiniteLoss, RewardError, S3UploadError)
+
+
+def train(config) -> int:
+    """Dispatch on train.train_policy.type; returns the last step trained."""
+    kind = config.train.train_policy.type
+    if kind == "sft":
+        from wfm_jax.train import sft
+        return sft.run(config)
+    from wfm_jax.train import rl  # the RL loop (nft / grpo / ddrl)
+    return rl.run(config)
+
+
+def prepare(argv: Sequence[str]):
+    """Parse + validate the config (a resume against the stored one), start jax.distributed."""
+    from wfm_jax.config.recipe import config_from_argv
+    from wfm_jax.config.resume import check_resumed_config
+    from wfm_jax.train.setup import check_fresh_output, checkpoint_steps, init_distributed
+    from wfm_jax.train.s3_sync import fetch_resume_checkpoint
+    config = config_from_argv(argv)
+    check_fresh_output(config)
+    init_distributed(config)  # before anything touches a JAX backend
+    fetch_resume_checkpoint(config)  # resume with nothing local: the newest S3 checkpoint
+    if config.train.resume and checkpoint_steps(config):  # no checkpoint: nothing to keep true to
+        check_resumed_config(config, os.path.join(config.train.output_dir, "config.json"))
+    return config
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or any(a in ("-h", "--help") for a in argv):
+        from wfm_jax.cli.usage import usage_text
+        print(usage_text(), file=sys.stdout if argv else sys.stderr)
+        return 0 if argv else EXIT_BAD_INPUT
+    from wfm_jax.core import xla_flags
+    xla_flags.apply()  # before jax starts its backend
+    try:
+        bad_input, failed = _known_errors()
+    except ImportError as e:  # a broken install: still one line
+        print(f"error: cannot import wfm_jax: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    try:
+        config = prepare(argv)
+        from wfm_jax.plan import check_fits
+        check_fits(config)  # on accelerators: refuse what cannot fit before loading weights
+        from wfm_jax.train.preempt import sigterm_stops_after_step
+        with sigterm_stops_after_step():
+            step = train(config)
+    except bad_input as e:
+        if isinstance(e, FileNotFoundError) and e.filename:
+            print(f"error: no such file or directory: {e.filename}", file=sys.stderr)
+        else:
+            print(f"error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except failed as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_TRAINING_FAILED
+    except KeyboardInterrupt as e:
+        from wfm_jax.train.preempt import Stopped
+        if isinstance(e, Stopped):
+            print(f"error: stopped by SIGTERM after step {e.step}, its checkpoint is saved; "
+                  f"resume with --config.train.resume=True", file=sys.stderr)
+            return EXIT_PREEMPTED
+        print("error: interrupted; the last finished checkpoint is kept", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    print(f"done: trained to step {step}; outputs in {config.train.output_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

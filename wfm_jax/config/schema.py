@@ -1,0 +1,454 @@
+"""The config schema: every key wfm_jax knows, with its default, in one nested dict.
+
+To add a key: add it to DEFAULTS below (its default fixes its type; use
+`config_dict.placeholder(T)` for a typed key whose default is None), and, if it takes one of a
+fixed set of values, list them in CHOICES. Cross-key rules go in a function decorated with
+`@register_check`. Names follow cosmos-rl where it has one (see shared/specs/cosmos_rl_reference.md);
+defaults follow shared/specs/algorithms.md (SD3.5-Medium NFT recipe) where it gives one.
+"""
+from __future__ import annotations
+
+import copy
+import difflib
+
+import ml_collections
+from ml_collections.config_dict import placeholder
+
+from wfm_jax.config.recipe import ConfigError, get, register_check
+
+SD3_LORA_TARGETS = (
+    "attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0",
+    "attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj", "attn.to_add_out",
+)
+# Wan2.1 (no cosmos-rl recipe exists): the analogue of its Cosmos-Predict2.5 NFT list, the self-
+# and cross-attention projections and both FFN linears (spec video_models.md §5.5)
+WAN_LORA_TARGETS = ("to_q", "to_k", "to_v", "to_out.0", "ffn.net.0.proj", "ffn.net.2")
+# SANA1.5 and SANA-Video: cosmos-rl's configs/sana/*-lora.toml and *-nft.toml (r 4, alpha 4):
+# the linear self-attention (attn1) and the cross-attention (attn2) projections, no FFN
+SANA_LORA_TARGETS = ("attn1.to_q", "attn1.to_k", "attn1.to_v", "attn1.to_out.0",
+                     "attn2.to_q", "attn2.to_k", "attn2.to_v", "attn2.to_out.0")
+# Cosmos-Predict2.5: cosmos-predict2-5-2b-720-nft.toml's list (attn1 and attn2, not crossattn_proj)
+COSMOS_LORA_TARGETS = ("to_q", "to_k", "to_v", "to_out.0", "ff.net.0.proj", "ff.net.2")
+
+DEFAULTS = {
+    "train": {
+        "output_dir": "./outputs",
+        "max_steps": 1000,
+        "seed": 42,
+        "resume": False,              # True: continue from the latest checkpoint in output_dir
+        "epoch": 1,
+        "param_dtype": "float32",     # master weights
+        "compute_dtype": "bfloat16",  # matmuls / activations; timesteps, norms, losses stay fp32
+        "train_batch_per_replica": 8,  # GLOBAL batch (cosmos-rl name), summed over all devices
+        "optm_lr": 3e-4,
+        "optm_weight_decay": 1e-4,
+        "optm_betas": (0.9, 0.999),
+        "optm_eps": 1e-8,
+        "optm_grad_norm_clip": 1.0,
+        "optm_warmup_steps": 0,
+        "lr_schedule": "constant",
+        "grad_accum_steps": 1,
+        "ema_enable": False,
+        "ema_decay": 0.9,
+        "ema_update_step_interval": 1,  # 0 = never update (no crash, unlike cosmos-rl)
+        "log_freq": 1,
+        "wandb": {"enable": False, "project": "wfm_jax", "name": "", "mode": "online"},
+        "ckpt": {"save_freq": 20, "save_mode": "async", "max_keep": 5, "export_safetensors": True,
+                 # newest safetensors/step_N exports kept: None = max_keep, 0 = every export
+                 "export_max_keep": placeholder(int),
+                 # mirror checkpoints and exports to s3://s3_bucket/s3_prefix/ (cosmos-rl's
+                 # keys): "" off, "final" the last ones, "all" each one; credentials from
+                 # PROD_S3_CHECKPOINT_* / AWS_* (README); resume reads the newest committed step
+                 "upload_s3": "", "s3_bucket": "", "s3_prefix": "outputs"},
+        "train_policy": {
+            "type": "sft",
+            "dataset": {
+                "local_dir": "",       # paired / wfm dir, or RL prompt file / dir
+                "layout": "paired",
+                "allow_pickle": False,  # .pickle text embeddings run code when loaded
+                "build_tiny": False,    # generate the tiny shapes dataset at local_dir if absent
+                # WebDataset split layout's data keys (one tar tree each, e.g. video, metas,
+                # t5_xxl); empty: paired tars, or the key dirs found under local_dir
+                "wds_keys": (),
+            },
+            # SFT: keep each distinct prompt's text conditioning and each distinct item's VAE
+            # posterior (mean, std; the per-step draw is unchanged, so losses are bit-equal) in
+            # host RAM, so T5/CLIP and the VAE encoder run once per prompt / item. Costs per
+            # prompt the conditioning (SD3.5, 256 T5 tokens: 333 x 4096 f32 = 5.5 MB) and per
+            # item 2 latents (SD3.5 1024^2: 2 x 16 x 128 x 128 f32 = 2 MB). Leave off for huge
+            # datasets (RAM) and random augmentations / video windows (every draw is a miss)
+            "cache_encodings": False,
+            "mini_batch": 1,
+            "mu_iterations": 1,
+            # rows per optimizer update within an inner epoch (None: the whole batch); a multiple
+            # of mini_batch x data-parallel devices that divides train_batch_per_replica
+            "batch_size_per_optimize": placeholder(int),
+            "kl_beta": 1e-4,
+            # advantages are clipped once to [advantage_low, advantage_high] (all algorithms);
+            # NFT's optimality r divides by advantage_high, as cosmos-rl does
+            "advantage_low": -5.0,
+            "advantage_high": 5.0,
+            "timesteps_fraction": 0.99,  # cosmos-rl recipes misspell this 'timestep_fraction'
+            # NFT / GRPO advantages: per-prompt mean, divided by the std of the whole batch
+            # (True: NVlabs DiffusionNFT, flow_grpo) or of the prompt's group (False: cosmos-rl's
+            # remote-reward path, with std_ddof=1, torch's unbiased std)
+            "global_std": True,
+            "std_ddof": 0,
+            # Flow-GRPO: CFG's unconditional branch under stop_gradient in the update (flow_grpo
+            # until mid 2025; its later code back-propagates through both branches: False)
+            "cfg_detach_uncond": True,
+            # Flow-GRPO: leave samples whose advantage is exactly 0 out of the loss means
+            # (flow_grpo drops them before batching; here the batch keeps its shape)
+            "filter_zero_advantage": False,
+            # Flow-GRPO / DDRL (spec algorithms.md §2, §4)
+            "clip_range": 1e-4,            # PPO ratio clip (DDRL's clip_ratio)
+            "train_on": tuple(range(0, 20, 2)),  # DDRL: trained steps; -1 = a random other step
+            "data_beta": 0.01,             # DDRL: weight of the diffusion loss on real data
+            "use_rl_sigma_and_noise": True,  # DDRL data loss at the rollout's sigma and noise
+            "data_on_first_only": False,   # DDRL data loss on the first trained step only
+            "exp_reward": False,           # DDRL advantages A -> -exp(-A) (cosmos-rl: off)
+            "update_ref_every_iter": 16,   # DDRL: copy the policy into the KL reference (0: never)
+            "loss_scale": 10.0,            # DDRL total-loss factor
+            "data_sigma_p_mean": 1.3862943611198906,  # log 4: DDRL data sigma ~ lognormal
+            "data_sigma_p_std": 1.2,
+            "use_remote_reward": False,
+            "remote_reward": {
+                "enqueue_url": "",  # empty: REMOTE_REWARD_ENQUEUE_URL (or WFM_REWARD_*) env
+                "fetch_url": "",
+                "token": "",
+                "scale": 1.0,
+                "clip": 5.0,
+                "on_failure": "raise",  # "drop": drop prompt groups whose reward failed, counted
+                # seconds for one batch's enqueue + pulls; a task the service dropped shows up
+                # as 'not ready' until this runs out
+                "budget_s": 1800.0,
+                # what the rollouts go to the rewards as: "pixels" (decoded; images, or videos
+                # [B,C,T,H,W] by their shape) or "latent" (the normalised VAE latents, float16,
+                # as cosmos-rl's video trainer sends them; the service decodes them, e.g.
+                # python -m reward_client.server --pipeline DIR; remote rewards only)
+                "media_type": "pixels",
+                # per entry: name, weight, score_key ("a+b" sums keys), clip_min / clip_max
+                # (cosmos-rl's per-function clip before weighting, default [-5, 5])
+                "reward_fns": [{"name": "jpeg_compressibility", "weight": 1.0, "score_key": ""}],
+            },
+        },
+    },
+    "policy": {
+        "model_name_or_path": "",
+        # the recipe's model family (models.family.families()): the pipeline dir must hold one
+        "family": "sd3",
+        "build_tiny": False,  # embedded defaults: build the tiny random pipeline there if missing
+        # tiny RL recipes: build (or rebuild an incomplete) pretrained tiny shapes pipeline there
+        "build_tiny_pretrained": False,
+        "lora": {
+            "enable": False,
+            "r": 32,
+            "lora_alpha": 64,
+            "init_lora_weights": "gaussian",
+            "target_modules": SD3_LORA_TARGETS,
+        },
+        "diffusers": {
+            "is_video": False,
+            "max_prompt_length": 128,
+            "inference_size": (512, 512),  # (H, W)
+            "train_frames": 16,
+            "inference_frames": 16,
+            "weighting_scheme": "logit_normal",
+            "logit_mean": 0.0,
+            "logit_std": 1.0,
+            "mode_scale": 1.29,
+            "nft_beta": 1.0,
+            # video2world in training (cosmos-rl's names): each data item is conditioned on the
+            # first n latent frames of its clip, n uniform in [min, max] per item (0: text2world);
+            # needs a family with video conditioning and a trainer reading videos (DDRL, SFT)
+            "min_num_conditional_frames": 0,
+            "max_num_conditional_frames": 0,
+            "weight_copy_decay_type": 1,
+            "sample": {
+                "num_steps": 10,
+                "eval_num_steps": 40,
+                "guidance_scale": 1.0,
+                "noise_level": 0.7,
+                "solver": "dpm2",
+                "deterministic_sampling": True,
+                "sde_window_size": 0,          # Flow-GRPO-Fast: stochastic window length (0: off)
+                "sde_window_range": (0, 10),   # window start uniform in [lo, hi - size]
+                "s_churn": 1.0,                # DDRL EDM sampler churn (EDM Alg. 2)
+                "s_noise": 1.0,
+                "s_tmin": 0.0,
+                "s_tmax": 1e9,                 # churn where s_tmin < sigma < s_tmax
+                "edm_sigma_min": 0.01,
+                "edm_sigma_max": 200.0,
+                "edm_rho": 7.0,
+            },
+        },
+        "parallelism": {"data": -1, "fsdp": 1, "context": 1},  # -1: all devices left over
+        # cuDNN flash attention on NVIDIA GPUs (bf16), Pallas flash on TPU, else XLA below 2048
+        # tokens and blockwise (flash-style, pure JAX) from there; or xla|cudnn|blockwise|pallas
+        "attention_impl": "auto",
+        # tokens split over parallelism.context: ulysses (all-to-all heads <-> sequence), ring
+        # (K/V rotated round the devices), auto (ulysses when the heads divide, else ring)
+        "context_parallel_impl": "auto",
+        # per block: none|full|dots|dots_no_batch|offload (GPU/TPU; `dots` on CPU), see
+        # models/layers/remat.py
+        "remat": "none",
+        "scan_layers": True,  # runs of identical blocks as one lax.scan (same checkpoint layout)
+    },
+    "rollout": {"n_generation": 24},
+    "validation": {
+        "enable": False,
+        "val_before_train": False,
+        "freq": 20,
+        "batch_size": 8,
+        "dataset": {
+            "local_dir": "",          # validation prompt file / dir; empty: see holdout_fraction
+            "holdout_fraction": 0.0,  # > 0: hold out this fraction of the training prompts
+        },
+    },
+    "distributed": {  # None: from JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID
+        "coordinator_address": placeholder(str),
+        "num_processes": placeholder(int),
+        "process_id": placeholder(int),
+    },
+    "data": {
+        "skip_bad_samples": False,  # corrupt media: skipped and counted instead of an error
+        "num_workers": 0,           # grain worker processes (0: load in the main process)
+        "prefetch_buffer_size": 2,
+        "shuffle": True,
+        "cycle_length": 4,          # WebDataset shards read at once (interleaved) per process
+        "shuffle_window": 16,       # WebDataset samples shuffled together (in memory; 0/1: off)
+    },
+}
+
+# dotted key -> allowed values
+CHOICES = {
+    "train.param_dtype": ("float32", "bfloat16", "float16"),
+    "train.compute_dtype": ("float32", "bfloat16", "float16"),
+    "train.lr_schedule": ("constant", "cosine"),
+    "train.wandb.mode": ("online", "offline", "disabled"),
+    "train.ckpt.save_mode": ("async", "sync"),
+    "train.ckpt.upload_s3": ("", "final", "all"),
+    "train.train_policy.type": ("sft", "nft", "grpo", "ddrl"),
+    "train.train_policy.remote_reward.on_failure": ("raise", "drop"),
+    "train.train_policy.remote_reward.media_type": ("pixels", "latent"),
+    "train.train_policy.dataset.layout": ("paired", "wfm", "prompts"),
+    "policy.lora.init_lora_weights": ("gaussian", "zeros", "default"),
+    "policy.diffusers.weighting_scheme": ("logit_normal", "mode", "uniform", "none", "sigma_sqrt",
+                                          "cosmap"),
+    "policy.diffusers.weight_copy_decay_type": (0, 1, 2),
+    # unipc, dpm_solver: NFT's rollout only (Wan's and SANA's schedulers, on their own grids);
+    # Flow-GRPO and DDRL check their own below
+    "policy.diffusers.sample.solver": ("flow", "euler", "sde", "cps", "dance", "ddim", "dpm1", "dpm2",
+                                       "edm", "unipc", "dpm_solver"),
+    "policy.remat": ("none", "full", "dots", "dots_no_batch", "offload"),
+    "policy.attention_impl": ("auto", "xla", "cudnn", "blockwise", "pallas"),
+    "policy.context_parallel_impl": ("auto", "ulysses", "ring"),
+}
+
+REWARD_FN_KEYS = ("name", "weight", "score_key", "clip_min", "clip_max")
+RL_TYPES = ("nft", "grpo", "ddrl")
+
+
+# (path key, build key): the tiny recipes build a random model / dataset at the path when absent
+TINY_BUILDS = (("policy.model_name_or_path", "policy.build_tiny"),
+               ("policy.model_name_or_path", "policy.build_tiny_pretrained"),
+               ("train.train_policy.dataset.local_dir", "train.train_policy.dataset.build_tiny"))
+
+
+def default_config() -> ml_collections.ConfigDict:
+    """A fresh, locked config tree with every default."""
+    config = ml_collections.ConfigDict(copy.deepcopy(DEFAULTS))
+    config.lock()
+    return config
+
+
+# --------------------------------------------------------------------------- checks
+
+@register_check
+def check_choices(config) -> None:
+    for key, allowed in CHOICES.items():
+        value = get(config, key)
+        if value not in allowed:
+            close = difflib.get_close_matches(str(value), [str(a) for a in allowed], n=1)
+            hint = f"; did you mean '{close[0]}'?" if close else ""
+            raise ConfigError(f"config key '{key}' = {value!r} is not one of {list(allowed)}{hint}")
+
+
+def _required(config, key):
+    value = get(config, key)
+    if value is None:
+        raise ConfigError(f"config key '{key}' must be set (it is None)")
+    return value
+
+
+def _positive(config, keys, allow_zero=False):
+    for key in keys:
+        value = _required(config, key)
+        if value < 0 or (value == 0 and not allow_zero):
+            raise ConfigError(f"config key '{key}' must be {'>= 0' if allow_zero else '> 0'}, got {value}")
+
+
+@register_check
+def check_family(config) -> None:
+    from wfm_jax.families.base import families
+    known = families()
+    if config.policy.family not in known:
+        raise ConfigError(f"config key 'policy.family' = {config.policy.family!r} is not one of "
+                          f"{sorted(known)}")
+
+
+@register_check
+def check_conditional_frames(config) -> None:
+    from wfm_jax.families.base import family_named
+    d = "policy.diffusers"
+    lo, hi = (int(_required(config, f"{d}.{k}_num_conditional_frames")) for k in ("min", "max"))
+    if not 0 <= lo <= hi:
+        raise ConfigError(f"config keys '{d}.min_num_conditional_frames' = {lo} and "
+                          f"'{d}.max_num_conditional_frames' = {hi} need 0 <= min <= max")
+    if hi == 0:
+        return
+    # every trainer reads the frames from the dataset's videos (SFT's clips; the RL algorithms'
+    # data items, train_policy.dataset, as DDRL's data term: rl_data.media_records)
+    cls = family_named(config.policy.family)
+    if not cls.supports_video_condition:
+        raise ConfigError(f"config key '{d}.max_num_conditional_frames' = {hi}: the "
+                          f"{config.policy.family!r} family cannot condition on video frames")
+
+
+@register_check
+def check_ranges(config) -> None:
+    _positive(config, ["train.max_steps", "train.epoch", "train.train_batch_per_replica",
+                       "train.grad_accum_steps", "train.log_freq", "train.ckpt.save_freq",
+                       "train.ckpt.max_keep", "train.train_policy.mini_batch",
+                       "train.train_policy.mu_iterations", "rollout.n_generation",
+                       "validation.batch_size", "validation.freq", "policy.lora.r",
+                       "policy.diffusers.train_frames", "policy.diffusers.sample.num_steps",
+                       "policy.diffusers.sample.eval_num_steps",
+                       "train.train_policy.remote_reward.budget_s"])
+    _positive(config, ["train.train_policy.std_ddof", "train.train_policy.clip_range", "train.train_policy.data_beta",
+                       "train.train_policy.loss_scale", "train.train_policy.update_ref_every_iter",
+                       "policy.diffusers.sample.sde_window_size",
+                       "policy.diffusers.sample.s_churn"], allow_zero=True)
+    _positive(config, ["train.optm_lr", "train.optm_weight_decay", "train.optm_eps",
+                       "train.optm_warmup_steps", "train.ema_update_step_interval",
+                       "data.num_workers", "data.prefetch_buffer_size"], allow_zero=True)
+    _positive(config, ["data.cycle_length"])
+    _positive(config, ["data.shuffle_window"], allow_zero=True)
+    for key in ("train.ema_decay", "train.train_policy.timesteps_fraction",
+                "validation.dataset.holdout_fraction"):
+        if not 0.0 <= _required(config, key) <= 1.0:
+            raise ConfigError(f"config key '{key}' must be in [0, 1], got {get(config, key)}")
+    if get(config, "validation.dataset.holdout_fraction") >= 1.0:
+        raise ConfigError("config key 'validation.dataset.holdout_fraction' must be < 1")
+    betas = _required(config, "train.optm_betas")
+    if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
+        raise ConfigError(f"config key 'train.optm_betas' must be two numbers in [0, 1), got {betas}")
+    size = _required(config, "policy.diffusers.inference_size")
+    if len(size) != 2 or not all(isinstance(s, int) and s > 0 for s in size):
+        raise ConfigError(f"config key 'policy.diffusers.inference_size' must be (H, W) positive "
+                          f"ints, got {size}")
+    export_keep = get(config, "train.ckpt.export_max_keep")
+    if export_keep is not None and export_keep < 0:
+        raise ConfigError(f"config key 'train.ckpt.export_max_keep' must be >= 0 (0: keep every "
+                          f"export; None: as train.ckpt.max_keep), got {export_keep}")
+    if get(config, "train.ckpt.upload_s3") and not get(config, "train.ckpt.s3_bucket"):
+        raise ConfigError("config key 'train.ckpt.upload_s3' is on but 'train.ckpt.s3_bucket' "
+                          "is empty")
+    per_optimize = get(config, "train.train_policy.batch_size_per_optimize")
+    if per_optimize is not None and per_optimize <= 0:
+        raise ConfigError(f"config key 'train.train_policy.batch_size_per_optimize' must be > 0 "
+                          f"(or None: the whole batch), got {per_optimize}")
+    low = _required(config, "train.train_policy.advantage_low")
+    high = _required(config, "train.train_policy.advantage_high")
+    if low > high:
+        raise ConfigError(f"config keys 'train.train_policy.advantage_low' ({low}) > "
+                          f"'advantage_high' ({high})")
+
+
+MESH_AXES = ("data", "fsdp", "context")  # wfm_jax.core.mesh.MESH_AXES (no jax import here)
+
+
+@register_check
+def check_parallelism(config) -> None:
+    """Mesh axis sizes: positive, or -1 on one axis (it takes the devices the others leave;
+    whether they divide is checked when the mesh is built)."""
+    sizes = {a: _required(config, f"policy.parallelism.{a}") for a in MESH_AXES}
+    for axis, size in sizes.items():
+        if size == 0 or size < -1:
+            raise ConfigError(f"config key 'policy.parallelism.{axis}' must be > 0 or -1 (all "
+                              f"devices left over), got {size}")
+    fill = [a for a, size in sizes.items() if size == -1]
+    if len(fill) > 1:
+        keys = " and ".join(f"'policy.parallelism.{a}'" for a in fill)
+        raise ConfigError(f"config keys {keys} are all -1: only one mesh axis may take the "
+                          f"devices left over; give the others a size, e.g. "
+                          f"--config.policy.parallelism.{fill[0]}=1")
+
+
+@register_check
+def check_groups(config) -> None:
+    """RL batches hold whole groups of n_generation samples of one prompt."""
+    if get(config, "train.train_policy.type") not in RL_TYPES:
+        return
+    batch, group = get(config, "train.train_batch_per_replica"), get(config, "rollout.n_generation")
+    if batch % group:
+        raise ConfigError(f"train.train_batch_per_replica={batch} is not a multiple of "
+                          f"rollout.n_generation={group}")
+    if get(config, "train.ckpt.upload_s3") and not get(config, "train.ckpt.s3_bucket"):
+        raise ConfigError("config key 'train.ckpt.upload_s3' is on but 'train.ckpt.s3_bucket' "
+                          "is empty")
+    per_optimize = get(config, "train.train_policy.batch_size_per_optimize")
+    if per_optimize is not None and batch % per_optimize:
+        raise ConfigError(f"train.train_batch_per_replica={batch} is not a multiple of "
+                          f"train.train_policy.batch_size_per_optimize={per_optimize}")
+
+
+@register_check
+def check_reward_fns(config) -> None:
+    for i, fn in enumerate(get(config, "train.train_policy.remote_reward.reward_fns") or ()):
+        where = f"train.train_policy.remote_reward.reward_fns[{i}]"
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise ConfigError(f"config key '{where}' must be a dict with a non-empty 'name'")
+        for key in fn:
+            if key not in REWARD_FN_KEYS:
+                close = difflib.get_close_matches(key, REWARD_FN_KEYS, n=1)
+                hint = f"; did you mean '{close[0]}'?" if close else f"; valid: {list(REWARD_FN_KEYS)}"
+                raise ConfigError(f"unknown key '{where}.{key}'{hint}")
+
+
+GRPO_SOLVERS = ("flow", "sde", "cps", "dance")  # "flow" = the Flow-GRPO SDE
+# NFT rolls out with a deterministic sampler; "flow", "ddim" and "dpm1" are the Euler step (DDIM
+# with eta 0 and first-order DPM-Solver both reduce to it on a flow-matching model)
+NFT_SOLVERS = ("flow", "euler", "ddim", "dpm1", "dpm2", "unipc", "dpm_solver")
+
+
+@register_check
+def check_rl_samplers(config) -> None:
+    """DiffusionNFT needs a deterministic sampler; Flow-GRPO a stochastic flow sampler and a
+    window inside the steps; DDRL samples with the EDM sampler and trains on existing steps."""
+    kind = get(config, "train.train_policy.type")
+    s = "policy.diffusers.sample"
+    solver, steps = get(config, f"{s}.solver"), get(config, f"{s}.num_steps")
+    if kind == "nft" and solver not in NFT_SOLVERS:
+        raise ConfigError(f"config key '{s}.solver' = {solver!r}: DiffusionNFT rolls out with a "
+                          f"deterministic sampler, one of {list(NFT_SOLVERS)}")
+    if kind == "grpo":
+        if solver not in GRPO_SOLVERS:
+            raise ConfigError(f"config key '{s}.solver' = {solver!r}: Flow-GRPO samples with one "
+                              f"of {list(GRPO_SOLVERS)}")
+        size, window = get(config, f"{s}.sde_window_size"), get(config, f"{s}.sde_window_range")
+        if size and (len(window) != 2 or not 0 <= window[0] <= window[1] - size
+                     or window[1] > steps):
+            raise ConfigError(f"config key '{s}.sde_window_range' = {tuple(window)} must hold a "
+                              f"window of sde_window_size={size} inside num_steps={steps}")
+    if kind == "ddrl":
+        if solver != "edm":
+            raise ConfigError(f"config key '{s}.solver' = {solver!r}: DDRL samples with the EDM "
+                              f"sampler, set it to 'edm'")
+        train_on = [int(i) for i in get(config, "train.train_policy.train_on")]
+        explicit = [i for i in train_on if i != -1]
+        if (not train_on or len(set(explicit)) != len(explicit)
+                or any(not 0 <= i < steps for i in explicit) or len(train_on) > steps):
+            raise ConfigError(f"config key 'train.train_policy.train_on' = {tuple(train_on)} must "
+                              f"list distinct steps in [0, {steps}) ({s}.num_steps) or -1 (a "
+                              f"random other step), at most {steps} entries")
