@@ -41,6 +41,7 @@ setup(
     description=__doc__,
     packages=find_packages(include=["wfm_jax*", "converters*", "reward_client*"]),
     python_requires=">=3.10",
+    package_data={"wfm_jax.worlds.shapes": ["prompts/*.txt"]},
     install_requires=CORE,
     extras_require=EXTRAS,
 )

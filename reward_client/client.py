@@ -23,8 +23,12 @@ import requests
 from reward_client import protocol
 from reward_client.backoff import Deadline, backoff_delay, poll_delay
 from reward_client.config import RemoteConfig
-from reward_client.errors import (RewardConfigError, RewardProtocolError, RewardServiceError,
-                                  RewardUnavailableError)
+from reward_client.errors import (
+    RewardConfigError,
+    RewardProtocolError,
+    RewardServiceError,
+    RewardUnavailableError,
+)
 
 RETRYABLE_STATUS = {408, 425, 429, 500, 502, 503, 504}
 # cosmos-rl's service answers 'not ready' forever for a task it dropped without telling anyone.

@@ -47,15 +47,19 @@ import numpy as np
 
 from reward_client import protocol
 from reward_client.backoff import Deadline
+from reward_client.catalog import available_rewards, get_reward, is_local, score_local
 from reward_client.client import RemoteRewardClient
-from reward_client.combine import (combine_scores, keyed_scores, nonfinite, parse_clip,
-                                   parse_reward_fns, score_keys)
+from reward_client.combine import (
+    combine_scores,
+    keyed_scores,
+    nonfinite,
+    parse_clip,
+    parse_reward_fns,
+    score_keys,
+)
 from reward_client.config import RemoteConfig, resolve_remote_config
-from reward_client.errors import (RewardConfigError, RewardError, RewardUnavailableError,
-                                  RewardValueError)
-from reward_client.local import score_local
+from reward_client.errors import RewardConfigError, RewardError, RewardUnavailableError, RewardValueError
 from reward_client.pipeline import Ledger, RewardHandle, RewardPipeline
-from reward_client.registry import available_rewards, get_reward, is_local
 
 FAILURE_POLICIES = ("raise", "drop")
 CONFIG_KEYS = ("reward_fns", "scale", "clip", "on_failure", "max_inflight", "max_video_frames", "remote",
@@ -129,7 +133,7 @@ class RewardComputer:
                     f"reward {spec.name!r} is not a local reward"
                     + (f" (did you mean {hint[0]!r}?)" if hint else "")
                     + " and no reward service is configured: set "
-                    f"REMOTE_REWARD_ENQUEUE_URL and REMOTE_REWARD_FETCH_URL (or the remote config keys)"
+                    "REMOTE_REWARD_ENQUEUE_URL and REMOTE_REWARD_FETCH_URL (or the remote config keys)"
                     + f"; local rewards: {available_rewards()}")
             else:
                 self.remote_specs.append(spec)

@@ -61,28 +61,18 @@ def unregister_reward(name: str) -> None:
         _REGISTRY.pop(name, None)
 
 
-def _load_builtins() -> None:
-    import reward_client.local  # noqa: F401  (registers the jpeg rewards)
-    import reward_client.ocr  # noqa: F401  (registers ocr; rapidocr itself loads lazily)
-    import reward_client.shapes  # noqa: F401  (registers shapes_alignment)
+def registered() -> dict[str, LocalReward]:
+    """A snapshot of what is registered now (the built-ins join through reward_client.catalog)."""
+    with _LOCK:
+        return dict(_REGISTRY)
 
 
-def available_rewards() -> list[str]:
-    _load_builtins()
-    return sorted(_REGISTRY)
-
-
-def get_reward(name: str) -> LocalReward:
-    _load_builtins()
+def lookup(name: str, known: dict[str, LocalReward]) -> LocalReward:
+    """`known[name]`, or a RewardConfigError with the nearest name and the known ones."""
     try:
-        return _REGISTRY[name]
+        return known[name]
     except KeyError:
-        hint = difflib.get_close_matches(name, list(_REGISTRY), n=1)
+        hint = difflib.get_close_matches(name, list(known), n=1)
         raise RewardConfigError(f"no local reward named {name!r}"
                                 + (f"; did you mean {hint[0]!r}?" if hint else "")
-                                + f" (local rewards: {sorted(_REGISTRY)})") from None
-
-
-def is_local(name: str) -> bool:
-    _load_builtins()
-    return name in _REGISTRY
+                                + f" (local rewards: {sorted(known)})") from None

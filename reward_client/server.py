@@ -23,9 +23,8 @@ from contextlib import asynccontextmanager
 import numpy as np
 
 from reward_client import protocol
+from reward_client.catalog import available_rewards, is_local, score_local
 from reward_client.errors import RewardError, RewardProtocolError
-from reward_client.local import score_local
-from reward_client.registry import available_rewards, is_local
 from reward_client.task_store import QueueFull, TaskStore
 
 DRAIN_CAP_BYTES = 64 << 20  # read (and discard) this much of a refused body so the client sees the answer

@@ -15,7 +15,7 @@ from reward_client.computer import RewardComputer
 from reward_client.config import RemoteConfig, resolve_remote_config
 from reward_client.errors import (RewardConfigError, RewardProtocolError, RewardServiceError,
                                   RewardValueError)
-from reward_client.local import frame_indices, score_local
+from reward_client.catalog import frame_indices, score_local
 from reward_client.ocr import levenshtein, quoted_target, text_score
 from reward_client.registry import register_reward, unregister_reward
 from reward_client.task_store import QueueFull, TaskStore

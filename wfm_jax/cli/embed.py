@@ -68,6 +68,7 @@ def embed_prompts(pipe, named: list[tuple[str, str]], out_dir: str, *,
     are padded to batch_size with the last prompt, so one compiled encoder serves them all."""
     import jax
     import jax.numpy as jnp
+
     from wfm_jax.programs.encode import TextEncoder
 
     emb_dir = os.path.join(out_dir, "text_embedding")

@@ -73,6 +73,7 @@ def save_outputs(images: np.ndarray, out: str | None, save_array: str | None,
                  fps: float = 16.0) -> list[str]:
     """Writes the array and the PNG grid (images) or the mp4 clips (video); returns the paths."""
     from PIL import Image
+
     from wfm_jax.io.media import write_mp4
     written = []
     for path in (out, save_array):

@@ -30,10 +30,10 @@ def _known_errors() -> tuple[tuple[type, ...], tuple[type, ...]]:
     from wfm_jax.config.recipe import ConfigError
     from wfm_jax.data.errors import DataError
     from wfm_jax.families.base import PipelineError
-    from wfm_jax.train.checkpoint import CheckpointError
-    from wfm_jax.models.lora import LoraError
-    from wfm_jax.train.metrics import NonFiniteLoss
     from wfm_jax.io.storage.s3 import S3Error
+    from wfm_jax.models.lora import LoraError
+    from wfm_jax.train.checkpoint import CheckpointError
+    from wfm_jax.train.metrics import NonFiniteLoss
     from wfm_jax.train.setup import SetupError
     bad_input = (ConfigError, SetupError, PipelineError, LoraError, ConversionError,
                  UnsupportedModelError, CheckpointError, DataError, S3Error, FileNotFoundError)
@@ -55,15 +55,33 @@ def prepare(argv: Sequence[str]):
     """Parse + validate the config (a resume against the stored one), start jax.distributed."""
     from wfm_jax.config.recipe import config_from_argv
     from wfm_jax.config.resume import check_resumed_config
-    from wfm_jax.train.setup import check_fresh_output, checkpoint_steps, init_distributed
     from wfm_jax.train.s3_sync import fetch_resume_checkpoint
+    from wfm_jax.train.setup import check_fresh_output, checkpoint_steps, init_distributed
     config = config_from_argv(argv)
     check_fresh_output(config)
     init_distributed(config)  # before anything touches a JAX backend
     fetch_resume_checkpoint(config)  # resume with nothing local: the newest S3 checkpoint
     if config.train.resume and checkpoint_steps(config):  # no checkpoint: nothing to keep true to
         check_resumed_config(config, os.path.join(config.train.output_dir, "config.json"))
+    build_pretrained(config)
     return config
+
+
+def build_pretrained(config) -> None:
+    """policy.build_tiny_pretrained: build (or reuse the cached) shapes-world pipeline before
+    training. Process 0 builds; every process waits for it."""
+    path = config.policy.model_name_or_path
+    if not (config.policy.build_tiny_pretrained and path):
+        return
+    import jax
+
+    from wfm_jax.core.console import say
+    from wfm_jax.train.pretrain import ensure_pretrained
+    if jax.process_index() == 0:  # checks the cache's marker: an incomplete one is rebuilt
+        ensure_pretrained(path, log=say)
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+        multihost_utils.sync_global_devices(f"build {path}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -7,14 +7,14 @@ import os
 USAGE = """usage: python -m wfm_jax.main --config=configs/X.py [--config.a.b=VALUE ...]
 
 Trains with the recipe X (a Python file with get_config()); every --config.a.b=VALUE overrides
-one key of it (all keys and defaults: wfm_jax/config_schema.py). Resume a run with
+one key of it (all keys and defaults: wfm_jax/config/schema.py). Resume a run with
 --config.train.resume=True. Print the resolved config without training:
-python -m wfm_jax.config.recipe --config=configs/X.py [--config.a.b=VALUE ...]"""
+python -m wfm_jax.config --config=configs/X.py [--config.a.b=VALUE ...]"""
 
 
 def recipes_dir() -> str:
     """configs/ of the checkout this package was imported from."""
-    return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
+    return os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "configs")
 
 
 def _summary(path: str, width: int = 88) -> str:

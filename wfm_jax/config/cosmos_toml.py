@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import difflib
 import os
-import tomllib
 from typing import Any, Callable
 
-from wfm_jax.config.recipe import ConfigError
+import tomllib
+
+from wfm_jax.config.base import ConfigError
 
 _PARALLELISM = ("n_init_replicas tp_size cp_size ep_size dp_shard_size pp_size pp_dynamic_shape "
                 "pp_micro_batch_size dp_replicate_size pp_schedule pp_layers_per_stage")

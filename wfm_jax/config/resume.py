@@ -10,7 +10,7 @@ import json
 import os
 import sys
 
-from wfm_jax.config.recipe import ConfigError, is_secret, to_plain
+from wfm_jax.config.base import ConfigError, is_secret, to_plain
 
 # a checkpoint trained under one value means something else (or does not fit) under another
 REFUSED = (

@@ -14,7 +14,7 @@ import difflib
 import ml_collections
 from ml_collections.config_dict import placeholder
 
-from wfm_jax.config.recipe import ConfigError, get, register_check
+from wfm_jax.config.base import ConfigError, get, register_check
 
 SD3_LORA_TARGETS = (
     "attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0",

@@ -104,10 +104,49 @@ def _images(directory: str) -> np.ndarray:
     return np.stack([np.asarray(Image.open(f).convert("RGB")) for f in files])
 
 
+
+def pretrain_recipe():
+    """The shapes world's SFT recipe (configs/tiny_pretrain.py returns it): part of the build
+    format, so it lives with the build rather than in a checkout's configs/."""
+    from wfm_jax.config.schema import default_config
+
+    c = default_config()
+    c.train.output_dir = "./outputs/tiny_pretrain"
+    c.train.train_policy.type = "sft"
+    c.train.max_steps = 1500
+    c.train.seed = 0
+    c.train.param_dtype = "float32"
+    c.train.compute_dtype = "float32"
+    c.train.train_batch_per_replica = 16
+    c.train.optm_lr = 2e-3
+    c.train.optm_weight_decay = 1e-4
+    c.train.optm_warmup_steps = 20
+    c.train.lr_schedule = "cosine"  # decays to 0 by the last step
+    c.train.optm_grad_norm_clip = 1.0
+    c.train.ema_enable = True
+    c.train.ema_decay = 0.98
+    c.train.log_freq = 10
+    c.train.ckpt.save_freq = 100000  # only the final checkpoint: saving is slow on 2 cores
+    c.train.ckpt.max_keep = 1
+    # 60 prompts and 1200 fixed images: T5/CLIP and the VAE encoder run once per prompt / image
+    # instead of every step (losses bit-equal to the uncached run)
+    c.train.train_policy.cache_encodings = True
+    ds = c.train.train_policy.dataset
+    ds.local_dir = "./outputs/tiny_pretrain_data"
+    ds.layout = "paired"
+    c.policy.model_name_or_path = "./outputs/tiny_pretrain_base"
+    c.policy.lora.enable = False
+    d = c.policy.diffusers
+    d.inference_size = (32, 32)
+    d.max_prompt_length = 16
+    d.weighting_scheme = "logit_normal"
+    c.policy.parallelism.data = -1
+    return c
+
+
 def _sft_config(s: PretrainSettings, base: str, data: str, out: str):
-    from wfm_jax.config.recipe import load_config, validate
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    c = load_config(os.path.join(here, "configs", "tiny_pretrain.py"), check=False)
+    from wfm_jax.config.recipe import validate
+    c = pretrain_recipe()
     c.policy.model_name_or_path, c.train.train_policy.dataset.local_dir = base, data
     c.train.output_dir, c.train.max_steps, c.train.seed = out, s.sft_steps, s.seed
     c.train.train_batch_per_replica = s.batch

@@ -28,17 +28,18 @@ import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from wfm_jax.core import mesh as wmesh
 from wfm_jax.core.console import say
-from wfm_jax.models.layers.embeddings import Buffer
 from wfm_jax.families import base as family_lib
 from wfm_jax.families.base import PipelineError, PipelineFamily
 from wfm_jax.models import lora as lora_lib
-from wfm_jax.train.checkpoint import Checkpointer, Restored
+from wfm_jax.models.layers.embeddings import Buffer
 from wfm_jax.programs.optim import make_lr_schedule, make_optimizer, optimizer_updates
 from wfm_jax.programs.state import TrainState
+from wfm_jax.train.checkpoint import Checkpointer, Restored
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 MODEL_FLAG = "--config.policy.model_name_or_path"
@@ -88,13 +89,11 @@ def ensure_tiny_assets(config) -> None:
         name = family_lib.family_named(family).display_name or family
         _primary_builds(path, lambda p: build_tiny_pipeline(p, seed=0, family=family),
                         f"the tiny random {name} pipeline (policy.build_tiny)")
-    if config.policy.build_tiny_pretrained and path:
-        from wfm_jax.train.pretrain import ensure_pretrained
-        if jax.process_index() == 0:  # checks the cache's marker: an incomplete one is rebuilt
-            ensure_pretrained(path, log=say)
-        if jax.process_count() > 1:
-            from jax.experimental import multihost_utils
-            multihost_utils.sync_global_devices(f"build {path}")
+    if config.policy.build_tiny_pretrained and path and not os.path.isdir(path):
+        # the build trains with this package's SFT loop, so the CLI runs it before training
+        # (wfm_jax.cli.main.build_pretrained); a caller of the loops builds it the same way
+        raise SetupError(f"the pretrained shapes pipeline {path} is not built: "
+                         f"python -m wfm_jax.tiny --pretrained {path}")
     dataset = config.train.train_policy.dataset
     if dataset.build_tiny and dataset.local_dir:
         from wfm_jax.worlds.shapes.dataset import ensure_shapes_dataset

@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 
 PRETRAINED_DIR = "./outputs/tiny_sd3_shapes"
-PROMPTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs",
-                       "prompts")
+# package data, so an installed wfm_jax finds them without a checkout
+PROMPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "prompts")
 TRAIN_PROMPTS = os.path.join(PROMPTS, "shapes_train.txt")
 HELDOUT_PROMPTS = os.path.join(PROMPTS, "shapes_heldout.txt")
 
