@@ -32,13 +32,11 @@ import numpy as np
 from flax import nnx
 
 from converters import registry
-from wfm_jax.io.atomic import atomic_directory
-from converters.safetensors_io import (checkpoint_meta, open_checkpoint_slices,
-                                       save_checkpoint_streaming)
-from converters.table import (TRANSFORMS, ConversionError, Rule, check_keys, to_diffusers_tensor,
-                              to_jax_tensor)
+from converters.safetensors_io import checkpoint_meta, open_checkpoint_slices, save_checkpoint_streaming
+from converters.table import TRANSFORMS, ConversionError, Rule, check_keys, to_diffusers_tensor, to_jax_tensor
 from converters.tied import StoredKeys, resolve_tied, tied_reader
 from wfm_jax.core.tree import flat_params, path_str
+from wfm_jax.io.atomic import atomic_directory
 
 _PROBE = (2, 3, 5, 7, 11, 13)  # distinct sizes reveal how a transform permutes axes
 
@@ -369,3 +367,21 @@ def export_diffusers(model, config: Mapping, dst: str, *, dtype=None,
                         lambda keys: {k: host_array(variables[k].get_value()) for k in keys},
                         dst, dtype=dtype, max_shard_bytes=max_shard_bytes,
                         write=jax.process_index() == 0)
+
+
+def load_transformer(path: str, dtype=None, param_dtype=jnp.float32, mesh=None, rules=None,
+                     **options):
+    """The diffusion transformer of a diffusers transformer dir, a pipeline dir (its
+    `transformer/`) or a wfm_jax state dir, loaded straight into its shards on `mesh`.
+
+    The returned NNX module is called like the diffusers forward:
+    `model(hidden_states, encoder_hidden_states, pooled_projections, timestep)` -> velocity in
+    the layout of `hidden_states`. `dtype` is the compute dtype, `param_dtype` the stored one;
+    options go to the model constructor (SD3: attention_impl="auto"|"xla"|"cudnn"|None,
+    remat="none"|"full"|"dots"). `rules` (default: the active ones, wfm_jax.core.mesh.DEFAULT_RULES)
+    place the parameters; run the forward under `jax.set_mesh(mesh)` and, for custom rules,
+    `wfm_jax.core.mesh.use_rules(rules)` so the activation constraints agree.
+    """
+    model, _ = load_model(path, component="transformer", dtype=dtype, param_dtype=param_dtype,
+                          mesh=mesh, rules=rules, **options)
+    return model

@@ -214,7 +214,7 @@ def test_parse_overrides_and_cli(tmp_path):
     with pytest.raises(ConfigError, match="unexpected argument '--cfg.a=1'"):
         cfg.parse_overrides(["--cfg.a=1"])
     recipe = write_recipe(tmp_path, "")
-    proc = subprocess.run([sys.executable, "-m", "wfm_jax.config.recipe", f"--config={recipe}",
+    proc = subprocess.run([sys.executable, "-m", "wfm_jax.config", f"--config={recipe}",
                            "--config.train.train_policy.timestep_fraction=0.5"],
                           capture_output=True, text=True, cwd=REPO)
     assert proc.returncode != 0

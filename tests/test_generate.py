@@ -94,7 +94,8 @@ def test_size_beyond_the_position_table_is_one_line_before_any_work(tmp_path, ti
     def never(*a, **k):
         raise AssertionError("encoded prompts for a size the model cannot take")
 
-    monkeypatch.setattr(generate, "encode_prompts", never)
+    from wfm_jax.programs import sample
+    monkeypatch.setattr(sample, "encode_prompts", never)
     rc = generate.main(["--model", tiny_dir, "--prompt", "x", "--height", "512", "--width", "512",
                         "--out", str(tmp_path / "x.png")])
     err = capsys.readouterr().err.strip().splitlines()

@@ -11,7 +11,7 @@ from PIL import Image, ImageDraw
 
 from reward_client.computer import RewardComputer
 from reward_client.errors import RewardValueError
-from reward_client.local import score_local
+from reward_client.catalog import score_local
 from wfm_jax.worlds.shapes.grammar import BACKGROUNDS, COLOURS, PromptGrammarError, Scene, parse_prompt
 from wfm_jax.worlds.shapes.dataset import build_shapes_dataset
 

@@ -210,7 +210,7 @@ class NoTorch(importlib.machinery.PathFinder):
             return None
         return super().find_spec(name, path, target)
 sys.meta_path = [NoTorch if f is importlib.machinery.PathFinder else f for f in sys.meta_path]
-from wfm_jax import tiny
+from wfm_jax.families import tiny
 tiny.build_tiny_pipeline({str(tmp_path / "p")!r}, family="wan")
 assert "torch" not in sys.modules
 """

@@ -17,7 +17,7 @@ def score_pipeline(pipe, prompts, *, per_prompt: int = 4, steps: int = 10, size:
     """{"shapes_alignment": mean, "<attribute>": mean, "chance": mean score against every
     prompt of the list, "n": images} over `per_prompt` images of each prompt (Euler ODE, CFG-free unless
     `guidance` > 1)."""
-    from reward_client.local import score_local
+    from reward_client.catalog import score_local
     from wfm_jax.programs.sample import generate
 
     todo = [p for p in prompts for _ in range(per_prompt)]
