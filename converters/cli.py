@@ -105,8 +105,8 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--max-shard-gb", type=float, default=2.0, help="safetensors shard size")
     b.add_argument("--config", help="native .pt only: a diffusers transformer config.json for what "
                                     "the tensor shapes cannot tell (patch size, RoPE scale, ...)")
-    b.add_argument("--weights", choices=("ema", "net", "ref"), default="ema",
-                   help="native .pt only: which net of a training checkpoint (default: EMA)")
+    b.add_argument("--weights", choices=("ema", "net", "ref"),
+                   help="native .pt only: which net of a training checkpoint (default: ema)")
     c = sub.add_parser("to-cosmos-native",
                        help="diffusers CosmosTransformer3DModel dir -> cosmos-rl native .pt")
     c.add_argument("src")
@@ -125,8 +125,14 @@ def _run(args) -> None:
     elif os.path.isfile(args.src) or _is_dcp(args.src):
         from converters import cosmos_native
         cosmos_native.native_to_diffusers_dir(args.src, args.dst, args.config,
-                                              weights=args.weights, dtype=args.dtype,
+                                              weights=args.weights or "ema", dtype=args.dtype,
                                               max_shard_bytes=int(args.max_shard_gb * (1 << 30)))
+        if args.config is None:
+            print(f"note: {', '.join(cosmos_native.NOT_IN_SHAPES)} are not in a native checkpoint: "
+                  "used the released Cosmos-Predict2.5 values (--config CONFIG.json sets them)",
+                  file=sys.stderr)
+    elif args.config is not None or args.weights is not None:
+        raise ValueError("--config and --weights apply to a cosmos-rl native .pt source only")
     else:
         to_diffusers(args.src, args.dst, args.dtype, int(args.max_shard_gb * (1 << 30)))
 

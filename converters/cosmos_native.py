@@ -43,6 +43,8 @@ PREDICT25_DEFAULTS = {
     "crossattn_proj_in_channels": 100352, "encoder_hidden_states_channels": 1024,
     "controlnet_block_every_n": None, "img_context_dim_in": None, "img_context_num_tokens": 256,
     "img_context_dim_out": 2048}
+# what no tensor shape reveals: from --config, else PREDICT25_DEFAULTS
+NOT_IN_SHAPES = ("patch_size", "concat_padding_mask", "max_size", "rope_scale")
 # Non-parameter entries of a native net (spec §4): dropped on the way in, re-added on the way out.
 ROPE_BUFFERS = ("pos_embedder.seq", "pos_embedder.dim_spatial_range",
                 "pos_embedder.dim_temporal_range")
@@ -279,6 +281,12 @@ def native_params(path: str, weights: str = "ema") -> dict:
     for prefix in WEIGHT_PREFIXES[weights]:
         picked = {k[len(prefix):]: v for k, v in state.items()
                   if isinstance(k, str) and k.startswith(prefix)}
+        # TransformerEngine's per-module state (spec §4): not a weight, may not be a tensor
+        picked = {k: v for k, v in picked.items() if not k.endswith("_extra_state")}
+        odd = sorted(k for k, v in picked.items() if not isinstance(v, _torch().Tensor))
+        if odd:
+            raise ConversionError(f"{path}: {prefix}{odd[0]} is a {type(picked[odd[0]]).__name__}, "
+                                  f"not a tensor")
         if picked:
             return picked
     sample = ", ".join(sorted(map(str, state))[:5])
@@ -336,7 +344,7 @@ def native_to_diffusers_dir(src_pt: str, dst_dir: str, config=None, *, weights: 
     shapes = {k: tuple(v.shape) for k, v in params.items()}
     cfg = infer_config(shapes, _read_config(config))
     known = {n for n, _ in build_table(cfg)} | set(ROPE_BUFFERS) | set(COUNTERS)
-    unknown = sorted(k for k in params if k not in known and not k.endswith("_extra_state"))
+    unknown = sorted(k for k in params if k not in known)
     if unknown:  # cosmos-rl logs and drops these; silently losing weights is worse (spec §10)
         more = f" (+{len(unknown) - 4} more)" if len(unknown) > 4 else ""
         raise ConversionError(f"{src_pt}: native keys with no diffusers counterpart: "

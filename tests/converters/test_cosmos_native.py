@@ -153,8 +153,8 @@ def _randomise(module, seed, dtype=torch.bfloat16):
     return module
 
 
-def _native_file(path, seed=0, wrap=None):
-    net = _randomise(NativeNet(TINY), seed)
+def _native_file(path, seed=0, wrap=None, config=TINY):
+    net = _randomise(NativeNet(config), seed)
     sd = {f"net.{k}": v for k, v in net.state_dict().items()}
     sd["net.accum_iteration"] = torch.tensor(1234)  # a trained file's counters are not zero
     torch.save(sd if wrap is None else wrap(sd), path)
@@ -315,6 +315,27 @@ def test_training_checkpoint_picks_the_ema_net(tmp_path, capsys, config_json):
                     "--weights", weights) == (0, "")
         got = load_file(out / "diffusion_pytorch_model.safetensors")
         assert _same(got["proj_out.weight"], nets[weights]["net.final_layer.linear.weight"])
+
+
+def test_without_config_the_released_values_fill_in_and_wfm_jax_reads_it(tmp_path, capsys):
+    """A net at the released max_size: every size from the shapes, the rest said in one note;
+    the result is an ordinary diffusers dir (`to-jax` takes it)."""
+    config = dict(TINY, max_size=[128, 240, 240])
+    _native_file(tmp_path / "m.pt", config=config)
+    rc, err = _cli(capsys, "to-diffusers", tmp_path / "m.pt", tmp_path / "hf")
+    assert rc == 0
+    assert err.startswith("note: ")
+    assert "\n" not in err
+    assert "--config" in err
+    written = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert {k: written[k] for k in config} == config
+    assert _cli(capsys, "to-jax", tmp_path / "hf", tmp_path / "jax") == (0, "")
+
+
+def test_native_options_refused_for_a_state_dir(tmp_path, capsys, config_json):
+    (tmp_path / "state").mkdir()
+    _refused(_cli(capsys, "to-diffusers", tmp_path / "state", tmp_path / "out", "--config",
+                  config_json), 1, "native")
 
 
 def test_python_api_for_the_loader(tmp_path):
