@@ -214,7 +214,7 @@ def infer_config(shapes: dict[str, tuple[int, ...]], config: dict | None = None)
         if shapes["pos_embedder.seq"] != (grid,):
             source = "--config" if "max_size" in given else "the default"
             raise ConversionError(
-                f"net.pos_embedder.seq has {shapes['pos_embedder.seq']} entries but {source} "
+                f"net.pos_embedder.seq has {math.prod(shapes['pos_embedder.seq'])} entries but {source} "
                 f"max_size {list(cfg['max_size'])} / patch_size {list(cfg['patch_size'])} gives "
                 f"{grid}; pass --config CONFIG.json with the model's max_size")
     return cfg
@@ -354,10 +354,10 @@ def native_to_diffusers_dir(src_pt: str, dst_dir: str, config=None, *, weights: 
     floating = [n for n in table.values() if not params[n].is_floating_point()]
     if floating:
         raise ConversionError(f"{src_pt}: non-float parameters: {', '.join(floating[:4])}")
-    _, dim_t = _rope_dims(cfg["attention_head_dim"])
-    if shapes.get("pos_embedder.dim_temporal_range", (dim_t // 2,)) != (dim_t // 2,):
-        raise ConversionError(f"{src_pt}: net.pos_embedder.dim_temporal_range does not fit "
-                              f"head dim {cfg['attention_head_dim']}")
+    for name, dim in zip(ROPE_BUFFERS[1:], _rope_dims(cfg["attention_head_dim"]), strict=True):
+        if shapes.get(name, (dim // 2,)) != (dim // 2,):
+            raise ConversionError(f"{src_pt}: net.{name} {shapes[name]} does not fit head dim "
+                                  f"{cfg['attention_head_dim']}")
     cast = None if dtype is None else np.dtype(ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype)
     nbytes = {d: math.prod(shapes[n]) * (cast.itemsize if cast is not None
                                          else params[n].element_size())

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -418,7 +420,7 @@ def test_bad_diffusers_input_is_one_line(tmp_path, capsys, diffusers_dir):
 
 
 def test_without_torch_one_line_names_the_pin(tmp_path, capsys, monkeypatch, diffusers_dir):
-    monkeypatch.setitem(__import__("sys").modules, "torch", None)  # `import torch` now fails
+    monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` now fails
     with pytest.raises(cosmos_native.MissingTorchError, match=r"pip install torch==2\.13\.0"):
         cosmos_native.native_params(str(tmp_path / "m.pt"))
     rc, err = _cli(capsys, "to-cosmos-native", diffusers_dir, tmp_path / "n.pt")
@@ -445,3 +447,19 @@ def test_failure_while_writing_leaves_nothing(tmp_path, capsys, config_json, mon
     _refused(_cli(capsys, "to-diffusers", tmp_path / "m.pt", tmp_path / "out", "--config", config_json),
              1, "disk full")
     _nothing_written(tmp_path / "out")
+
+
+def test_module_entry_point_exit_codes(tmp_path):
+    """`python -m converters` itself: 1 and one stderr line for a DCP dir, 2 for a usage error."""
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / ".metadata").write_bytes(b"")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {**os.environ, "PYTHONPATH": root}  # this checkout's converters, wherever pytest runs
+    run = subprocess.run([sys.executable, "-m", "converters", "to-diffusers", str(tmp_path / "ckpt"),
+                          str(tmp_path / "out")], capture_output=True, text=True, env=env)
+    assert run.returncode == 1
+    assert run.stderr.count("\n") == 1
+    assert "dcp_to_torch" in run.stderr
+    run = subprocess.run([sys.executable, "-m", "converters", "to-cosmos-native"],
+                         capture_output=True, text=True, env=env)
+    assert run.returncode == 2
