@@ -167,6 +167,13 @@ def _need(shapes: dict, key: str) -> tuple[int, ...]:
     return shapes[key]
 
 
+def _check_supported(cfg: dict) -> None:
+    if cfg["extra_pos_embed_type"] is not None or cfg["img_context_dim_in"] \
+            or cfg["controlnet_block_every_n"]:
+        raise UnsupportedModelError("only the Cosmos-Predict2.5 DiT (no learnable position "
+                                    "embedding, image context or ControlNet) is supported")
+
+
 def infer_config(shapes: dict[str, tuple[int, ...]], config: dict | None = None) -> dict:
     """Complete diffusers transformer config for native `shapes` (keys without `net.`).
 
@@ -205,10 +212,7 @@ def infer_config(shapes: dict[str, tuple[int, ...]], config: dict | None = None)
     if wrong:
         raise ConversionError(f"--config disagrees with the checkpoint's shapes: {', '.join(wrong)}")
     cfg.update(found)
-    if cfg["extra_pos_embed_type"] is not None or cfg["img_context_dim_in"] \
-            or cfg["controlnet_block_every_n"]:
-        raise UnsupportedModelError("only the Cosmos-Predict2.5 DiT (no learnable position "
-                                    "embedding, image context or ControlNet) is supported")
+    _check_supported(cfg)
     if "pos_embedder.seq" in shapes:
         grid = max(m // p for m, p in zip(cfg["max_size"], cfg["patch_size"], strict=True))
         if shapes["pos_embedder.seq"] != (grid,):
@@ -399,10 +403,7 @@ def diffusers_to_native(src: str, dst_pt: str, dtype: str = "bfloat16") -> None:
         raise UnsupportedModelError(f"{directory}/config.json is a {config.get('_class_name')!r}, "
                                     f"not a {CLASS_NAME}")
     cfg = {**PREDICT25_DEFAULTS, **{k: v for k, v in config.items() if not k.startswith("_")}}
-    if cfg["extra_pos_embed_type"] is not None or cfg["img_context_dim_in"] \
-            or cfg["controlnet_block_every_n"]:
-        raise UnsupportedModelError("only the Cosmos-Predict2.5 DiT (no learnable position "
-                                    "embedding, image context or ControlNet) is supported")
+    _check_supported(cfg)
     meta = checkpoint_meta(directory)
     _check_shapes(cfg, {k: v[0] for k, v in meta.items()}, directory)
     loaders = open_checkpoint(directory)
