@@ -17,20 +17,22 @@ torch is needed only here (an optional extra): imported lazily, one-line error w
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import re
+import uuid
 import zipfile
 from importlib import metadata
 
 import ml_dtypes
 import numpy as np
 
-from converters.atomic import atomic_directory, atomic_file
 from converters.registry import UnsupportedModelError
 from converters.safetensors_io import checkpoint_meta, open_checkpoint, save_checkpoint_streaming
 from converters.table import ConversionError
+from wfm_jax.io.atomic import atomic_directory
 
 CLASS_NAME = "CosmosTransformer3DModel"
 TORCH_PIN = "torch==2.13.0"
@@ -381,6 +383,22 @@ def native_to_diffusers_dir(src_pt: str, dst_dir: str, config=None, *, weights: 
 
 # ---- diffusers -> native ------------------------------------------------------------------------
 
+@contextlib.contextmanager
+def _atomic_file(dst: str):
+    """Yield a temporary sibling path to write; on success one `os.replace` puts it at `dst`, on
+    error it is removed, so `dst` is never seen half-written."""
+    dst = os.path.abspath(dst)
+    os.makedirs(os.path.dirname(dst), exist_ok=True)
+    tmp = os.path.join(os.path.dirname(dst), f".{os.path.basename(dst)}.tmp-{uuid.uuid4().hex[:8]}")
+    try:
+        yield tmp
+        os.replace(tmp, dst)
+    except BaseException:
+        if os.path.lexists(tmp):
+            os.remove(tmp)
+        raise
+
+
 def _transformer_dir(src: str) -> str:
     for d in (src, os.path.join(src, "transformer")):
         if os.path.isfile(os.path.join(d, "config.json")):
@@ -410,5 +428,5 @@ def diffusers_to_native(src: str, dst_pt: str, dtype: str = "bfloat16") -> None:
     target = getattr(torch, dtype)
     out = {f"net.{n}": _to_torch(loaders[d]()).to(target) for n, d in build_table(cfg)}
     out.update({f"net.{k}": _to_torch(v) for k, v in native_buffers(cfg).items()})
-    with atomic_file(dst_pt) as tmp:
+    with _atomic_file(dst_pt) as tmp:
         torch.save(out, tmp)

@@ -5,7 +5,7 @@ import contextlib
 import os
 import shutil
 import uuid
-from collections.abc import Iterator
+from typing import Iterator
 
 
 @contextlib.contextmanager
@@ -36,20 +36,3 @@ def atomic_directory(dst: str) -> Iterator[str]:
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.remove(old)
-
-
-@contextlib.contextmanager
-def atomic_file(dst: str) -> Iterator[str]:
-    """Yield a temporary sibling path to write; on success it replaces `dst` (one `os.replace`),
-    on error it is removed, so `dst` is never seen half-written."""
-    dst = os.path.abspath(dst)
-    parent = os.path.dirname(dst)
-    os.makedirs(parent, exist_ok=True)
-    tmp = os.path.join(parent, f".{os.path.basename(dst)}.tmp-{uuid.uuid4().hex[:8]}")
-    try:
-        yield tmp
-        os.replace(tmp, dst)
-    except BaseException:
-        if os.path.lexists(tmp):
-            os.remove(tmp)
-        raise
