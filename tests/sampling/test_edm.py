@@ -2,6 +2,7 @@
 algorithms.md §4: the sigma grid, churn, the 2ab / Euler / Heun steps, the full trajectory, the
 trajectory records the RL step reads, and same-initial-noise groups."""
 
+import functools
 import math
 
 import jax
@@ -96,6 +97,13 @@ def churn_noises(key, n, shape):
                                 np.float64) for k in range(n)])
 
 
+@functools.lru_cache
+def rollout(steps, solver="2ab", s_churn=1.0, record=True):
+    """One compiled sampler per setting (compiles dominate these tests' time)."""
+    plan = edm.make_plan(steps, solver=solver, s_churn=s_churn)
+    return plan, jax.jit(lambda e, k: edm.sample(edm.rf_denoiser(jax_net), e, plan, k, record=record))
+
+
 # ----------------------------------------------------------------------------- grid and churn
 
 
@@ -134,7 +142,8 @@ def test_churn_respects_s_t_min_max_and_the_eta_cap():
     plan = edm.make_plan(10, s_t_min=1.0, s_t_max=100.0, s_noise=1.5)
     sig = np_grid(10)[:-1]
     on = (sig > 1.0) & (sig < 100.0)
-    assert on.any() and not on.all()
+    assert on.any()
+    assert not on.all()
     np.testing.assert_allclose(plan.sigma_hat, np.where(on, sig * (1 + 1 / 11), sig), rtol=1e-14)
     np.testing.assert_allclose(plan.churn_std, np.where(on, sig * math.sqrt((12 / 11) ** 2 - 1) * 1.5, 0.0),
                                rtol=1e-12)
@@ -145,7 +154,7 @@ def test_churn_respects_s_t_min_max_and_the_eta_cap():
 
 def test_churn_function_matches_numpy():
     rng = np.random.default_rng(0)
-    x, xi = rng.standard_normal((2,) + SHAPE).astype(np.float32)
+    x, xi = rng.standard_normal((2, *SHAPE)).astype(np.float32)
     s = np.array([3.0, 1.0, 0.5, 2.0], np.float32)
     s_hat = s * 1.1
     got = edm.churn(jnp.asarray(x), s_hat, s, jnp.asarray(xi), 0.9)
@@ -175,7 +184,8 @@ def test_step_rules_match_numpy_per_row():
     mu, x0_got = edm.step_mean(x0_fn, f32[0], s, t, x0_prev=f32[2], sigma_prev=sp, first=first)
     x0_np = np_x0(x, s)
     np.testing.assert_allclose(np.asarray(x0_got), x0_np, rtol=1e-5, atol=1e-5)
-    want = np.where(first[col], np_euler(x, s[col], t[col], x0_np), np_ab2(x, s[col], t[col], x0_np, sp[col], x0p))
+    want = np.where(first[col], np_euler(x, s[col], t[col], x0_np),
+                    np_ab2(x, s[col], t[col], x0_np, sp[col], x0p))
     np.testing.assert_allclose(np.asarray(mu), want, rtol=1e-4, atol=1e-5)
     mu_h, x0_h = edm.step_mean(x0_fn, f32[0], s, t, solver="2heun_edm")
     avg = 0.5 * (x0_np + np_x0(np_euler(x, s[col], t[col], x0_np), t))
@@ -203,13 +213,14 @@ def test_rf_denoiser_feeds_t_not_1000t():
 
 @pytest.mark.parametrize(("solver", "steps"), [("2ab", 10), ("2ab", 20), ("1euler", 6), ("2heun_edm", 10)])
 def test_full_trajectory_matches_numpy(solver, steps):
-    plan = edm.make_plan(steps, solver=solver)
+    plan, run = rollout(steps, solver)
     key, k_noise = jax.random.key(3), jax.random.key(4)
     eps = edm.initial_noise(k_noise, SHAPE)
-    traj = jax.jit(lambda e, k: edm.sample(edm.rf_denoiser(jax_net), e, plan, k))(eps, key)
+    traj = run(eps, key)
     n = plan.num_intervals
     ref = np_sample(np.asarray(eps, np.float64), churn_noises(key, n, SHAPE), n, solver)
-    assert traj.x_hat.shape == (n, *SHAPE) and traj.final.shape == SHAPE
+    assert traj.x_hat.shape == (n, *SHAPE)
+    assert traj.final.shape == SHAPE
     np.testing.assert_allclose(np.asarray(traj.sigma_hat), ref["sigma_hat"], rtol=1e-6)
     np.testing.assert_allclose(np.asarray(traj.sigma_next), np_grid(n)[1:], rtol=1e-6)
     for name in ("x_hat", "x0", "mu"):
@@ -218,25 +229,22 @@ def test_full_trajectory_matches_numpy(solver, steps):
                                    err_msg=name)
     np.testing.assert_allclose(np.asarray(traj.final), ref["final"], atol=5e-5)
     np.testing.assert_array_equal(np.asarray(traj.noise), np.asarray(eps))
-    again = edm.sample(edm.rf_denoiser(jax_net), eps, plan, key, record=False)
-    np.testing.assert_allclose(np.asarray(again), np.asarray(traj.final), rtol=1e-5, atol=1e-5)  # jit vs eager
 
 
 def test_same_key_same_rollout_other_key_other_rollout():
-    plan = edm.make_plan(4)
+    _, run = rollout(4)
     eps = edm.initial_noise(jax.random.key(0), SHAPE)
-    fn = edm.rf_denoiser(jax_net)
-    a = edm.sample(fn, eps, plan, jax.random.key(1))
-    b = edm.sample(fn, eps, plan, jax.random.key(1))
-    c = edm.sample(fn, eps, plan, jax.random.key(2))
+    a, b, c = (run(eps, jax.random.key(i)) for i in (1, 1, 2))
     np.testing.assert_array_equal(np.asarray(a.final), np.asarray(b.final))
     assert np.abs(np.asarray(a.final) - np.asarray(c.final)).max() > 1e-3
+    final_only = rollout(4, record=False)[1](eps, jax.random.key(1))
+    np.testing.assert_allclose(np.asarray(final_only), np.asarray(a.final), rtol=1e-5, atol=1e-5)
 
 
 def test_trajectory_step_records_what_the_rl_step_reads():
-    plan = edm.make_plan(6)
+    plan, run = rollout(6)
     fn = edm.rf_denoiser(jax_net)
-    traj = edm.sample(fn, edm.initial_noise(jax.random.key(0), SHAPE), plan, jax.random.key(1))
+    traj = run(edm.initial_noise(jax.random.key(0), SHAPE), jax.random.key(1))
     pick = jax.jit(edm.trajectory_step)
     for k in range(6):
         st = pick(traj, k)
@@ -245,7 +253,8 @@ def test_trajectory_step_records_what_the_rl_step_reads():
         np.testing.assert_array_equal(np.asarray(st.sample), np.asarray(want_next))
         np.testing.assert_array_equal(np.asarray(st.mu_old), np.asarray(traj.mu[k]))
         assert bool(st.first) == (k == 0)
-        assert float(st.sigma) == float(traj.sigma_hat[k]) and float(st.sigma_next) == float(traj.sigma_next[k])
+        assert float(st.sigma) == float(traj.sigma_hat[k])
+        assert float(st.sigma_next) == float(traj.sigma_next[k])
         if k:
             np.testing.assert_array_equal(np.asarray(st.x0_prev), np.asarray(traj.x0[k - 1]))
             assert float(st.sigma_prev) == float(traj.sigma_hat[k - 1])
@@ -279,16 +288,16 @@ def test_same_initial_noise_within_a_group_only():
     # without groups every row differs
     free = np.asarray(edm.initial_noise(key, (8, 3, 4)))
     assert len({free[i].tobytes() for i in range(8)}) == 8
-    assert abs(free.std() - 1) < 0.2 and abs(eps.std() - 1) < 0.3
+    assert abs(free.std() - 1) < 0.2
+    assert abs(eps.std() - 1) < 0.3
 
 
 def test_same_initial_noise_members_still_diverge_through_churn():
-    plan = edm.make_plan(4)
     eps = edm.initial_noise(jax.random.key(0), SHAPE, edm.contiguous_group_ids(4, 4))
-    traj = edm.sample(edm.rf_denoiser(jax_net), eps, plan, jax.random.key(1))
+    traj = rollout(4)[1](eps, jax.random.key(1))
     x_hat0 = np.asarray(traj.x_hat[0])
     assert np.abs(x_hat0[0] - x_hat0[1]).max() > 1.0  # churn std at step 0 is ~88
-    off = edm.sample(edm.rf_denoiser(jax_net), eps, edm.make_plan(4, s_churn=0.0), jax.random.key(1))
+    off = rollout(4, s_churn=0.0)[1](eps, jax.random.key(1))
     np.testing.assert_array_equal(np.asarray(off.final[0]), np.asarray(off.final[1]))
 
 

@@ -21,7 +21,7 @@ sample per rank, so a mean over rows equals cosmos's mean over ranks (equal-size
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
@@ -105,15 +105,11 @@ class WFMRLConfig:
     @classmethod
     def ddrl(cls, **overrides) -> WFMRLConfig:
         """The DDRL 2B/14B recipes' [model.rl] (cosmos-predict2-5-*-720-reason-embedding-ddrl.toml)."""
-        values = dict(sample_steps=20, train_on=tuple(range(0, 20, 2)), kl_beta=0.0, data_beta=0.01,
-                      update_ref_every_iter=0, use_same_seed=False, min_num_conditional_frames=0,
-                      max_num_conditional_frames=1)
+        values = {"sample_steps": 20, "train_on": tuple(range(0, 20, 2)), "kl_beta": 0.0,
+                  "data_beta": 0.01, "update_ref_every_iter": 0, "use_same_seed": False,
+                  "min_num_conditional_frames": 0, "max_num_conditional_frames": 1}
         values.update(overrides)
         return cls(**values)
-
-    @classmethod
-    def keys(cls) -> tuple[str, ...]:
-        return tuple(f.name for f in fields(cls))
 
     @property
     def micro_steps(self) -> int:
@@ -337,6 +333,17 @@ def rl_step_loss(x0_fn: edm.Denoiser, step: edm.TrajectoryStep, advantages, conf
 
 
 # ----------------------------------------------------------------------------- per-group draws
+
+
+def rollout_noise(key, shape, config: WFMRLConfig, group_ids=None):
+    """The rollout's initial unit noise: with use_same_seed one draw per group (group_ids, by
+    default adjacent groups of num_rollout rows), else one per row (edm.initial_noise)."""
+    if not config.use_same_seed:
+        return edm.initial_noise(key, shape)
+    if group_ids is None:
+        group_ids = edm.contiguous_group_ids(int(shape[0]), config.num_rollout)
+    return edm.initial_noise(key, shape, group_ids)
+
 
 
 def draw_train_on(key, train_on, sample_steps: int):
