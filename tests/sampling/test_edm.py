@@ -208,6 +208,24 @@ def test_rf_denoiser_feeds_t_not_1000t():
     np.testing.assert_allclose(np.asarray(seen["t"]), [500.0, 750.0], rtol=1e-7)
 
 
+def test_cosmos_guidance_form():
+    x = jnp.asarray(np.random.default_rng(2).standard_normal(SHAPE), jnp.float32)
+    sig = jnp.full((4,), 2.0)
+
+    def cond(x, s):
+        return 0.5 * x
+
+    def uncond(x, s):
+        return -0.25 * x
+
+    assert edm.cosmos_guided(cond, None, 0.0) is cond  # guidance 0: one conditional pass
+    got = edm.cosmos_guided(cond, uncond, 3.0)(x, sig)
+    want = 0.5 * np.asarray(x) + 3.0 * (0.5 - -0.25) * np.asarray(x)  # c + g (c - u)
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6)
+    with pytest.raises(ValueError, match="unconditional"):
+        edm.cosmos_guided(cond, None, 1.0)
+
+
 # ----------------------------------------------------------------------------- the rollout
 
 

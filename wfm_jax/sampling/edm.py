@@ -69,7 +69,7 @@ def churn_eta(s_churn: float, num_intervals: int) -> float:
     return min(s_churn / (num_intervals + 1), math.sqrt(1.2) - 1.0)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # hashed by identity: usable as a static jit argument
 class EDMPlan:
     """Everything about a rollout that does not depend on the data, computed on the host in
     float64 (as cosmos computes its sigmas) and handed to the device as float32."""
@@ -141,6 +141,21 @@ def rf_denoiser(net: Callable[[jax.Array, jax.Array], jax.Array],
         t = jnp.asarray(sigma, F32) / (jnp.asarray(sigma, F32) + 1.0)
         tc = _col(t, x)
         return (1.0 - tc) * x - tc * net((1.0 - tc) * x, _rows(t * timestep_scale, x))
+    return x0_fn
+
+
+def cosmos_guided(cond_fn: Denoiser, uncond_fn: Denoiser | None, guidance: float) -> Denoiser:
+    """cosmos-rl's guidance x0 = c + g (c - u) (standard CFG at scale g + 1). guidance 0, the RL
+    default, is one conditional pass (uncond_fn may then be None). As in cosmos (v2v
+    `get_x0_fn_from_batch`) the gradient flows through both branches."""
+    if guidance == 0:
+        return cond_fn
+    if uncond_fn is None:
+        raise ValueError(f"guidance {guidance} needs an unconditional denoiser")
+
+    def x0_fn(x, sigma):
+        c = cond_fn(x, sigma)
+        return c + guidance * (c - uncond_fn(x, sigma))
     return x0_fn
 
 
