@@ -142,16 +142,23 @@ def load_vision_configs(model_dir: str | Path) -> tuple[VisionConfig, VisionConf
 
 
 def _as_uint8_hwc(image: Any, convert_rgb: bool) -> np.ndarray:
-    """PIL image or (H, W, C) uint8 array -> (H, W, 3) uint8 array."""
+    """PIL image or (H, W, C) uint8 array -> (H, W, 3) uint8, with transformers' `convert_to_rgb`:
+    transparency is composited onto white, grey is repeated."""
     if isinstance(image, Image.Image):
-        if convert_rgb and image.mode != "RGB":
-            image = image.convert("RGB")
-        return np.asarray(image)
+        if not convert_rgb:
+            return np.asarray(image)
+        if "A" in image.getbands() or image.info.get("transparency") is not None:
+            white = Image.new("RGBA", image.size, (255, 255, 255, 255))
+            return np.asarray(Image.alpha_composite(white, image.convert("RGBA")).convert("RGB"))
+        return np.asarray(image.convert("RGB"))
     arr = np.asarray(image)
     if arr.dtype != np.uint8 or arr.ndim != 3 or arr.shape[-1] not in (1, 3, 4):
         raise ValueError(f"expected a PIL image or an (H, W, C) uint8 array, got {arr.dtype} {arr.shape}")
-    if convert_rgb and arr.shape[-1] != 3:
-        arr = np.asarray(Image.fromarray(arr.squeeze(-1) if arr.shape[-1] == 1 else arr).convert("RGB"))
+    if convert_rgb and arr.shape[-1] == 1:
+        return np.repeat(arr, 3, axis=-1)
+    if convert_rgb and arr.shape[-1] == 4:
+        alpha = arr[..., 3:4] / 255
+        return np.round(alpha * arr[..., :3] + (1 - alpha) * 255).astype(np.uint8)
     return arr
 
 
