@@ -2,6 +2,8 @@
 video; the full Qwen3VLProcessor), run in the oracle venv built by tests/_support/oracle_env.py."""
 from __future__ import annotations
 
+import copy
+import dataclasses
 import json
 from pathlib import Path
 
@@ -9,7 +11,7 @@ import numpy as np
 import pytest
 
 from tests._support import oracle_env
-from tests.families.qwen3_vl._tiny_processor import write_processor_dir
+from tests.families.qwen3_vl._tiny_processor import RELEASED_IMAGE, RELEASED_VIDEO, write_processor_dir
 from wfm_jax.families.qwen3_vl.preprocess import Qwen3VLProcessor, Video
 
 ORACLE = Path(__file__).with_name("_oracle_processor.py")
@@ -32,9 +34,11 @@ def _vid(t, h, w):
 INPUTS = {
     "im_96x96": _img(96, 96), "im_64x128": _img(64, 128), "im_67x45": _img(67, 45),
     "im_13x700": _img(13, 700), "im_300x17": _img(300, 17), "im_211x305": _img(211, 305),
-    "im_33x31": _img(33, 31),
+    "im_33x31": _img(33, 31), "im_rgba_50x70": _img(50, 70)[..., [0, 1, 2, 0]],
+    "im_grey_40x41": _img(40, 41)[..., :1],
     "v30_40x70": _vid(30, 40, 70), "v13_50x33": _vid(13, 50, 33), "v9_64x64": _vid(9, 64, 64),
     "v120_64x96": _vid(120, 64, 96), "v8_64x64": _vid(8, 64, 64), "v5_20x150": _vid(5, 20, 150),
+    "v4_300x400": _vid(4, 300, 400), "v7_48x80": _vid(7, 48, 80),
 }
 IMAGE_KEYS = [k for k in INPUTS if k.startswith("im_")]
 
@@ -64,13 +68,27 @@ CASES = [
     {"name": "mixed_batch", "images": ["im_33x31"],
      "videos": [{"key": "v5_20x150", "video_fps": 7.0}, {"key": "v8_64x64", "video_fps": 24.0}],
      "messages": [_user("image", "then", "video"), _user("text only"), _user("video", "last")]},
+    {"name": "presampled_frames",
+     "videos": [{"key": "v7_48x80", "video_fps": 1.5, "indices": [0, 3, 5, 9, 12, 20, 21]}],
+     "videos_kwargs": {"do_sample_frames": False}, "messages": [_user("video", "given frames")]},
+    # the released budgets (image min_pixels 65536 up-scales; video budget 25M), released video
+    # processor with max_video_tokens lowered so the per-frame cap bites on a small clip
+    {"name": "released_image_video", "model": "released", "images": ["im_67x45", "im_13x700"],
+     "videos": [{"key": "v30_40x70", "video_fps": 10.0}], "videos_kwargs": {"cap_pixels_per_frame": False},
+     "messages": [_user("image", "video", "and", "image")]},
+    {"name": "released_cap_off", "model": "released", "videos": [{"key": "v4_300x400", "video_fps": 4.0}],
+     "videos_kwargs": {"cap_pixels_per_frame": False}, "messages": [_user("video", "uncapped")]},
+    {"name": "released_cap_on", "model": "released", "videos": [{"key": "v4_300x400", "video_fps": 4.0}],
+     "videos_kwargs": {"cap_pixels_per_frame": True}, "messages": [_user("video", "capped")]},
 ]
+RELEASED_MODEL = {"image": RELEASED_IMAGE, "video": {**RELEASED_VIDEO, "max_video_tokens": 64}}
 
 
 @pytest.fixture(scope="module")
 def oracle(tmp_path_factory):
     work = tmp_path_factory.mktemp("qwen3vl_oracle")
     write_processor_dir(work / "model")
+    write_processor_dir(work / "released", **RELEASED_MODEL)
     np.savez(work / "inputs.npz", **INPUTS)
     cases = [{"name": "images_only", "kind": "images", "images": IMAGE_KEYS},
              *({"kind": "processor", **c} for c in CASES)]
@@ -82,8 +100,8 @@ def oracle(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def ours(oracle):
-    return Qwen3VLProcessor.from_pretrained(oracle / "model")
+def processors(oracle):
+    return {name: Qwen3VLProcessor.from_pretrained(oracle / name) for name in ("model", "released")}
 
 
 def test_oracle_uses_the_qwen3_vl_classes(oracle):
@@ -106,18 +124,24 @@ def test_images_match_both_image_backends(oracle, backend, tag):
     assert np.abs(ref["fast_pixel_values"] - ref["pil_pixel_values"]).max() > 1e-3
 
 
-def _videos(case):
+def _videos(case, processor):
     kw = case.get("videos_kwargs", {})
-    return [Video(INPUTS[v["key"]], v["video_fps"], fps=kw.get("fps"), num_frames=kw.get("num_frames"))
-            for v in case.get("videos", [])]
+    if "cap_pixels_per_frame" in kw:  # a call-time override, like transformers' videos_kwargs
+        processor.video_config = dataclasses.replace(processor.video_config,
+                                                     cap_pixels_per_frame=kw["cap_pixels_per_frame"])
+    sampled = kw.get("do_sample_frames") is False
+    return [Video(INPUTS[v["key"]], v["video_fps"], fps=kw.get("fps"), num_frames=kw.get("num_frames"),
+                  sampled=sampled, indices=v.get("indices")) for v in case.get("videos", [])]
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
-def test_processor_matches_transformers(oracle, ours, case):
+def test_processor_matches_transformers(oracle, processors, case):
     ref = dict(np.load(oracle / f"{case['name']}.npz"))
+    ours = processors[case.get("model", "model")]
     texts = [ours.apply_chat_template(m) for m in case["messages"]]
     assert texts == json.loads((oracle / f"{case['name']}.txt").read_text())
-    out = ours(texts, images=[INPUTS[k] for k in case.get("images", [])], videos=_videos(case))
+    ours = copy.copy(ours)
+    out = ours(texts, images=[INPUTS[k] for k in case.get("images", [])], videos=_videos(case, ours))
     assert sorted(out) == sorted(ref)
     for key in ("input_ids", "attention_mask", "mm_token_type_ids", "image_grid_thw", "video_grid_thw"):
         if key in ref:

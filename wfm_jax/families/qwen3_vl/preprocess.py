@@ -141,9 +141,9 @@ def load_vision_configs(model_dir: str | Path) -> tuple[VisionConfig, VisionConf
             VisionConfig.from_dict(video, VIDEO_CLASS_DEFAULTS) if video is not None else None)
 
 
-def _as_uint8_hwc(image: Any, convert_rgb: bool) -> np.ndarray:
+def _as_uint8_hwc(image: Any, convert_rgb: bool, backend: str = "torchvision") -> np.ndarray:
     """PIL image or (H, W, C) uint8 array -> (H, W, 3) uint8, with transformers' `convert_to_rgb`:
-    transparency is composited onto white, grey is repeated."""
+    transparency is composited onto white (each backend rounds its own way), grey is repeated."""
     if isinstance(image, Image.Image):
         if not convert_rgb:
             return np.asarray(image)
@@ -156,6 +156,10 @@ def _as_uint8_hwc(image: Any, convert_rgb: bool) -> np.ndarray:
         raise ValueError(f"expected a PIL image or an (H, W, C) uint8 array, got {arr.dtype} {arr.shape}")
     if convert_rgb and arr.shape[-1] == 1:
         return np.repeat(arr, 3, axis=-1)
+    if convert_rgb and arr.shape[-1] == 4 and backend == "torchvision":  # float32, x*255.999 truncated
+        f = arr.astype(np.float32) * np.float32(1 / 255)
+        rgb = f[..., :3] * f[..., 3:] + (np.float32(1) - f[..., 3:])
+        return (rgb * np.float32(255.999)).astype(np.uint8)
     if convert_rgb and arr.shape[-1] == 4:
         alpha = arr[..., 3:4] / 255
         return np.round(alpha * arr[..., :3] + (1 - alpha) * 255).astype(np.uint8)
@@ -239,7 +243,7 @@ def preprocess_image(image: Any, cfg: VisionConfig,
                      backend: str = "torchvision") -> tuple[np.ndarray, tuple[int, int, int]]:
     """One image -> (patches (gh*gw, C*Tp*P*P) float32, grid (1, gh, gw)).
     Rows are in 2x2 merge-block order, each vector in (C, Tp, ph, pw) order, the frame repeated Tp times."""
-    frame = _as_uint8_hwc(image, cfg.do_convert_rgb)
+    frame = _as_uint8_hwc(image, cfg.do_convert_rgb, backend)
     p, m, tp = cfg.patch_size, cfg.merge_size, cfg.temporal_patch_size
     if cfg.do_resize:
         h, w = smart_resize(frame.shape[0], frame.shape[1], p * m, cfg.min_pixels, cfg.max_pixels)
