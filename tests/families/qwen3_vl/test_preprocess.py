@@ -150,3 +150,24 @@ def test_left_padding_and_token_types(tmp_path):
     assert (out["input_ids"][1, :-1] == proc.tokenizer.pad_token_id).all()
     assert int((out["mm_token_type_ids"] == 1).sum()) == math.prod((1, 4, 6)) // 4
     assert text[0].startswith("<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>hi<|im_end|>\n")
+
+
+def test_read_video_and_user_turn(tmp_path):
+    import cv2
+
+    path = str(tmp_path / "clip.avi")
+    writer = cv2.VideoWriter(path, cv2.VideoWriter_fourcc(*"MJPG"), 12.0, (80, 48))
+    for i in range(10):
+        writer.write(np.full((48, 80, 3), (20 * i, 0, 200), np.uint8))  # BGR
+    writer.release()
+    video = pp.read_video(path)
+    assert video.frames.shape == (10, 48, 80, 3) and video.video_fps == pytest.approx(12.0)
+    assert abs(int(video.frames[3, 10, 10, 0]) - 200) <= 3 and abs(int(video.frames[3, 10, 10, 2]) - 60) <= 3
+    with pytest.raises(ValueError, match="cannot open"):
+        pp.read_video(tmp_path / "missing.mp4")
+    proc = pp.Qwen3VLProcessor.from_pretrained(write_processor_dir(tmp_path / "m"))
+    text = proc.apply_chat_template(pp.user_turn("what?", videos=1))
+    assert text == ("<|im_start|>user\n<|vision_start|><|video_pad|><|vision_end|>what?<|im_end|>\n"
+                    "<|im_start|>assistant\n")
+    out = proc(text, videos=[video])  # 10 frames at 12 fps, sampled at 2 fps -> min 4 frames -> 2 groups
+    assert out["video_grid_thw"].tolist() == [[2, 4, 4]]  # 48x80 -> 64x64: round(1.5) = 2, round(2.5) = 2

@@ -146,8 +146,9 @@ def test_processor_matches_transformers(oracle, processors, case):
     for key in ("input_ids", "attention_mask", "mm_token_type_ids", "image_grid_thw", "video_grid_thw"):
         if key in ref:
             np.testing.assert_array_equal(out[key], ref[key], err_msg=key)
+            assert out[key].dtype == ref[key].dtype, key
     for key in ("pixel_values", "pixel_values_videos"):
         if key in ref:
-            assert out[key].shape == ref[key].shape
+            assert out[key].shape == ref[key].shape and out[key].dtype == ref[key].dtype
             np.testing.assert_allclose(out[key], ref[key], rtol=0, atol=1e-6, err_msg=key)
     assert out["attention_mask"][:, 0].min() == 0 or out["attention_mask"].all()  # left padding

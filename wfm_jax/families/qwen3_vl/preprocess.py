@@ -329,6 +329,31 @@ class Video:
     indices: Any = None
 
 
+def read_video(path: str | Path) -> Video:
+    """Decode a video file with OpenCV (a project dependency) into all its RGB frames + frame rate."""
+    import cv2  # lazy: only video files need it
+
+    cap = cv2.VideoCapture(str(path))
+    if not cap.isOpened():
+        raise ValueError(f"cannot open video {path}")
+    fps, frames = cap.get(cv2.CAP_PROP_FPS), []
+    while True:
+        ok, frame = cap.read()
+        if not ok:
+            break
+        frames.append(cv2.cvtColor(frame, cv2.COLOR_BGR2RGB))
+    cap.release()
+    if not frames or not fps or fps <= 0:
+        raise ValueError(f"{path}: no frames or no frame rate could be read")
+    return Video(np.stack(frames), float(fps))
+
+
+def user_turn(prompt: str, images: int = 0, videos: int = 0) -> list[dict[str, Any]]:
+    """One user message: the images, then the videos, then the text (the generate CLI's layout)."""
+    content = [{"type": "image"}] * images + [{"type": "video"}] * videos
+    return [{"role": "user", "content": [*content, {"type": "text", "text": prompt}]}]
+
+
 class Qwen3VLProcessor:
     """Chat template + placeholder expansion + tokenisation, as transformers' `Qwen3VLProcessor`.
 
