@@ -104,13 +104,14 @@ class VisionConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], defaults: dict[str, Any]) -> VisionConfig:
+        """One processor json over `defaults` (IMAGE_ or VIDEO_CLASS_DEFAULTS). An explicit null
+        keeps the default, except for fps / num_frames where null switches that sampling rule off."""
         merged = {**defaults, **{k: v for k, v in d.items() if v is not None or k in ("fps", "num_frames")}}
         size = dict(merged["size"] or {})
-        # legacy keys override `size`, as Qwen2VLImageProcessor.__init__ does
-        if d.get("min_pixels") is not None and defaults is IMAGE_CLASS_DEFAULTS:
-            size["shortest_edge"] = d["min_pixels"]
-        if d.get("max_pixels") is not None and defaults is IMAGE_CLASS_DEFAULTS:
-            size["longest_edge"] = d["max_pixels"]
+        if defaults is IMAGE_CLASS_DEFAULTS:  # legacy keys override `size` (Qwen2VLImageProcessor.__init__)
+            for key, edge in (("min_pixels", "shortest_edge"), ("max_pixels", "longest_edge")):
+                if d.get(key) is not None:
+                    size[edge] = d[key]
         if not size.get("shortest_edge") or not size.get("longest_edge"):
             raise ValueError(f"`size` must contain 'shortest_edge' and 'longest_edge', got {size}")
         names = {f.name for f in dataclasses.fields(cls)}
