@@ -20,6 +20,8 @@ sample per rank, so a mean over rows equals cosmos's mean over ranks (equal-size
 
 from __future__ import annotations
 
+from typing import Any
+
 import math
 from dataclasses import dataclass
 
@@ -105,7 +107,7 @@ class WFMRLConfig:
     @classmethod
     def ddrl(cls, **overrides) -> WFMRLConfig:
         """The DDRL 2B/14B recipes' [model.rl] (cosmos-predict2-5-*-720-reason-embedding-ddrl.toml)."""
-        values = {"sample_steps": 20, "train_on": tuple(range(0, 20, 2)), "kl_beta": 0.0,
+        values: dict[str, Any] = {"sample_steps": 20, "train_on": tuple(range(0, 20, 2)), "kl_beta": 0.0,
                   "data_beta": 0.01, "update_ref_every_iter": 0, "use_same_seed": False,
                   "min_num_conditional_frames": 0, "max_num_conditional_frames": 1}
         values.update(overrides)
