@@ -70,8 +70,9 @@ def test_timestep_fraction_warns_and_trains_on_every_step(name, capsys):
 
 
 def test_timesteps_fraction_is_honoured_when_spelt_right(tmp_path, capsys):
-    text = open(_path("sana-image-nft.toml")).read().replace(
-        "timestep_fraction = 0.99", "timestep_fraction = 0.99\ntimesteps_fraction = 0.5")
+    with open(_path("sana-image-nft.toml")) as f:
+        text = f.read().replace("timestep_fraction = 0.99",
+                                "timestep_fraction = 0.99\ntimesteps_fraction = 0.5")
     path = tmp_path / "r.toml"
     path.write_text(text)
     assert cfg.load_config(str(path)).train.train_policy.timesteps_fraction == 0.5
@@ -115,7 +116,8 @@ def test_world_model_recipes_map_onto_the_ddrl_trainer(name, rl, mesh, size, war
     assert c.train.train_batch_per_replica == mesh[0] * mesh[1]  # one video per data-parallel rank
     assert tuple(d.inference_size) == size and d.train_frames == 93
     t = c.train
-    assert (t.optm_lr, t.optm_weight_decay, tuple(t.optm_betas), t.optm_eps) == (1e-5, 1e-4, (0.9, 0.99), 1e-8)
+    assert (t.optm_lr, t.optm_weight_decay, tuple(t.optm_betas), t.optm_eps) == (
+        1e-5, 1e-4, (0.9, 0.99), 1e-8)
     assert (t.optm_warmup_steps, t.lr_schedule, t.max_steps, t.optm_grad_norm_clip) == (
         warmup, "constant", steps, 1.0)
     assert t.output_dir == os.path.join("./outputs", "cosmos_rl_wfm", "official_runs_t2v", name[:-5])
@@ -165,13 +167,15 @@ def test_wfm_mode_on_a_diffusers_recipe_is_one_line(capsys):
 
 
 @pytest.mark.parametrize("old, new, fragment", [
-    ("sample_steps = 20", "sample_stepz = 20", "unknown cosmos-rl key 'model.rl.sample_stepz'; did you mean 'sample_steps'?"),
+    ("sample_steps = 20", "sample_stepz = 20",
+     "unknown cosmos-rl key 'model.rl.sample_stepz'; did you mean 'sample_steps'?"),
     ('name = "grad_clip"', 'name = "grad_clipp"', "is not a cosmos-rl callback; did you mean 'grad_clip'?"),
     ("f_min = [1.0]", "f_min = [0.5]", "f_min = 0.5"),
     ('type = "text_attr"', 'type = "remap_key"', "cosmos-rl's is 'text_attr'"),
 ])
 def test_bad_world_model_keys_are_one_line(tmp_path, old, new, fragment):
-    text = open(_path("cosmos-predict2-5-2b-720-reason-embedding-ddrl.toml")).read()
+    with open(_path("cosmos-predict2-5-2b-720-reason-embedding-ddrl.toml")) as f:
+        text = f.read()
     assert old in text
     path = tmp_path / "r.toml"
     path.write_text(text.replace(old, new, 1))

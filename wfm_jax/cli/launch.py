@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Sequence
+from collections.abc import Sequence
 
 from wfm_jax.config.base import ConfigError
 
@@ -133,7 +133,8 @@ def would_load(config) -> list[str]:
     else:
         lines.append(f"reward: built in, computed here: {names}")
     if config.validation.enable:
-        source = config.validation.dataset.local_dir or f"{config.validation.dataset.holdout_fraction} held out"
+        val = config.validation.dataset
+        source = val.local_dir or f"{val.holdout_fraction} held out"
         lines.append(f"validation: every {config.validation.freq} steps on {source}")
     return lines
 

@@ -41,7 +41,8 @@ KNOWN = {k: frozenset(v.split()) for k, v in {
     "policy.parallelism": _PARALLELISM,
     "policy.lora": ("r lora_names lora_path lora_alpha lora_dropout target_modules primary_adapter "
                     "use_rslora modules_to_save alpha_pattern r_pattern init_lora_weights"),
-    "policy.diffusers": ("dtype main_dtype training_dtype is_video max_prompt_length weighting_scheme train_flow_shift offload "
+    "policy.diffusers": ("dtype main_dtype training_dtype is_video max_prompt_length "
+                         "weighting_scheme train_flow_shift offload "
                          "logit_mean logit_std inference_size inference_frames train_frames "
                          "timesteps_fraction nft_beta weight_copy_decay_type lora sample tokenizer"),
     "policy.diffusers.sample": ("num_steps eval_num_steps guidance_scale global_std noise_level "

@@ -21,15 +21,18 @@ from wfm_jax.config.base import ConfigError
 
 ANY = None  # a leaf (or an opaque subtree: the model's architecture, not a tunable)
 
-_LOCAL_LOADER = {k: ANY for k in (
-    "ratio dataset_dir batch_size num_workers pin_memory num_frames video_size "
-    "offline_text_embedding text_encoder_type shuffle drop_last prefetch_factor").split()}
-_WEB_DATASET = {k: ANY for k in (
-    "resolution len_t5 t5_dim num_video_frames caption_type embedding_type "
-    "dataset_resolution_type video_decoder_name augmentor_name").split()}
+
+def _leaves(names: str) -> dict[str, None]:
+    return dict.fromkeys(names.split(), ANY)
+
+
+_LOCAL_LOADER = _leaves("ratio dataset_dir batch_size num_workers pin_memory num_frames video_size "
+    "offline_text_embedding text_encoder_type shuffle drop_last prefetch_factor")
+_WEB_DATASET = _leaves("resolution len_t5 t5_dim num_video_frames caption_type embedding_type "
+    "dataset_resolution_type video_decoder_name augmentor_name")
 _WEB_LOADER = {"ratio": ANY, "dataloader": {
-    **{k: ANY for k in ("use_cache cache_size concat_size cache_replay_name batch_size "
-                        "num_workers pin_memory webdataset").split()},
+    **_leaves("use_cache cache_size concat_size cache_replay_name batch_size "
+                        "num_workers pin_memory webdataset"),
     "cache_augment_fn": {"name": ANY, "args": ANY}, "dataset": _WEB_DATASET}}
 _LOADER = {"type": ANY, "image_dataloader": {**_LOCAL_LOADER, **_WEB_LOADER},
            "video_dataloader": {**_LOCAL_LOADER, **_WEB_LOADER}}
@@ -43,46 +46,45 @@ RL_DEFAULTS: dict[str, Any] = {  # cosmos-rl RLConfig (spec §1 table): what the
 SCHEMA: dict[str, Any] = {
     "model": {
         "conditioner": ANY,  # [[model.conditioner]]: checked by _conditioners
-        **{k: ANY for k in ("text_encoder_class fsdp_shard_size dp_replicate_size resolution "
+        **_leaves("text_encoder_class fsdp_shard_size dp_replicate_size resolution "
                             "use_rf_ckpts loss_scale precision state_t sigma_conditional "
                             "sigma_data conditioning_strategy denoise_replace_gt_frames "
-                            "min_num_conditional_frames max_num_conditional_frames").split()},
-        "net": {k: ANY for k in (
-            "model_channels num_blocks num_heads use_crossattn_projection "
+                            "min_num_conditional_frames max_num_conditional_frames"),
+        "net": _leaves("model_channels num_blocks num_heads use_crossattn_projection "
             "crossattn_proj_in_channels crossattn_emb_channels max_img_h max_img_w max_frames "
             "in_channels out_channels patch_spatial patch_temporal concat_padding_mask "
             "pos_emb_cls use_adaln_lora adaln_lora_dim rope_h_extrapolation_ratio "
             "rope_w_extrapolation_ratio rope_t_extrapolation_ratio mlp_ratio "
-            "use_wan_fp32_strategy rope_enable_fps_modulation").split()},
+            "use_wan_fp32_strategy rope_enable_fps_modulation"),
         "tokenizer": {"temporal_window": ANY, "chunk_duration": ANY},
-        "text_encoder_config": {k: ANY for k in (
-            "compute_online embedding_concat_strategy n_layers_per_group ckpt_path "
-            "tokenizer_type encoder_model_config").split()},
-        "rl": {**{k: ANY for k in RL_DEFAULTS}, "reward_config": {
+        "text_encoder_config": _leaves("compute_online embedding_concat_strategy n_layers_per_group "
+                                       "ckpt_path tokenizer_type encoder_model_config"),
+        "rl": {**dict.fromkeys(RL_DEFAULTS, ANY), "reward_config": {
             "adv_clip_max": ANY, "adv_clip_min": ANY, "remote_reward": ANY, "fake_reward": ANY,
             "aesthetic": ANY, "image_reward": ANY}},
         "ema": {"enabled": ANY, "rate": ANY, "iteration_shift": ANY},
         "sde": {"p_mean": ANY, "p_std": ANY, "sigma_max": ANY, "sigma_min": ANY},
     },
-    "model_parallel": {k: ANY for k in ("context_parallel_size tensor_model_parallel_size "
-                                        "pipeline_model_parallel_size").split()},
-    "trainer": {k: ANY for k in ("max_iter callbacks grad_scaler_args seed grad_accum_iter "
-                                 "logging_iter run_validation validation_iter").split()},
-    "optimizer": {k: ANY for k in "lr weight_decay optim_type betas eps".split()},
-    "scheduler": {k: ANY for k in "f_start f_max f_min warm_up_steps cycle_lengths scheduler_type".split()},
+    "model_parallel": _leaves("context_parallel_size tensor_model_parallel_size "
+                                        "pipeline_model_parallel_size"),
+    "trainer": _leaves("max_iter callbacks grad_scaler_args seed grad_accum_iter "
+                                 "logging_iter run_validation validation_iter"),
+    "optimizer": _leaves("lr weight_decay optim_type betas eps"),
+    "scheduler": _leaves("f_start f_max f_min warm_up_steps cycle_lengths scheduler_type"),
     "dataloader_train": _LOADER,
     "dataloader_val": _LOADER,
-    "job": {k: ANY for k in "project group name wandb_mode timestamp".split()},
-    "checkpoint": {k: ANY for k in "load_path model_id type save_iter".split()},
+    "job": _leaves("project group name wandb_mode timestamp"),
+    "checkpoint": _leaves("load_path model_id type save_iter"),
 }
 # keys in cosmos-rl's own recipes that its pydantic config silently drops (spec §2)
 COSMOS_DROPS = ("model_parallel.pipeline_parallel_size",)
 CONDITIONERS = {"fps": "remap_key", "padding_mask": "remap_key", "text": "text_attr",
                 "use_video_condition": "boolean_flag"}
 CONDITIONER_KEYS = ("name", "type", "input_key", "output_key", "dropout_rate")
-CALLBACKS = ("grad_clip low_prec every_n_sample_reg every_n_sample_ema wandb wandb_10x "
-             "reward_callback frame_loss_log iter_speed param_count heart_beat device_monitor "
-             "dataloader_speed manual_gc compile_tokenizer verify_data_batch_keys").split()
+CALLBACKS = tuple(_leaves(
+    "grad_clip low_prec every_n_sample_reg every_n_sample_ema wandb wandb_10x reward_callback "
+    "frame_loss_log iter_speed param_count heart_beat device_monitor dataloader_speed manual_gc "
+    "compile_tokenizer verify_data_batch_keys"))
 # cosmos-rl VIDEO_RES_SIZE_INFO[resolution]["9,16"] as (H, W) (spec §3; the mock recipe's one)
 RESOLUTIONS = {"480": (432, 768)}
 WFM_MODULE = "cosmos_rl.tools.dataset.wfm_rl"
@@ -135,7 +137,8 @@ def _check_keys(node: Any, spec: Any, path: str, source: str, notes: list) -> No
             continue
         if key not in spec:
             close = difflib.get_close_matches(key, sorted(spec), n=1, cutoff=0.6)
-            hint = f"; did you mean '{close[0]}'?" if close else f"; valid keys there: {', '.join(sorted(spec))}"
+            hint = (f"; did you mean '{close[0]}'?" if close
+                    else f"; valid keys there: {', '.join(sorted(spec))}")
             raise ConfigError(f"{source}: unknown cosmos-rl key '{full}'{hint}")
         _check_keys(value, spec[key], full, source, notes)
 
@@ -286,7 +289,9 @@ def read_wfm_recipe(tree: dict, source: str) -> tuple[dict[str, Any], list[str]]
     if str(opt.get("optim_type", "fusedadam")).lower() not in ("fusedadam", "adamw", "adam"):
         raise ConfigError(f"{source}: optimizer.optim_type = {opt['optim_type']!r}: wfm_jax trains "
                           f"with AdamW (cosmos-rl's fusedadam in adam_w_mode)")
-    f_min, f_max = _one(sched.get("f_min"), 1.0, "f_min", source), _one(sched.get("f_max"), 1.0, "f_max", source)
+    f_min = _one(sched.get("f_min"), 1.0, "f_min", source)
+    f_max = _one(sched.get("f_max"), 1.0, "f_max", source)
+    warmup = int(_one(sched.get("warm_up_steps"), 1000, "warm_up_steps", source))
     if f_min != 1.0 or f_max != 1.0:
         raise ConfigError(f"{source}: scheduler f_min = {f_min}, f_max = {f_max}: wfm_jax runs "
                           f"cosmos-rl's lambda_linear only as its recipes set it (f_min = f_max = 1: "
@@ -296,7 +301,7 @@ def read_wfm_recipe(tree: dict, source: str) -> tuple[dict[str, Any], list[str]]
                 "train.optm_betas": tuple(float(b) for b in opt.get("betas", (0.9, 0.99))),
                 "train.optm_eps": float(opt.get("eps", 1e-8)),
                 "train.lr_schedule": "constant",
-                "train.optm_warmup_steps": int(_one(sched.get("warm_up_steps"), 1000, "warm_up_steps", source)),
+                "train.optm_warmup_steps": warmup,
                 "train.ema_enable": bool(model.get("ema", {}).get("enabled", True))})
     clip = callbacks.get("grad_clip")
     out["train.optm_grad_norm_clip"] = float(clip.get("clip_norm", 1.0)) if clip is not None else 0.0
