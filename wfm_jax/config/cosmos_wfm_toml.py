@@ -333,6 +333,10 @@ def read_wfm_recipe(tree: dict, source: str) -> tuple[dict[str, Any], list[str]]
     else:
         raise ConfigError(f"{source}: dataloader_train.type = {train_type!r} is not 'local' or 'web'")
     mock = out["train.train_policy.dataset.layout"] == "mock"
+    if warmup >= out["train.max_steps"]:  # spec §10: kept (it is what the recipe ran), but said
+        notes.append(f"the {warmup}-step LR warm-up does not end within max_iter "
+                     f"{out['train.max_steps']} (as in cosmos-rl); --config.train.optm_warmup_steps=N "
+                     f"to change it")
     if load_path:
         out["policy.model_name_or_path"] = f"{load_path}/{model_id}" if model_id else load_path
     else:  # random init (cosmos-rl's mock mode): the released pipeline gives the VAE and shapes
