@@ -205,7 +205,7 @@ def test_mock_quick_start_runs_on_the_tiny_twin(tmp_path):
                           env=env, cwd=tmp_path, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "built-in deterministic jpeg_compressibility reward" in proc.stderr
-    run = tmp_path / "outputs" / "cosmos_rl_wfm" / "official_runs_t2v" / MOCK[:-5]
+    run = tmp_path / "outputs" / "cosmos_rl_wfm" / "official_runs_t2v" / (MOCK[:-5] + "_tiny")
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(1, 26))
     for r in rows:
@@ -213,3 +213,42 @@ def test_mock_quick_start_runs_on_the_tiny_twin(tmp_path):
     resolved = json.loads((run / "config.json").read_text())
     assert tuple(resolved["policy"]["diffusers"]["inference_size"]) == (32, 32)
     assert resolved["policy"]["diffusers"]["train_frames"] == 9
+
+
+def test_tiny_mock_resolves_to_the_twin(capsys):
+    c = cfg.load_config(_path(MOCK), [("policy.build_tiny", "True")])
+    run = os.path.join("./outputs", "cosmos_rl_wfm", "official_runs_t2v", MOCK[:-5] + "_tiny")
+    assert c.train.output_dir == run  # apart from a full-size run's checkpoints
+    assert c.policy.model_name_or_path == os.path.join(run, "tiny_cosmos")
+    d = c.policy.diffusers
+    assert (tuple(d.inference_size), d.train_frames, d.max_prompt_length) == ((32, 32), 9, 512)
+    given = cfg.load_config(_path(MOCK), [("policy.build_tiny", "True"),
+                                          ("policy.diffusers.train_frames", "5")])
+    assert given.policy.diffusers.train_frames == 5  # the command line wins
+    assert "tiny mock run" in capsys.readouterr().err
+
+
+def test_mock_items_are_random_and_reproducible():
+    import numpy as np
+
+    from wfm_jax.data import mock
+    c = cfg.load_config(_path(MOCK))
+    records, val = mock.records(c)
+    assert len(records) == 25 and val == []  # one group of 8 rollouts per iteration, fresh items
+    a = records[3].load((6, 10), 4, np.random.default_rng((0, 1, 3)))
+    b = records[3].load((6, 10), 4, np.random.default_rng((0, 1, 3)))
+    assert a.shape == (4, 6, 10, 3) and a.dtype == np.uint8 and (a == b).all()
+    assert a.max() <= 254 and len(np.unique(a)) > 100  # uniform over [0, 255)
+
+    class Pipe:
+        text_width = 7
+    notes = []
+    enc = mock.MockTextEncoder(Pipe(), 5, 1024, seed=0, log=notes.append)
+    assert notes == ["note: mock text embeddings are 7 wide (the DiT's text input), not the "
+                     "recipe's t5_dim 1024"]
+    ids = enc.tokenize([records[3].prompt, records[3].prompt, records[4].prompt])
+    emb = np.asarray(enc(ids)["encoder_hidden_states"])
+    assert emb.shape == (3, 5, 7) and (emb[0] == emb[1]).all() and not (emb[0] == emb[2]).all()
+    assert abs(emb.std() - 1.0) < 0.5
+    neg = np.asarray(enc(enc.tokenize(["", ""], negative=True))["encoder_hidden_states"])
+    assert (neg == 0).all()  # cosmos-rl's uncondition: the dropped (zero) text

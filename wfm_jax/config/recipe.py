@@ -161,12 +161,15 @@ def load_config(spec: str, overrides: Sequence[tuple[str, str]] = (), check: boo
 
 def _tiny_mock(config: ConfigDict, overridden: Sequence[str]) -> None:
     """cosmos-rl's mock-data recipe with --config.policy.build_tiny=True: the random model is
-    the tiny Cosmos twin (built under output_dir) and the mock videos shrink to its size;
-    keys given on the command line stay as given."""
+    the tiny Cosmos twin (built under output_dir, which gains "_tiny" so a full-size run's
+    stays apart) and the mock videos shrink to its size; keys given on the command line stay
+    as given."""
     if not (config.policy.build_tiny and config.train.train_policy.dataset.layout == "mock"):
         return
     from wfm_jax.families.cosmos import tiny
     d = config.policy.diffusers
+    if "train.output_dir" not in overridden:
+        config.train.output_dir = config.train.output_dir.rstrip("/") + "_tiny"
     shrunk = {"policy.model_name_or_path": os.path.join(config.train.output_dir, "tiny_cosmos"),
               "policy.diffusers.inference_size": (tiny.HEIGHT, tiny.WIDTH),
               "policy.diffusers.train_frames": tiny.FRAMES,
