@@ -70,6 +70,11 @@ DEFAULTS = {
                 # WebDataset split layout's data keys (one tar tree each, e.g. video, metas,
                 # t5_xxl); empty: paired tars, or the key dirs found under local_dir
                 "wds_keys": (),
+                # layout "mock" (cosmos-rl's mock-data mode, wfm_jax.data.mock): random videos of
+                # the recipe's shape and random T5-like text embeddings of this width
+                # (policy.diffusers.max_prompt_length tokens); the DiT's text width wins when
+                # they differ (said in one line)
+                "mock_text_dim": 1024,
             },
             # SFT: keep each distinct prompt's text conditioning and each distinct item's VAE
             # posterior (mean, std; the per-step draw is unchanged, so losses are bit-equal) in
@@ -231,7 +236,7 @@ CHOICES = {
     "train.train_policy.type": ("sft", "nft", "grpo", "ddrl"),
     "train.train_policy.remote_reward.on_failure": ("raise", "drop"),
     "train.train_policy.remote_reward.media_type": ("pixels", "latent"),
-    "train.train_policy.dataset.layout": ("paired", "wfm", "prompts"),
+    "train.train_policy.dataset.layout": ("paired", "wfm", "prompts", "mock"),
     "policy.lora.init_lora_weights": ("gaussian", "zeros", "default"),
     "policy.diffusers.weighting_scheme": ("logit_normal", "mode", "uniform", "none", "sigma_sqrt",
                                           "cosmap"),
