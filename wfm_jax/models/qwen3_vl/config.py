@@ -132,8 +132,13 @@ class Qwen3VLConfig:
     vision_start_token_id: int = 151652
     vision_end_token_id: int = 151653
     tie_word_embeddings: bool = False
-    # kept verbatim for export (bos/eos/pad ids and the like do not change the computation)
-    text_extra: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    # bos/eos/pad ids: kept for export and generation defaults, (name, value) pairs so the
+    # config stays hashable (it is static in jit-compiled functions)
+    token_ids: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def text_extra(self) -> dict[str, Any]:
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in self.token_ids}
 
     @classmethod
     def from_dict(cls, config: Mapping[str, Any]) -> "Qwen3VLConfig":
@@ -150,11 +155,12 @@ class Qwen3VLConfig:
         ids = {k: int(config[k]) for k in ("image_token_id", "video_token_id",
                                            "vision_start_token_id", "vision_end_token_id")
                if config.get(k) is not None}
-        extra = {k: text_dict[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")
-                 if text_dict.get(k) is not None}
+        extra = tuple((k, tuple(v) if isinstance(v, list) else v)
+                      for k, v in text_dict.items()
+                      if k in ("bos_token_id", "eos_token_id", "pad_token_id") and v is not None)
         # transformers 5 ties on the top-level flag (the text config's copy is not read)
         return cls(text=text, vision=vision, tie_word_embeddings=bool(config.get(
-            "tie_word_embeddings", False)), text_extra=extra, **ids)
+            "tie_word_embeddings", False)), token_ids=extra, **ids)
 
     def to_dict(self) -> dict:
         text = {**self.text.to_dict(), **self.text_extra,
