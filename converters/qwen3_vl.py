@@ -117,8 +117,10 @@ def _variables(model) -> dict:
 
 
 def load_tensors(model, tensors: Mapping[str, np.ndarray]) -> None:
-    """Fill `model` in place from transformers tensors (key -> array); missing, unexpected or
-    mis-shaped keys raise ConversionError naming them."""
+    """Fill `model` (concrete, or abstract from nnx.eval_shape) in place from transformers
+    tensors (key -> array) on the default device; missing, unexpected or mis-shaped keys raise
+    ConversionError naming them. Large checkpoints: `wfm_jax.models.loading.load_model` reads
+    them tensor by tensor straight into their shards."""
     cfg: Qwen3VLConfig = model.config
     tensors = dict(tensors)
     if cfg.tie_word_embeddings and _TIED[0][0] in tensors:  # a tied copy stored as well
@@ -131,8 +133,8 @@ def load_tensors(model, tensors: Mapping[str, np.ndarray]) -> None:
     flat = convert_to_jax(build_table(cfg), {k: (lambda v=v: np.asarray(v)) for k, v in tensors.items()},
                           {k: tuple(v.shape) for k, v in variables.items()})
     for path, value in flat.items():
-        var = variables[path]
-        var[...] = jnp.asarray(value, dtype=var[...].dtype)
+        var = variables[path]  # may be abstract (nnx.eval_shape): set, not update in place
+        var.set_value(jnp.asarray(value, dtype=var.get_value().dtype))
 
 
 def state_tensors(model) -> dict[str, np.ndarray]:

@@ -64,7 +64,9 @@ def tensors_of(torch_model) -> dict[str, np.ndarray]:
 
 def flax_model(torch_model, **options) -> Qwen3VLForConditionalGeneration:
     config = torch_model.config.to_dict()
-    model = Qwen3VLForConditionalGeneration(config, rngs=nnx.Rngs(0), **options)
+    # abstract first: no initialiser runs (eager init costs more than the tests themselves)
+    model = nnx.eval_shape(lambda: Qwen3VLForConditionalGeneration(config, rngs=nnx.Rngs(0),
+                                                                   **options))
     load_tensors(model, tensors_of(torch_model))
     return model
 
