@@ -42,7 +42,8 @@ def tiny_config(**changes) -> dict:
 def torch_model(config: dict | None = None, seed: int = 0):
     """The transformers model with every tensor random (norm weights near 1), fp32, eager."""
     import torch
-    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration as Torch
+    from transformers import Qwen3VLConfig
+    from transformers import Qwen3VLForConditionalGeneration as Torch
 
     torch.manual_seed(seed)
     model = Torch(Qwen3VLConfig(**(config or TINY)))

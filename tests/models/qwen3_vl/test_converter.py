@@ -39,7 +39,8 @@ def _abstract(config):
 def _assert_same_bytes(a: dict, b: dict):
     assert sorted(a) == sorted(b)
     for key in a:
-        assert a[key].dtype == b[key].dtype and a[key].shape == b[key].shape, key
+        assert a[key].dtype == b[key].dtype, key
+        assert a[key].shape == b[key].shape, key
         assert a[key].tobytes() == b[key].tobytes(), key
 
 
@@ -62,10 +63,10 @@ def test_strict_keys(tied):
     missing = {k: v for k, v in tensors.items() if "blocks.1.attn.qkv.bias" not in k}
     with pytest.raises(ConversionError, match=r"missing keys: model\.visual\.blocks\.1\.attn\.qkv\.bias"):
         load_tensors(model, missing)
-    with pytest.raises(ConversionError, match="unexpected keys: model.visual.extra"):
+    with pytest.raises(ConversionError, match=r"unexpected keys: model\.visual\.extra"):
         load_tensors(model, {**tensors, "model.visual.extra": np.zeros(3, np.float32)})
     bad = dict(tensors, **{"model.visual.pos_embed.weight": np.zeros((9, 32), np.float32)})
-    with pytest.raises(ConversionError, match="wrong shape for model.visual.pos_embed.weight"):
+    with pytest.raises(ConversionError, match=r"wrong shape for model\.visual\.pos_embed\.weight"):
         load_tensors(model, bad)
     differ = dict(tensors, **{"lm_head.weight": tensors["lm_head.weight"] + 1})
     with pytest.raises(ConversionError, match="tied keys"):

@@ -28,7 +28,8 @@ def models():
 
 
 def _torch_forward(tm, ids, mask=None, pv=None, grid=None, pvv=None, vgrid=None):
-    t = lambda a: None if a is None else torch.tensor(np.asarray(a))
+    def t(a):
+        return None if a is None else torch.tensor(np.asarray(a))
     types = np.where(ids == IMAGE, 1, np.where(ids == VIDEO, 2, 0))
     with torch.no_grad():
         out = tm(input_ids=t(ids), attention_mask=t(mask), pixel_values=t(pv), image_grid_thw=t(grid),
@@ -52,7 +53,7 @@ def _assert_match(ref, got, mask=None):
     (ref_logits, ref_hidden), (logits, hidden) = ref, got
     keep = (slice(None),) if mask is None else np.asarray(mask, bool)
     assert len(hidden) == len(ref_hidden) == 3  # embeddings, layer 0 output, normed last
-    for i, (a, b) in enumerate(zip(ref_hidden, hidden)):
+    for i, (a, b) in enumerate(zip(ref_hidden, hidden, strict=False)):
         np.testing.assert_allclose(b[keep], a[keep], atol=ATOL, rtol=0, err_msg=f"hidden state {i}")
     np.testing.assert_allclose(logits[keep], ref_logits[keep], atol=ATOL, rtol=0, err_msg="logits")
 
@@ -66,7 +67,7 @@ def test_vision_tower_matches(models):
     merged, deepstack = fm.model.visual(jnp.asarray(pv), grid)
     np.testing.assert_allclose(np.asarray(merged), ref.pooler_output.numpy(), atol=ATOL, rtol=0)
     assert len(deepstack) == len(ref.deepstack_features) == 2
-    for a, b in zip(ref.deepstack_features, deepstack):
+    for a, b in zip(ref.deepstack_features, deepstack, strict=False):
         np.testing.assert_allclose(np.asarray(b), a.numpy(), atol=ATOL, rtol=0)
 
 
@@ -123,7 +124,7 @@ def test_scan_layers_equal_unrolled(models):
     a, b = _flax_forward(fm, ids, mask, pv, grid), _flax_forward(scanned, ids, mask, pv, grid)
     # not bit-equal: XLA fuses a scanned body differently (differences are float32 ulps)
     np.testing.assert_allclose(b[0], a[0], atol=1e-5, rtol=0)
-    for x, y in zip(a[1], b[1]):
+    for x, y in zip(a[1], b[1], strict=False):
         np.testing.assert_allclose(y, x, atol=1e-5, rtol=0)
 
 

@@ -28,10 +28,11 @@ def models():
 
 
 def _reference(tm, ids, mask, n, eos, grid=None, pv=None, vgrid=None, pvv=None):
-    t = lambda a: None if a is None else torch.tensor(np.asarray(a))
+    def t(a):
+        return None if a is None else torch.tensor(np.asarray(a))
     types = np.where(ids == IMAGE, 1, np.where(ids == VIDEO, 2, 0))
-    visual = {k: t(v) for k, v in dict(pixel_values=pv, image_grid_thw=grid, pixel_values_videos=pvv,
-                                       video_grid_thw=vgrid).items() if v is not None}
+    visual = {k: t(v) for k, v in {"pixel_values": pv, "image_grid_thw": grid, "pixel_values_videos": pvv,
+                                       "video_grid_thw": vgrid}.items() if v is not None}
     with torch.no_grad():
         out = tm.generate(input_ids=t(ids), attention_mask=t(mask), mm_token_type_ids=t(types),
                           max_new_tokens=n, do_sample=False, eos_token_id=eos, pad_token_id=0,
@@ -73,7 +74,8 @@ def test_end_token_stops_and_pads(models):
     ref = _reference(tm, ids, mask, 12, eos=eos)
     got = generate(fm, ids, mask, max_new_tokens=12, eos_token_ids=[eos], pad_token_id=0)
     np.testing.assert_array_equal(got, ref)
-    assert (got[1, 4:] == 0).all() and got[1, 3] == eos
+    assert (got[1, 4:] == 0).all()
+    assert got[1, 3] == eos
 
 
 def test_sampling_is_seeded(models):

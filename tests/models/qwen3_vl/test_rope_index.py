@@ -18,7 +18,8 @@ def _reference(ids, mask, grid, vgrid):
     # get_rope_index reads only the config: no weights needed
     model = Qwen3VLModel.__new__(Qwen3VLModel)
     model.config = Qwen3VLConfig(**TINY)
-    t = lambda a: None if a is None else torch.tensor(np.asarray(a))
+    def t(a):
+        return None if a is None else torch.tensor(np.asarray(a))
     pos, deltas = Qwen3VLModel.get_rope_index(
         model, t(ids), t(mm_token_type_ids(ids, IMAGE, VIDEO)), t(grid), t(vgrid), t(mask))
     return pos.numpy(), deltas.numpy()

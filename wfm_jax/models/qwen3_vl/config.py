@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 
 def _rope(sub: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -38,7 +39,7 @@ class TextConfig:
     attention_bias: bool = False
 
     @classmethod
-    def from_dict(cls, sub: Mapping[str, Any]) -> "TextConfig":
+    def from_dict(cls, sub: Mapping[str, Any]) -> TextConfig:
         kw = _pick(cls, sub, {"rope_theta", "mrope_section"})
         if sub.get("num_key_value_heads", 0) is None:  # as transformers: None means MHA
             kw["num_key_value_heads"] = kw.get("num_attention_heads", cls.num_attention_heads)
@@ -87,7 +88,7 @@ class VisionConfig:
     rope_theta: float = 10000.0
 
     @classmethod
-    def from_dict(cls, sub: Mapping[str, Any]) -> "VisionConfig":
+    def from_dict(cls, sub: Mapping[str, Any]) -> VisionConfig:
         kw = _pick(cls, sub, {"rope_theta", "deepstack_visual_indexes"})
         if "deepstack_visual_indexes" in sub:
             kw["deepstack_visual_indexes"] = tuple(int(i) for i in sub["deepstack_visual_indexes"])
@@ -141,7 +142,7 @@ class Qwen3VLConfig:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in self.token_ids}
 
     @classmethod
-    def from_dict(cls, config: Mapping[str, Any]) -> "Qwen3VLConfig":
+    def from_dict(cls, config: Mapping[str, Any]) -> Qwen3VLConfig:
         if config.get("model_type", "qwen3_vl") != "qwen3_vl":
             raise ValueError(f"not a Qwen3-VL config: model_type {config.get('model_type')!r}")
         text_dict = config.get("text_config") or {}

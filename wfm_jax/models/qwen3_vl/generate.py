@@ -118,8 +118,9 @@ def generate(model: Qwen3VLForConditionalGeneration, input_ids, attention_mask=N
     eos = tuple(int(e) for e in np.atleast_1d(eos_token_ids))
     if pad_token_id is None:
         pad_token_id = cfg.text_extra.get("pad_token_id", eos[0] if eos else 0)
-    grid = lambda g: None if g is None else tuple(tuple(int(v) for v in r)
-                                                  for r in np.asarray(g).reshape(-1, 3))
+    def grid(g):
+        return None if g is None else tuple(tuple(int(v) for v in r)
+                                                      for r in np.asarray(g).reshape(-1, 3))
     pos, _ = rope_position_ids(ids, mask, image_grid_thw=image_grid_thw,
                                video_grid_thw=video_grid_thw, image_token_id=cfg.image_token_id,
                                video_token_id=cfg.video_token_id,

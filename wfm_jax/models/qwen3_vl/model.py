@@ -10,7 +10,8 @@ tokens are added to the outputs of the first decoder layers. `grid_thw` arrays m
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp

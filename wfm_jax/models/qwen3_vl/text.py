@@ -69,12 +69,12 @@ class TextAttention(nnx.Module):
         d, hd = cfg.hidden_size, cfg.head_dim
         self.num_heads, self.num_kv_heads, self.head_dim = (cfg.num_attention_heads,
                                                             cfg.num_key_value_heads, hd)
-        kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype, bias=cfg.attention_bias)
+        kw = {"rngs": rngs, "dtype": dtype, "param_dtype": param_dtype, "bias": cfg.attention_bias}
         self.q_proj = Linear(d, self.num_heads * hd, axes=("embed", "heads"), **kw)
         self.k_proj = Linear(d, self.num_kv_heads * hd, axes=("embed", "heads"), **kw)
         self.v_proj = Linear(d, self.num_kv_heads * hd, axes=("embed", "heads"), **kw)
         self.o_proj = Linear(self.num_heads * hd, d, axes=("heads", "embed"), **kw)
-        norm = dict(eps=cfg.rms_norm_eps, param_dtype=param_dtype, axes=(None,))
+        norm = {"eps": cfg.rms_norm_eps, "param_dtype": param_dtype, "axes": (None,)}
         self.q_norm = RMSNorm(hd, **norm)
         self.k_norm = RMSNorm(hd, **norm)
 
@@ -85,7 +85,8 @@ class TextAttention(nnx.Module):
         q = self.q_norm(self.q_proj(x).reshape(b, s, self.num_heads, self.head_dim))
         k = self.k_norm(self.k_proj(x).reshape(b, s, self.num_kv_heads, self.head_dim))
         v = self.v_proj(x).reshape(b, s, self.num_kv_heads, self.head_dim)
-        rot = lambda t: t * cos[:, :, None] + _rotate_half(t) * sin[:, :, None]
+        def rot(t):
+            return t * cos[:, :, None] + _rotate_half(t) * sin[:, :, None]
         q, k = rot(q), rot(k)
         if kv is not None:
             ck, cv = kv
@@ -105,7 +106,7 @@ class TextAttention(nnx.Module):
 
 class TextMLP(nnx.Module):
     def __init__(self, cfg: TextConfig, *, rngs: nnx.Rngs, dtype, param_dtype):
-        kw = dict(rngs=rngs, bias=False, dtype=dtype, param_dtype=param_dtype)
+        kw = {"rngs": rngs, "bias": False, "dtype": dtype, "param_dtype": param_dtype}
         d, f = cfg.hidden_size, cfg.intermediate_size
         self.act = activation(cfg.hidden_act)
         self.gate_proj = Linear(d, f, axes=("embed", "mlp"), **kw)
@@ -118,7 +119,7 @@ class TextMLP(nnx.Module):
 
 class DecoderLayer(nnx.Module):
     def __init__(self, cfg: TextConfig, *, rngs: nnx.Rngs, dtype, param_dtype):
-        kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+        kw = {"rngs": rngs, "dtype": dtype, "param_dtype": param_dtype}
         self.input_layernorm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps, param_dtype=param_dtype)
         self.self_attn = TextAttention(cfg, **kw)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps,
@@ -139,7 +140,7 @@ class Qwen3VLTextModel(nnx.Module):
         self.cfg, self.dtype, self.remat, self.scan_layers = cfg, dtype, remat, scan_layers
         self.embed_tokens = param(nnx.initializers.normal(0.02)(
             rngs.params(), (cfg.vocab_size, cfg.hidden_size), param_dtype), ("vocab", "embed"))
-        kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+        kw = {"rngs": rngs, "dtype": dtype, "param_dtype": param_dtype}
         self.layers = nnx.List([DecoderLayer(cfg, **kw) for _ in range(cfg.num_hidden_layers)])
         self.norm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps, param_dtype=param_dtype)
 

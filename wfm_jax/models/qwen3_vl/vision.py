@@ -42,7 +42,7 @@ def vision_layout(grid_thw, cfg: VisionConfig) -> dict[str, np.ndarray]:
     Patches are enumerated in merge-block order (block_row, block_col, in_row, in_col), t times.
     """
     grid = np.asarray(grid_thw, dtype=np.int64).reshape(-1, 3)
-    m, side = cfg.spatial_merge_size, int(round(cfg.num_position_embeddings ** 0.5))
+    m, side = cfg.spatial_merge_size, round(cfg.num_position_embeddings ** 0.5)
     if (grid <= 0).any() or (grid[:, 1:] % m).any():
         raise ValueError(f"grid_thw {grid.tolist()}: every t, h, w must be positive and h, w "
                          f"multiples of spatial_merge_size {m}")
@@ -50,7 +50,8 @@ def vision_layout(grid_thw, cfg: VisionConfig) -> dict[str, np.ndarray]:
     seg = 0
     for t, h, w in grid.tolist():
         r, c = np.meshgrid(np.arange(h), np.arange(w), indexing="ij")
-        block = lambda a, h=h, w=w: a.reshape(h // m, m, w // m, m).transpose(0, 2, 1, 3).reshape(-1)
+        def block(a, h=h, w=w):
+            return a.reshape(h // m, m, w // m, m).transpose(0, 2, 1, 3).reshape(-1)
         rows.append(np.tile(block(r), t))
         cols.append(np.tile(block(c), t))
         heights.append(np.full(t * h * w, h))
@@ -85,7 +86,7 @@ class VisionAttention(nnx.Module):
     def __init__(self, cfg: VisionConfig, *, rngs: nnx.Rngs, dtype, param_dtype):
         d = cfg.hidden_size
         self.num_heads, self.head_dim = cfg.num_heads, cfg.head_dim
-        kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+        kw = {"rngs": rngs, "dtype": dtype, "param_dtype": param_dtype}
         self.qkv = Linear(d, 3 * d, axes=("embed", "heads"), **kw)
         self.proj = Linear(d, d, axes=("heads", "embed"), **kw)
 
@@ -93,8 +94,9 @@ class VisionAttention(nnx.Module):
         n = x.shape[0]
         qkv = self.qkv(x).reshape(n, 3, self.num_heads, self.head_dim)
         q, k, v = qkv[:, 0], qkv[:, 1], qkv[:, 2]
-        rot = lambda t: (t.astype(jnp.float32) * cos[:, None] + _rotate_half(
-            t.astype(jnp.float32)) * sin[:, None]).astype(t.dtype)  # RoPE in fp32, as transformers
+        def rot(t):
+            return (t.astype(jnp.float32) * cos[:, None] + _rotate_half(
+                    t.astype(jnp.float32)) * sin[:, None]).astype(t.dtype)  # RoPE in fp32, as transformers
         q, k = rot(q), rot(k)
         scores = jnp.einsum("qhd,khd->hqk", q, k).astype(jnp.float32) * self.head_dim ** -0.5
         scores = jnp.where(allowed[None], scores, jnp.finfo(jnp.float32).min)
@@ -104,7 +106,7 @@ class VisionAttention(nnx.Module):
 
 class VisionMLP(nnx.Module):
     def __init__(self, cfg: VisionConfig, *, rngs: nnx.Rngs, dtype, param_dtype):
-        kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+        kw = {"rngs": rngs, "dtype": dtype, "param_dtype": param_dtype}
         self.act = activation(cfg.hidden_act)
         self.linear_fc1 = Linear(cfg.hidden_size, cfg.intermediate_size, axes=("embed", "mlp"), **kw)
         self.linear_fc2 = Linear(cfg.intermediate_size, cfg.hidden_size, axes=("mlp", "embed"), **kw)
@@ -115,7 +117,7 @@ class VisionMLP(nnx.Module):
 
 class VisionBlock(nnx.Module):
     def __init__(self, cfg: VisionConfig, *, rngs: nnx.Rngs, dtype, param_dtype):
-        kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+        kw = {"rngs": rngs, "dtype": dtype, "param_dtype": param_dtype}
         self.norm1 = LayerNorm(cfg.hidden_size, eps=1e-6, param_dtype=param_dtype)
         self.norm2 = LayerNorm(cfg.hidden_size, eps=1e-6, param_dtype=param_dtype)
         self.attn = VisionAttention(cfg, **kw)
@@ -134,7 +136,7 @@ class PatchMerger(nnx.Module):
                  param_dtype):
         self.merged = cfg.hidden_size * cfg.spatial_merge_size ** 2
         self.postshuffle_norm = postshuffle_norm
-        kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+        kw = {"rngs": rngs, "dtype": dtype, "param_dtype": param_dtype}
         self.norm = LayerNorm(self.merged if postshuffle_norm else cfg.hidden_size, eps=1e-6,
                               param_dtype=param_dtype, axes=(None,))
         self.linear_fc1 = Linear(self.merged, self.merged, axes=(None, "mlp"), **kw)
@@ -174,7 +176,7 @@ class Qwen3VLVisionModel(nnx.Module):
         self.patch_embed = PatchEmbed(cfg, rngs=rngs, param_dtype=param_dtype)
         self.pos_embed = param(nnx.initializers.normal(0.02)(
             rngs.params(), (cfg.num_position_embeddings, d), param_dtype), (None, "embed"))
-        kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+        kw = {"rngs": rngs, "dtype": dtype, "param_dtype": param_dtype}
         self.blocks = nnx.List([VisionBlock(cfg, **kw) for _ in range(cfg.depth)])
         self.merger = PatchMerger(cfg, postshuffle_norm=False, **kw)
         self.deepstack_merger_list = nnx.List([PatchMerger(cfg, postshuffle_norm=True, **kw)
