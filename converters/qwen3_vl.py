@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from converters.atomic import atomic_directory
 from converters.registry import ModelSpec, register
 from converters.table import Rule, conv, convert_to_diffusers, convert_to_jax, linear, norm
 from converters.tied import check_equal
@@ -97,19 +98,28 @@ def export(model, dst: str, *, dtype=None, processor_dir: str | None = None,
     dtype: e.g. numpy / ml_dtypes bfloat16 to store bf16 (config `dtype` says so); processor_dir:
     the base checkpoint whose tokenizer / processor / chat template files are copied unchanged.
     """
-    from wfm_jax.models.loading import export_diffusers  # the shared streaming, atomic writer
+    from wfm_jax.models.loading import export_diffusers  # the shared streaming writer
 
+    if processor_dir is not None and not os.path.isdir(processor_dir):
+        raise FileNotFoundError(f"no such processor directory: {processor_dir}")
     cfg: Qwen3VLConfig = model.config
     config = cfg.to_dict()
     config["dtype"] = "bfloat16" if dtype is not None and "bfloat16" in str(dtype) else "float32"
-    export_diffusers(model, config, dst, dtype=dtype, max_shard_bytes=max_shard_bytes)
-    with open(os.path.join(dst, "generation_config.json"), "w") as f:
-        json.dump(generation_config(cfg), f, indent=2)
-    if processor_dir is not None:
-        for name in PROCESSOR_FILES:
+    if jax.process_index() != 0:  # takes part in the parameter gathers, writes nothing
+        export_diffusers(model, config, dst, dtype=dtype, max_shard_bytes=max_shard_bytes)
+        return
+    with atomic_directory(dst) as tmp:
+        weights = os.path.join(tmp, "weights")
+        export_diffusers(model, config, weights, dtype=dtype, max_shard_bytes=max_shard_bytes)
+        for name in os.listdir(weights):
+            os.replace(os.path.join(weights, name), os.path.join(tmp, name))
+        os.rmdir(weights)
+        with open(os.path.join(tmp, "generation_config.json"), "w") as f:
+            json.dump(generation_config(cfg), f, indent=2)
+        for name in PROCESSOR_FILES if processor_dir is not None else ():
             src = os.path.join(processor_dir, name)
             if os.path.isfile(src):
-                shutil.copyfile(src, os.path.join(dst, name))
+                shutil.copyfile(src, os.path.join(tmp, name))
 
 
 def _variables(model) -> dict:
