@@ -27,7 +27,7 @@ def models():
     return tm, flax_model(tm)
 
 
-def _reference(tm, ids, mask, n, eos, grid=None, pv=None, vgrid=None, pvv=None):
+def _reference(tm, ids, mask, n, eos, grid=None, pv=None, vgrid=None, pvv=None, logits=False):
     def t(a):
         return None if a is None else torch.tensor(np.asarray(a))
     types = np.where(ids == IMAGE, 1, np.where(ids == VIDEO, 2, 0))
@@ -36,8 +36,9 @@ def _reference(tm, ids, mask, n, eos, grid=None, pv=None, vgrid=None, pvv=None):
     with torch.no_grad():
         out = tm.generate(input_ids=t(ids), attention_mask=t(mask), mm_token_type_ids=t(types),
                           max_new_tokens=n, do_sample=False, eos_token_id=eos, pad_token_id=0,
-                          **visual)
-    return out[:, ids.shape[1]:].numpy()
+                          return_dict_in_generate=True, output_logits=True, **visual)
+    tokens = out.sequences[:, ids.shape[1]:].numpy()
+    return (tokens, torch.stack(out.logits, 1).numpy()) if logits else tokens
 
 
 def test_greedy_text_batch(models):
@@ -58,11 +59,13 @@ def test_greedy_visual_batch(models):
                           [1, *visual_run(VIDEO, vgrid[0]), 10],
                           [1, 11, 12]])
     pv, pvv = pixels(grid, seed=10), pixels(vgrid, seed=11)
-    ref = _reference(tm, ids, mask, 32, [], grid, pv, vgrid, pvv)
-    got = generate(fm, ids, mask, pixel_values=pv, image_grid_thw=grid, pixel_values_videos=pvv,
-                   video_grid_thw=vgrid, max_new_tokens=32, eos_token_ids=[], pad_token_id=0)
+    ref, ref_logits = _reference(tm, ids, mask, 32, [], grid, pv, vgrid, pvv, logits=True)
+    got, logits = generate(fm, ids, mask, pixel_values=pv, image_grid_thw=grid,
+                           pixel_values_videos=pvv, video_grid_thw=vgrid, max_new_tokens=32,
+                           eos_token_ids=[], pad_token_id=0, return_logits=True)
     assert ref.shape == got.shape == (3, 32)
     np.testing.assert_array_equal(got, ref)
+    np.testing.assert_allclose(logits, ref_logits, atol=2e-5, rtol=0)  # every step's logits
 
 
 def test_end_token_stops_and_pads(models):

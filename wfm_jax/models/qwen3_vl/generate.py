@@ -67,41 +67,53 @@ def _prefill(graphdef, state, ids, kv_mask, pos, pixels, video_pixels, key, *, i
     out = model(ids, kv_mask, pos, pixels, None if image_grid is None else np.array(image_grid),
                 video_pixels, None if video_grid is None else np.array(video_grid), cache=cache,
                 cache_index=0, last_only=True)
-    return choose(out["logits"][:, -1], key, sampling), out["cache"]
+    logits = out["logits"][:, -1].astype(jnp.float32)
+    return choose(logits, key, sampling), logits, out["cache"]
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "max_new", "eos", "pad", "sampling"))
-def _decode(graphdef, state, cache, first, kv_mask, last_pos, key, *, max_new, eos, pad, sampling):
+@functools.partial(jax.jit, static_argnames=("graphdef", "max_new", "eos", "pad", "sampling",
+                                             "keep_logits"))
+def _decode(graphdef, state, cache, first, first_logits, kv_mask, last_pos, key, *, max_new, eos,
+            pad, sampling, keep_logits):
     model = nnx.merge(graphdef, state)
     b, prompt_len = first.shape[0], kv_mask.shape[1] - max_new
     eos = jnp.asarray(eos, jnp.int32)
     tokens = jnp.full((b, max_new), pad, jnp.int32).at[:, 0].set(first)
     done = jnp.isin(first, eos)
+    # per-step fp32 logits (B, T, V) only when asked: at a real vocab this is the big buffer
+    logits = (jnp.zeros((b, max_new, first_logits.shape[-1]), jnp.float32).at[:, 0].set(first_logits)
+              if keep_logits else None)
 
     def cond(carry):
-        k, _, done, _, _ = carry
+        k, _, done, _, _, _ = carry
         return (k < max_new) & ~jnp.all(done)
 
     def body(carry):
-        k, tokens, done, cache, key = carry
+        k, tokens, done, cache, key, logits = carry
         prev = jax.lax.dynamic_index_in_dim(tokens, k - 1, axis=1, keepdims=True)
         pos = (last_pos + k)[:, :, None]  # (4, B, 1): every row one further per step
         out = model(prev, kv_mask, pos, cache=cache, cache_index=prompt_len + k - 1, last_only=True)
         key, sub = jax.random.split(key)
-        nxt = jnp.where(done, pad, choose(out["logits"][:, -1], sub, sampling))
+        step = out["logits"][:, -1].astype(jnp.float32)
+        nxt = jnp.where(done, pad, choose(step, sub, sampling))
         tokens = jax.lax.dynamic_update_slice(tokens, nxt[:, None], (0, k))
-        return k + 1, tokens, done | jnp.isin(nxt, eos), out["cache"], key
+        if keep_logits:
+            logits = jax.lax.dynamic_update_slice(logits, step[:, None], (0, k, 0))
+        return k + 1, tokens, done | jnp.isin(nxt, eos), out["cache"], key, logits
 
-    k, tokens, _, _, _ = jax.lax.while_loop(cond, body, (jnp.asarray(1), tokens, done, cache, key))
-    return tokens, k
+    k, tokens, _, _, _, logits = jax.lax.while_loop(
+        cond, body, (jnp.asarray(1), tokens, done, cache, key, logits))
+    return tokens, k, logits
 
 
 def generate(model: Qwen3VLForConditionalGeneration, input_ids, attention_mask=None, *,
              pixel_values=None, image_grid_thw=None, pixel_values_videos=None, video_grid_thw=None,
              max_new_tokens: int, sampling: Sampling = Sampling(), seed: int = 0,
-             eos_token_ids=None, pad_token_id: int | None = None, cache_dtype=None) -> np.ndarray:
+             eos_token_ids=None, pad_token_id: int | None = None, cache_dtype=None,
+             return_logits: bool = False):
     """Generated ids (B, T) int32, T <= max_new_tokens (stops when every row has ended; ended
     rows hold pad_token_id after their end token). Prompts must be left-padded.
+    return_logits: also return the fp32 logits each step chose from, (B, T, V).
 
     eos_token_ids / pad_token_id default to the text config's eos / pad (pad: the first eos)."""
     cfg = model.config
@@ -129,12 +141,14 @@ def generate(model: Qwen3VLForConditionalGeneration, input_ids, attention_mask=N
     dtype = cache_dtype or model.model.language_model.compute_dtype
     kv_mask = np.concatenate([mask, np.ones((ids.shape[0], max_new_tokens), np.int64)], axis=1)
     key, sub = jax.random.split(jax.random.key(seed))
-    first, cache = _prefill(graphdef, state, jnp.asarray(ids, jnp.int32), jnp.asarray(kv_mask),
+    first, first_logits, cache = _prefill(graphdef, state, jnp.asarray(ids, jnp.int32), jnp.asarray(kv_mask),
                             jnp.asarray(pos, jnp.int32), pixel_values, pixel_values_videos, sub,
                             image_grid=grid(image_grid_thw), video_grid=grid(video_grid_thw),
                             cache_len=kv_mask.shape[1], cache_dtype=jnp.dtype(dtype),
                             sampling=sampling)
-    tokens, steps = _decode(graphdef, state, cache, first, jnp.asarray(kv_mask),
-                            jnp.asarray(pos[:, :, -1], jnp.int32), key, max_new=max_new_tokens,
-                            eos=eos, pad=int(pad_token_id), sampling=sampling)
-    return np.asarray(tokens)[:, :int(steps)]
+    tokens, steps, logits = _decode(
+        graphdef, state, cache, first, first_logits, jnp.asarray(kv_mask),
+        jnp.asarray(pos[:, :, -1], jnp.int32), key, max_new=max_new_tokens, eos=eos,
+        pad=int(pad_token_id), sampling=sampling, keep_logits=return_logits)
+    tokens = np.asarray(tokens)[:, :int(steps)]
+    return (tokens, np.asarray(logits)[:, :int(steps)]) if return_logits else tokens
