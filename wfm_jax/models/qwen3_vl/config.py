@@ -152,13 +152,14 @@ class Qwen3VLConfig:
             raise ValueError(f"vision out_hidden_size {vision.out_hidden_size} != text hidden_size "
                              f"{text.hidden_size}")
         if len(vision.deepstack_visual_indexes) > text.num_hidden_layers:
-            raise ValueError("more deepstack_visual_indexes than text decoder layers")
+            raise ValueError(f"{len(vision.deepstack_visual_indexes)} deepstack_visual_indexes but "
+                             f"only {text.num_hidden_layers} text decoder layers")
         ids = {k: int(config[k]) for k in ("image_token_id", "video_token_id",
                                            "vision_start_token_id", "vision_end_token_id")
                if config.get(k) is not None}
-        extra = tuple((k, tuple(v) if isinstance(v, list) else v)
-                      for k, v in text_dict.items()
-                      if k in ("bos_token_id", "eos_token_id", "pad_token_id") and v is not None)
+        extra = tuple(sorted((k, tuple(v) if isinstance(v, list) else v)
+                             for k, v in text_dict.items()
+                             if k in ("bos_token_id", "eos_token_id", "pad_token_id") and v is not None))
         # transformers 5 ties on the top-level flag (the text config's copy is not read)
         return cls(text=text, vision=vision, tie_word_embeddings=bool(config.get(
             "tie_word_embeddings", False)), token_ids=extra, **ids)
