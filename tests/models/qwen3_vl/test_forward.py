@@ -58,9 +58,13 @@ def _assert_match(ref, got, mask=None):
     np.testing.assert_allclose(logits[keep], ref_logits[keep], atol=ATOL, rtol=0, err_msg="logits")
 
 
-def test_vision_tower_matches(models):
+@pytest.mark.parametrize("grid", [
+    [[1, 4, 6], [2, 6, 4]],  # an image and a two-frame-group video: equal segments (batched path)
+    [[1, 4, 4], [1, 6, 8], [3, 4, 4]],  # unequal segments: the masked dense path
+])
+def test_vision_tower_matches(models, grid):
     tm, fm = models
-    grid = np.array([[1, 4, 6], [2, 6, 4]])  # an image and a two-frame-group video, non-square
+    grid = np.array(grid)
     pv = pixels(grid, seed=1)
     with torch.no_grad():
         ref = tm.model.visual(torch.tensor(pv), grid_thw=torch.tensor(grid))

@@ -5,9 +5,10 @@ Input `pixel_values` is already patchified, (N, C*Tp*P*P), patches of each frame
 ids, attention segments) depends only on `grid_thw`, so it is computed on the host in numpy
 (`vision_layout`) and `grid_thw` must be concrete (static under jit).
 
-Attention is bidirectional within each temporal patch of each image/video only; it runs as one
-dense masked attention over all N patches (segment ids), which is exact and fine for the image
-sizes of post-training; very long videos would want a segment-blocked kernel instead.
+Attention is bidirectional within each temporal patch of each image/video only. When every
+segment has the same length (one video, or images of one size) it runs as a batch of per-segment
+attentions; otherwise as one dense attention over all N patches masked by segment ids (exact, but
+N x N scores: mixed sizes of very many patches would want a segment-blocked kernel).
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from flax import nnx
 
 from wfm_jax.models.layers.linear import Linear, param
 from wfm_jax.models.layers.norms import LayerNorm
-from wfm_jax.models.layers.remat import call_block, check_remat
+from wfm_jax.models.layers.remat import check_remat, checkpointed
 from wfm_jax.models.qwen3_vl.config import VisionConfig
 from wfm_jax.models.text.activations import activation
 
@@ -90,7 +91,9 @@ class VisionAttention(nnx.Module):
         self.qkv = Linear(d, 3 * d, axes=("embed", "heads"), **kw)
         self.proj = Linear(d, d, axes=("heads", "embed"), **kw)
 
-    def __call__(self, x, cos, sin, allowed):
+    def __call__(self, x, cos, sin, allowed, seg_len=None):
+        """allowed (N, N) bool, or None with seg_len: every segment seg_len long (attention
+        then runs per segment, no N x N scores)."""
         n = x.shape[0]
         qkv = self.qkv(x).reshape(n, 3, self.num_heads, self.head_dim)
         q, k, v = qkv[:, 0], qkv[:, 1], qkv[:, 2]
@@ -98,6 +101,11 @@ class VisionAttention(nnx.Module):
             return (t.astype(jnp.float32) * cos[:, None] + _rotate_half(
                     t.astype(jnp.float32)) * sin[:, None]).astype(t.dtype)  # RoPE in fp32, as transformers
         q, k = rot(q), rot(k)
+        if allowed is None:  # equal segments: a batch of independent attentions
+            q, k, v = (t.reshape(n // seg_len, seg_len, self.num_heads, self.head_dim) for t in (q, k, v))
+            scores = jnp.einsum("sqhd,skhd->shqk", q, k).astype(jnp.float32) * self.head_dim ** -0.5
+            weights = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+            return self.proj(jnp.einsum("shqk,skhd->sqhd", weights, v).reshape(n, -1))
         scores = jnp.einsum("qhd,khd->hqk", q, k).astype(jnp.float32) * self.head_dim ** -0.5
         scores = jnp.where(allowed[None], scores, jnp.finfo(jnp.float32).min)
         weights = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
@@ -123,8 +131,8 @@ class VisionBlock(nnx.Module):
         self.attn = VisionAttention(cfg, **kw)
         self.mlp = VisionMLP(cfg, **kw)
 
-    def __call__(self, x, cos, sin, allowed):
-        x = x + self.attn(self.norm1(x), cos, sin, allowed)
+    def __call__(self, x, cos, sin, allowed, seg_len=None):
+        x = x + self.attn(self.norm1(x), cos, sin, allowed, seg_len)
         return x + self.mlp(self.norm2(x))
 
 
@@ -203,11 +211,18 @@ class Qwen3VLVisionModel(nnx.Module):
         layout = vision_layout(grid_thw, self.cfg)
         x = self.embed_patches(pixel_values, layout)
         cos, sin = vision_rope(layout["rope_pos"], self.cfg)
+        lengths = np.bincount(layout["segment"])
+        seg_len = int(lengths[0]) if (lengths == lengths[0]).all() else None
         seg = jnp.asarray(layout["segment"])
-        allowed = seg[:, None] == seg[None, :]
+        allowed = None if seg_len else seg[:, None] == seg[None, :]
         deepstack = []
         for i, block in enumerate(self.blocks):
-            x = call_block(block, self.remat, x, cos, sin, allowed)
+            graphdef = nnx.graphdef(block)
+
+            def run(state, x, cos, sin, allowed, graphdef=graphdef):
+                return nnx.merge(graphdef, state)(x, cos, sin, allowed, seg_len)
+
+            x = checkpointed(run, self.remat)(nnx.state(block), x, cos, sin, allowed)
             if i in self.cfg.deepstack_visual_indexes:
                 j = self.cfg.deepstack_visual_indexes.index(i)
                 deepstack.append(self.deepstack_merger_list[j](x))
