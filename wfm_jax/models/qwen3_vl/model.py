@@ -114,7 +114,10 @@ class Qwen3VLForConditionalGeneration(nnx.Module):
             if pixel_values is not None or pixel_values_videos is not None:
                 raise ValueError("visual input needs position_ids from rope_index.position_ids")
             position_ids = jnp.broadcast_to(jnp.arange(n) + cache_index, (3, b, n))
-        if position_ids.shape[0] == 4:
+        if position_ids.ndim != 3 or position_ids.shape[0] not in (3, 4) or (
+                tuple(position_ids.shape[1:]) != (b, n)):
+            raise ValueError(f"position_ids shape {tuple(position_ids.shape)}: expected (4 or 3, {b}, {n})")
+        if position_ids.shape[0] == 4:  # row 0 (text positions) only shapes transformers' mask
             position_ids = position_ids[1:]
         q_slot = jnp.arange(n) + cache_index
         k_len = n if cache is None else cache["k"].shape[2]
