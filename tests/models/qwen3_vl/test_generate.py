@@ -130,3 +130,14 @@ def test_bad_input_errors(models):
         Sampling(temperature=-1)
     with pytest.raises(ValueError, match="max_new_tokens"):
         generate(fm, ids, mask, max_new_tokens=0)
+
+
+def test_scanned_layers_generate_the_same(models):
+    """The KV cache carried through a lax.scan over the layers: same tokens as unrolled."""
+    tm, fm = models
+    grid = [[1, 4, 4]]
+    ids, mask = left_pad([[1, *visual_run(IMAGE, grid[0]), 8], [1, 11, 12]])
+    pv = pixels(grid, seed=13)
+    kw = {"pixel_values": pv, "image_grid_thw": grid, "max_new_tokens": 10, "eos_token_ids": []}
+    np.testing.assert_array_equal(generate(flax_model(tm, scan_layers=True), ids, mask, **kw),
+                                  generate(fm, ids, mask, **kw))

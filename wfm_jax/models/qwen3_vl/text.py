@@ -78,22 +78,28 @@ class TextAttention(nnx.Module):
         self.q_norm = RMSNorm(hd, **norm)
         self.k_norm = RMSNorm(hd, **norm)
 
-    def __call__(self, x, cos, sin, allowed, kv=None, index=None):
-        """x (B, L, D); cos/sin (B, L, hd); allowed (B, 1, L, Lk); kv: this layer's cache
-        (k, v) each (B, S, KV, hd), written at slots index..index+L-1. Returns (out, kv)."""
+    def __call__(self, x, cos, sin, allowed, kv=None, index=None, layer=None):
+        """x (B, L, D); cos/sin (B, L, hd); allowed (B, 1, L, Lk); kv: the stacked cache
+        (k, v) each (layers, B, S, KV, hd), this layer's entries written in place at
+        [layer, :, index:index+L] (one buffer through all layers and decode steps, no copies).
+        Returns (out, kv)."""
         b, s, _ = x.shape
         q = self.q_norm(self.q_proj(x).reshape(b, s, self.num_heads, self.head_dim))
         k = self.k_norm(self.k_proj(x).reshape(b, s, self.num_kv_heads, self.head_dim))
         v = self.v_proj(x).reshape(b, s, self.num_kv_heads, self.head_dim)
+
         def rot(t):
             return t * cos[:, :, None] + _rotate_half(t) * sin[:, :, None]
+
         q, k = rot(q), rot(k)
         if kv is not None:
             ck, cv = kv
-            start = (0, index, 0, 0)
-            ck = jax.lax.dynamic_update_slice(ck, k.astype(ck.dtype), start)
-            cv = jax.lax.dynamic_update_slice(cv, v.astype(cv.dtype), start)
-            kv, k, v = (ck, cv), ck.astype(q.dtype), cv.astype(q.dtype)
+            start = (layer, 0, index, 0, 0)
+            ck = jax.lax.dynamic_update_slice(ck, k[None].astype(ck.dtype), start)
+            cv = jax.lax.dynamic_update_slice(cv, v[None].astype(cv.dtype), start)
+            kv = (ck, cv)
+            k = jax.lax.dynamic_index_in_dim(ck, layer, keepdims=False).astype(q.dtype)
+            v = jax.lax.dynamic_index_in_dim(cv, layer, keepdims=False).astype(q.dtype)
         groups = self.num_heads // self.num_kv_heads  # GQA: consecutive query heads share a kv head
         q = q.reshape(b, s, self.num_kv_heads, groups, self.head_dim)
         scores = jnp.einsum("bqkgd,bskd->bkgqs", q, k) * jnp.asarray(self.head_dim ** -0.5, q.dtype)
@@ -126,8 +132,8 @@ class DecoderLayer(nnx.Module):
                                                 param_dtype=param_dtype)
         self.mlp = TextMLP(cfg, **kw)
 
-    def __call__(self, x, cos, sin, allowed, kv=None, index=None):
-        h, kv = self.self_attn(self.input_layernorm(x), cos, sin, allowed, kv, index)
+    def __call__(self, x, cos, sin, allowed, kv=None, index=None, layer=None):
+        h, kv = self.self_attn(self.input_layernorm(x), cos, sin, allowed, kv, index, layer)
         x = x + h
         x = x + self.mlp(self.post_attention_layernorm(x))
         return constrain(x, ACT_AXES), kv
@@ -167,7 +173,7 @@ class Qwen3VLTextModel(nnx.Module):
         n_ds = 0 if deepstack is None else deepstack.shape[0]
 
         def step(graphdef, state, carry, i, kv):
-            out, kv = nnx.merge(graphdef, state)(carry, cos, sin, allowed, kv, index)
+            out, kv = nnx.merge(graphdef, state)(carry, cos, sin, allowed, kv, index, i)
             nxt = out
             if n_ds:  # DeepStack: visual features join the outputs of the first n_ds layers
                 add = jax.lax.dynamic_index_in_dim(deepstack, jnp.minimum(i, n_ds - 1), keepdims=False)
@@ -175,32 +181,28 @@ class Qwen3VLTextModel(nnx.Module):
             return nxt, out, kv
 
         n = len(self.layers)
+        kv = None if cache is None else (cache["k"], cache["v"])
         if self.scan_layers and n > 1:
             # inside a scan XLA cannot CSE the recompute away: no barrier needed
             fn = checkpointed(functools.partial(step, nnx.graphdef(self.layers[0])), self.remat,
                               prevent_cse=False)
             stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *[compute_state(lay) for lay in self.layers])
-            kvs = None if cache is None else (cache["k"], cache["v"])
 
             def body(carry, xs):
-                state, i, kv = xs
-                carry, out, kv = fn(state, carry, i, kv)
-                return carry, (out if output_hidden_states else None, kv)
+                x, kv = carry
+                state, i = xs
+                x, out, kv = fn(state, x, i, kv)
+                return (x, kv), (out if output_hidden_states else None)
 
-            x, (outs, kvs) = jax.lax.scan(body, x, (stacked, jnp.arange(n), kvs))
+            (x, kv), outs = jax.lax.scan(body, (x, kv), (stacked, jnp.arange(n)))
             outs = list(outs) if output_hidden_states else None
         else:
-            outs, ks, vs = [], [], []
+            outs = []
             for i, layer in enumerate(self.layers):
                 fn = checkpointed(functools.partial(step, nnx.graphdef(layer)), self.remat)
-                kv = None if cache is None else (cache["k"][i], cache["v"][i])
                 x, out, kv = fn(nnx.state(layer), x, jnp.asarray(i), kv)
                 outs.append(out)
-                if kv is not None:
-                    ks.append(kv[0])
-                    vs.append(kv[1])
-            kvs = (jnp.stack(ks), jnp.stack(vs)) if cache is not None else None
         normed = self.norm(x)  # after the last DeepStack add, as transformers
         hidden = (x0, *outs[:-1], normed) if output_hidden_states else None
-        new_cache = None if cache is None else {"k": kvs[0], "v": kvs[1]}
+        new_cache = None if cache is None else {"k": kv[0], "v": kv[1]}
         return normed, hidden, new_cache
