@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from converters.atomic import atomic_directory
+from wfm_jax.io.atomic import atomic_directory
 from converters.registry import ModelSpec, register
 from converters.table import Rule, conv, convert_to_diffusers, convert_to_jax, linear, norm
 from converters.tied import check_equal
@@ -98,7 +98,7 @@ def export(model, dst: str, *, dtype=None, processor_dir: str | None = None,
     dtype: e.g. numpy / ml_dtypes bfloat16 to store bf16 (config `dtype` says so); processor_dir:
     the base checkpoint whose tokenizer / processor / chat template files are copied unchanged.
     """
-    from wfm_jax.models.loading import export_diffusers  # the shared streaming writer
+    from converters.loading import export_diffusers  # the shared streaming writer
 
     if processor_dir is not None and not os.path.isdir(processor_dir):
         raise FileNotFoundError(f"no such processor directory: {processor_dir}")
@@ -130,7 +130,7 @@ def _variables(model) -> dict:
 def load_tensors(model, tensors: Mapping[str, np.ndarray]) -> None:
     """Fill `model` (concrete, or abstract from nnx.eval_shape) in place from transformers
     tensors (key -> array) on the default device; missing, unexpected or mis-shaped keys raise
-    ConversionError naming them. Large checkpoints: `wfm_jax.models.loading.load_model` reads
+    ConversionError naming them. Large checkpoints: `converters.loading.load_model` reads
     them tensor by tensor straight into their shards."""
     cfg: Qwen3VLConfig = model.config
     tensors = dict(tensors)

@@ -92,7 +92,7 @@ def _torch_logits(model, ids, mask, pv, grid):
 
 
 def test_generic_loader_reads_save_pretrained(tied, tmp_path):
-    from wfm_jax.models.loading import load_model
+    from converters.loading import load_model
 
     tied.save_pretrained(str(tmp_path))
     model, _ = load_model(str(tmp_path))

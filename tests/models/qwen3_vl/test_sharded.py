@@ -10,7 +10,7 @@ import pytest
 from flax import nnx
 
 from tests.models.qwen3_vl._oracle import IMAGE, VIDEO, flax_model, left_pad, pixels, torch_model, visual_run
-from wfm_jax import mesh as wmesh
+from wfm_jax.core import mesh as wmesh
 from wfm_jax.models.qwen3_vl import position_ids
 
 pytest.importorskip("torch")
@@ -18,7 +18,7 @@ pytest.importorskip("torch")
 
 @pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (host) devices")
 def test_sharded_forward_equals_single_device(tmp_path):
-    from wfm_jax.models.loading import load_model
+    from converters.loading import load_model
 
     tm = torch_model(seed=4)
     tm.save_pretrained(str(tmp_path))

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from wfm_jax.mesh import constrain
+from wfm_jax.core.mesh import constrain
 from wfm_jax.models.layers.linear import Linear, param
 from wfm_jax.models.layers.remat import check_remat, checkpointed, compute_state
 from wfm_jax.models.qwen3_vl.config import TextConfig
