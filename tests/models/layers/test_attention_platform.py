@@ -9,8 +9,14 @@ import pytest
 from flax import nnx
 from jax.sharding import AbstractDevice, AbstractMesh
 
-from wfm_jax.models.layers.attention import (Attention, is_cuda_platform, is_tpu_platform,
-                                             kernel_for, resolve_attention_impl, target_device)
+from wfm_jax.models.layers.attention import (
+    Attention,
+    is_cuda_platform,
+    is_tpu_platform,
+    kernel_for,
+    resolve_attention_impl,
+    target_device,
+)
 
 
 def _abstract_mesh(platform, device_kind):
@@ -24,7 +30,7 @@ H100 = _abstract_mesh("gpu", "NVIDIA H100 80GB HBM3")
 MI300 = _abstract_mesh("gpu", "AMD Instinct MI300X")
 
 
-@pytest.mark.parametrize("mesh, dtype, expected", [
+@pytest.mark.parametrize(("mesh", "dtype", "expected"), [
     (TPU, jnp.bfloat16, "pallas"),
     (TPU, jnp.float32, "pallas"),
     (H100, jnp.bfloat16, "cudnn"),
@@ -46,9 +52,12 @@ def test_auto_follows_the_mesh_in_context(mesh, dtype, expected):
 def test_platform_of_a_concrete_mesh_is_its_devices():
     cpu = jax.make_mesh((1,), ("data",), devices=jax.devices()[:1])
     assert target_device(cpu) == jax.devices()[0]
-    assert not is_tpu_platform(mesh=cpu) and not is_cuda_platform(mesh=cpu)
-    assert is_tpu_platform(mesh=TPU) and not is_cuda_platform(mesh=TPU)
-    assert is_cuda_platform(mesh=H100) and not is_cuda_platform(mesh=MI300)
+    assert not is_tpu_platform(mesh=cpu)
+    assert not is_cuda_platform(mesh=cpu)
+    assert is_tpu_platform(mesh=TPU)
+    assert not is_cuda_platform(mesh=TPU)
+    assert is_cuda_platform(mesh=H100)
+    assert not is_cuda_platform(mesh=MI300)
 
 
 def test_modules_leave_auto_to_the_call():

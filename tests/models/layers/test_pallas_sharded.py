@@ -54,7 +54,7 @@ def _arrays(shapes, seed=0):
 
 def _outputs_and_grads(fn, args, weights):
     def loss(*a):
-        return sum(jnp.sum(o * w) for o, w in zip(fn(*a), weights))
+        return sum(jnp.sum(o * w) for o, w in zip(fn(*a), weights, strict=True))
     return fn(*args), jax.grad(loss, argnums=tuple(range(len(args))))(*args)
 
 
@@ -72,7 +72,7 @@ def _compare(fn, ref, args, n_out, mesh):
         step = wmesh.mesh_jit(lambda *a: _outputs_and_grads(fn, a, weights), mesh=mesh)
         got_out, got_grads = step(*args)
     assert len(got_grads) == len(args)
-    for got, want in zip(got_out + got_grads, want_out + want_grads):
+    for got, want in zip(got_out + got_grads, want_out + want_grads, strict=True):
         assert got.shape == want.shape
         np.testing.assert_allclose(got, want, atol=ATOL, rtol=0)
 

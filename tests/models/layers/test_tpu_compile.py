@@ -13,7 +13,7 @@ import os
 import jax
 import jax.numpy as jnp
 import pytest
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
 
 from wfm_jax import mesh as wmesh
 from wfm_jax.models.layers.attention import dot_product_attention, kernel_for
@@ -32,14 +32,15 @@ def topology_devices():
     return topologies.get_topology_desc("v5p:2x2x1", platform="tpu").devices
 
 
-@pytest.mark.parametrize("sizes, collective", [
-    (dict(data=1, fsdp=4), None),                 # sequence unsplit: shard_map over the batch
-    (dict(data=2, context=2), "all-to-all"),      # Ulysses: the sequence split moved to heads
+@pytest.mark.parametrize(("sizes", "collective"), [
+    ({"data": 1, "fsdp": 4}, None),               # sequence unsplit: shard_map over the batch
+    ({"data": 2, "context": 2}, "all-to-all"),    # Ulysses: the sequence split moved to heads
 ])
 def test_auto_attention_compiles_to_the_pallas_kernel_for_tpu(topology_devices, sizes,
                                                                collective):
     m = wmesh.make_mesh(devices=topology_devices, **sizes)
-    assert len(topology_devices) == 4 and topology_devices[0].platform == "tpu"
+    assert len(topology_devices) == 4
+    assert topology_devices[0].platform == "tpu"
     spec = NamedSharding(m, wmesh.logical_to_spec(("act_batch", "act_seq", "act_heads", None)))
     x = jax.ShapeDtypeStruct((4, 256, 4, 128), jnp.bfloat16, sharding=spec)
 

@@ -27,11 +27,11 @@ from jax.sharding import PartitionSpec as P
 
 from wfm_jax.core import mesh
 from wfm_jax.models.layers import context_parallel as cp
-from wfm_jax.models.layers.context_parallel import (CONTEXT_PARALLEL_IMPLS,  # noqa: F401
-                                                    check_context_parallel_impl)
+from wfm_jax.models.layers.context_parallel import CONTEXT_PARALLEL_IMPLS as CONTEXT_PARALLEL_IMPLS
+from wfm_jax.models.layers.context_parallel import check_context_parallel_impl
 from wfm_jax.models.layers.linear import Linear
-from wfm_jax.models.layers.pallas_attention import pallas_tpu_available
 from wfm_jax.models.layers.norms import LayerNorm, RMSNorm
+from wfm_jax.models.layers.pallas_attention import pallas_tpu_available
 
 ATTENTION_IMPLS = ("auto", "xla", "cudnn", "blockwise", "pallas", None)
 QKV_AXES = ("act_batch", "act_seq", "act_heads", None)
@@ -247,7 +247,7 @@ def joint_attention(sample_qkv, context_qkv, *, implementation="xla", context_pa
                                                      scheme=scheme, axes=axes)
             return out, ctx
     n = q.shape[1]
-    q, k, v = (jnp.concatenate([s, c], axis=1) for s, c in zip(sample_qkv, context_qkv))
+    q, k, v = (jnp.concatenate([s, c], axis=1) for s, c in zip(sample_qkv, context_qkv, strict=True))
     out = dot_product_attention(q, k, v, implementation=impl, context_parallel=context_parallel)
     return out[:, :n], out[:, n:]
 
@@ -283,7 +283,7 @@ class Attention(nnx.Module):
         check_context_parallel_impl(context_parallel_impl)
         self.context_parallel_impl = context_parallel_impl
         inner = heads * head_dim
-        lin = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+        lin = {"rngs": rngs, "dtype": dtype, "param_dtype": param_dtype}
         self.to_q = Linear(dim, inner, axes=("embed", "heads"), **lin)
         self.to_k = Linear(dim, inner, axes=("embed", "heads"), **lin)
         self.to_v = Linear(dim, inner, axes=("embed", "heads"), **lin)

@@ -162,7 +162,7 @@ def context_parallel_attention(parts, *, impl: str, scheme: str, axes):
                    in_specs=(spec,) * len(padded) + (P(spec[1]),) * len(masks),
                    out_specs=(spec,) * len(parts))
     outs = fn(*padded, *masks)
-    return [o[:q.shape[0], :q.shape[1]] for o, (q, _, _) in zip(outs, parts)]
+    return [o[:q.shape[0], :q.shape[1]] for o, (q, _, _) in zip(outs, parts, strict=True)]
 
 
 def local_queries_attention(q, k, v, *, impl: str):
