@@ -1,20 +1,23 @@
 """The Pallas TPU flash-attention path under an 8-device mesh, run on CPU by Pallas' TPU
 interpreter: forward and gradients against XLA attention on one device, with the sequence unsplit
 (shard_map over the batch), split with Ulysses (all-to-all to a heads split, padded keys masked),
-split with the ring, and cross-attention to K/V every sequence shard holds (local queries).
+split with the ring (which attends its chunks blockwise whatever the kernel), and
+cross-attention to K/V every sequence shard holds (local queries).
 
 Why the shapes are so small (the interpreter hang). Each interpreted kernel step is a
 `jax.experimental.io_callback`; on CPU its implementation device_puts the callback's operands
 onto CPU device 0 and the interpreter reads them back with `np.array`. XLA's CPU client copies a
 host buffer of less than 100 KiB inline (kSmallDataTransferByteSize) and hands a larger one to
-an asynchronous copy; under a multi-device program that copy does not complete while every
-device's thread sits in an interpreter callback waiting for it, so the run stops with idle CPU
-(threads parked in PyArray_bf_getbuffer -> BlockUntilReady, seen with gdb). Measured: a 2- or
-8-device mesh hangs once one interpreter buffer reaches 128 KiB, runs at 64 KiB; a 1-device
-mesh runs; replacing that device_put by np.asarray makes the 8-device case run (15 s). The
-flash backward allocates the log-sum-exp residuals as (B, N, S, 128) fp32, so B x N x S (per
-device, S padded to 128) must stay under 200: `_check_interpretable` refuses larger cases with
-this explanation instead of hanging. It is a limit of the CPU interpreter, not of the kernel.
+an asynchronous copy; under a multi-device program that copy never completes while the devices'
+threads sit in interpreter callbacks (the interpreter also holds every device at a barrier
+before a kernel's first step), so the run stops with idle CPU: gdb shows one thread per device
+parked in PyArray_bf_getbuffer -> BlockUntilReady, the rest of XLA's pool idle. Measured: on 8
+devices a forward whose per-device q is 64 KiB runs and 128 KiB hangs; on 2 devices 512 KiB
+hangs; a 1-device mesh runs at 2 MiB; replacing that device_put by np.asarray (patching jax)
+makes the hanging 8-device backward run in 15 s. The flash backward allocates its log-sum-exp
+residuals as (B, N, S, 128) fp32, so B x N x S per device (S padded to 128) must stay under 200:
+`_check_interpretable` refuses larger cases with this explanation instead of hanging. It is a
+limit of the CPU interpreter, not of the kernel.
 
 Run with XLA_FLAGS=--xla_force_host_platform_device_count=8 (skips on fewer devices).
 """
