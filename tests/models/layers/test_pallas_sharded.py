@@ -29,7 +29,7 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from wfm_jax import mesh as wmesh
+from wfm_jax.core import mesh as wmesh
 from wfm_jax.models.layers import context_parallel as cp
 from wfm_jax.models.layers.attention import cross_attention, dot_product_attention, joint_attention
 from wfm_jax.models.layers.pallas_attention import TPU_BLOCK, pallas_tpu_attention

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import pytest
 from jax.sharding import NamedSharding
 
-from wfm_jax import mesh as wmesh
+from wfm_jax.core import mesh as wmesh
 from wfm_jax.models.layers.attention import dot_product_attention, kernel_for
 
 pytest.importorskip("libtpu", reason="libtpu (the TPU compiler) is not installed: "
