@@ -105,12 +105,14 @@ def _groups(rewards, n_generation: int | None):
 def group_advantages(rewards, n_generation: int | None = None, *, unbiased: bool = False,
                      eps: float = 1e-6):
     """cosmos-rl GRPO.compute_advantage per group, in float32: (r - mean) / (std(ddof=0) + eps), or
-    r - mean when unbiased. rewards [G, N] (or [G*N] with n_generation) -> same shape as given."""
+    r - mean when unbiased. rewards [G, N] (or [G*N] with n_generation) -> same shape as given.
+    A group of equal rewards gets exactly 0: a float32 mean that is off by one ulp would otherwise
+    come out as ulp / eps (~0.06 for rewards of 0.7); cosmos-rl drops such groups anyway."""
     shape = jnp.shape(rewards)
     r = _groups(rewards, n_generation)
     centred = r - jnp.mean(r, axis=1, keepdims=True)
     adv = centred if unbiased else centred / (jnp.std(r, axis=1, keepdims=True) + eps)
-    return adv.reshape(shape)
+    return jnp.where(group_keep(r)[:, None], adv, 0.0).reshape(shape)
 
 
 def group_keep(rewards, n_generation: int | None = None):
