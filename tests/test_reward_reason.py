@@ -206,3 +206,22 @@ def test_bad_text_inputs_name_the_problem():
             pytest.raises(RewardUnavailableError, match="references"):
         rc.score(["B"], ["q"])
     assert score_local("format", text, ["q"], media_type="text")["format"].tolist() == [0.0]
+
+
+def test_score_cli_on_text(tmp_path, capsys):
+    import json
+
+    from reward_client import __main__ as cli
+
+    (tmp_path / "c.json").write_text(json.dumps([GOOD, "<answer>a</answer>"]))
+    (tmp_path / "r.json").write_text(json.dumps(["B", "B"]))
+    (tmp_path / "p.txt").write_text("q1\nq2\n")
+    args = ["score", "--reward", "single_choice=1", "--reward", "format=0.5", "--local",
+            "--completions", str(tmp_path / "c.json"), "--references", str(tmp_path / "r.json"),
+            "--prompts", str(tmp_path / "p.txt")]
+    assert cli.main(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["total"] == [1.5, 0.0] and out["per_fn"]["format"] == [1.0, 0.0]
+    (tmp_path / "r.json").write_text(json.dumps(["B"]))
+    assert cli.main(args) == 2
+    assert "--references has 1 answers for 2 completions" in capsys.readouterr().err
