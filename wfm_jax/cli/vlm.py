@@ -87,7 +87,12 @@ def save_ids(path: str, ids: np.ndarray) -> None:
 
 def run(args, prompts: list[str]) -> int:
     """Answer the prompts with the Qwen3-VL dir in args.model; bad input raises ValueError."""
-    from wfm_jax.families.qwen3_vl.answer import VisionLanguageModel, load_video, read_image
+    from wfm_jax.families.qwen3_vl.answer import (
+        VisionLanguageModel,
+        load_processor,
+        load_video,
+        read_image,
+    )
 
     if args.image and args.video:
         raise ValueError("give --image or --video, not both")
@@ -97,10 +102,13 @@ def run(args, prompts: list[str]) -> int:
     sampling = sampling_of(args)
     image = read_image(args.image) if args.image else None
     video = load_video(args.video) if args.video else None
-    vlm = VisionLanguageModel.load(args.model)
-    if image is not None and not vlm.takes_images:
+    processor = load_processor(args.model)
+    if image is not None and processor.image_config is None:
         raise ValueError(f"--image: {args.model} has no image processor settings "
                          "(preprocessor_config.json); it answers text only")
+    if video is not None and processor.video_config is None:
+        raise ValueError(f"--video: {args.model} has no video processor settings; it answers text only")
+    vlm = VisionLanguageModel.load(args.model, processor=processor)
     out = vlm.answer(prompts, image=image, video=video, max_new_tokens=max_new, sampling=sampling,
                      seed=args.seed)
     for i, text in enumerate(out.texts):

@@ -115,14 +115,17 @@ class VisionLanguageModel:
         self.eos_token_ids, self.pad_token_id = eos_token_ids, pad_token_id
 
     @classmethod
-    def load(cls, directory: str, *, dtype=None) -> VisionLanguageModel:
+    def load(cls, directory: str, *, dtype=None, processor: Qwen3VLProcessor | None = None
+             ) -> VisionLanguageModel:
+        """processor: the directory's, already loaded (load_processor), e.g. to check the inputs
+        against it before the weights are read."""
         from converters.loading import load_model
 
         config = vlm_config(directory)
         if config is None:
             raise ValueError(f"{directory} is not a Qwen3-VL model dir (config.json with model_type "
                              f"qwen3_vl / architectures {ARCHITECTURE})")
-        processor = load_processor(directory)  # files first: fail before reading weights
+        processor = processor or load_processor(directory)  # files first: fail before the weights
         model, _ = load_model(directory, dtype=dtype)
         return cls(model, processor, *_end_tokens(directory, config))
 
