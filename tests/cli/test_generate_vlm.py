@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.families.qwen3_vl._tiny_processor import write_processor_dir
-from tests.models.qwen3_vl._oracle import EOS, IMAGE, VIDEO, torch_model
+from tests.families.qwen3_vl._tiny_processor import build_tokenizer, write_processor_dir
+from tests.models.qwen3_vl._oracle import EOS, IMAGE, VIDEO, tiny_config, torch_model
 from wfm_jax.cli.generate import main
 from wfm_jax.families.qwen3_vl import preprocess as pp
 from wfm_jax.families.qwen3_vl.answer import VisionLanguageModel, load_processor
@@ -27,7 +27,9 @@ N_NEW = 12
 def vlm_dir(tmp_path_factory):
     """(dir, torch model): weights, config.json and generation_config.json from transformers."""
     d = tmp_path_factory.mktemp("vlm")
-    tm = torch_model(seed=4)
+    config = tiny_config()  # the tokenizer's vocabulary: every generated id decodes to text
+    config["text_config"] = {**config["text_config"], "vocab_size": len(build_tokenizer())}
+    tm = torch_model(config, seed=4)
     tm.save_pretrained(str(d))
     write_processor_dir(d)
     return d, tm
@@ -118,6 +120,16 @@ def test_image_batch_library_call(vlm_dir, image_path):
     np.testing.assert_array_equal(got.token_ids, want)
     assert got.prompts == texts
     assert got.texts == _decode(d, want)
+
+
+def test_decode_stops_at_the_end_token(vlm_dir):
+    d, _ = vlm_dir
+    vlm = VisionLanguageModel(None, load_processor(str(d)), [EOS], 0)
+    tok = vlm.processor.tokenizer
+    ended = [*tok.encode("ok, a cube"), EOS, *tok.encode("junk")]
+    open_ = tok.encode("no end")
+    open_ += [0] * (len(ended) - len(open_))  # pad (a special token): dropped
+    assert vlm.decode(np.array([ended, open_])) == ["ok, a cube", "no end"]
 
 
 def test_sampling_flags_are_seeded(vlm_dir, tmp_path):
