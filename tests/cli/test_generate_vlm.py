@@ -94,7 +94,8 @@ def test_text_only_greedy_matches_transformers(vlm_dir, tmp_path, capsys):
         argv += ["--prompt", p]
     assert main(argv) == 0
     got = np.load(out)
-    assert got.dtype == np.int32 and got.shape == want.shape
+    assert got.dtype == np.int32
+    assert got.shape == want.shape
     np.testing.assert_array_equal(got, want)
     printed = capsys.readouterr().out.splitlines()
     assert printed == [f"[{i}] {t}" for i, t in enumerate(_decode(d, want))]
@@ -175,7 +176,8 @@ def test_prompt_formatting_is_the_dirs_template(vlm_dir, tmp_path):
 def _error(capsys, argv) -> str:
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: ")
+    assert len(err) == 1
+    assert err[0].startswith("error: ")
     return err[0]
 
 
@@ -197,8 +199,10 @@ def test_bad_input_is_one_line(vlm_dir, image_path, tmp_path, capsys):
     (unknown / "config.json").write_text(json.dumps({"model_type": "qwen3",
                                                      "architectures": ["Qwen3ForCausalLM"]}))
     line = _error(capsys, ["--model", str(unknown), "--prompt", "Hi"])
-    assert "neither a diffusers pipeline" in line and "'qwen3'" in line
-    assert "no such model directory" in _error(capsys, ["--model", str(tmp_path / "nope"), "--prompt", "x"])
+    assert "neither a diffusers pipeline" in line
+    assert "'qwen3'" in line
+    missing = ["--model", str(tmp_path / "nope"), "--prompt", "x"]
+    assert "no such pipeline directory" in _error(capsys, missing)
 
     text_only = tmp_path / "text_only"  # a Qwen3-VL dir without image processor settings
     shutil.copytree(d, text_only)

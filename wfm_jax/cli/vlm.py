@@ -39,7 +39,7 @@ def model_kind(directory: str) -> str:
     from wfm_jax.families.qwen3_vl.answer import vlm_config
 
     if not os.path.isdir(directory):
-        raise ValueError(f"no such model directory: {directory}")
+        raise ValueError(f"no such pipeline directory or model directory: {directory}")
     if os.path.isfile(os.path.join(directory, "model_index.json")):
         return "pipeline"
     if vlm_config(directory) is not None:
