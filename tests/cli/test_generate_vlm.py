@@ -123,6 +123,30 @@ def test_image_batch_library_call(vlm_dir, image_path):
     assert got.texts == _decode(d, want)
 
 
+def test_video_greedy_matches_transformers(vlm_dir, tmp_path):
+    """A video file through the CLI; the oracle gets the same processed inputs (the processor's
+    frame sampling, timestamps and pixels are checked against transformers in tests/families)."""
+    import cv2
+
+    d, tm = vlm_dir
+    clip = tmp_path / "clip.mp4"
+    writer = cv2.VideoWriter(str(clip), cv2.VideoWriter_fourcc(*"mp4v"), 4.0, (64, 48))
+    for i in range(9):
+        writer.write(np.full((48, 64, 3), 25 * i, np.uint8))
+    writer.release()
+    vlm = VisionLanguageModel(None, load_processor(str(d)), [EOS], 0)
+    batch = vlm.inputs(["What happens?", "Why?"], video=pp.read_video(clip))
+    assert batch["video_grid_thw"].shape == (2, 3)
+    with torch.no_grad():
+        want = tm.generate(**{k: torch.tensor(v) for k, v in batch.items()}, max_new_tokens=N_NEW,
+                           do_sample=False, eos_token_id=EOS, pad_token_id=0)
+    want = want[:, batch["input_ids"].shape[1]:].numpy()
+    out = tmp_path / "ids.npy"
+    assert main(["--model", str(d), "--video", str(clip), "--prompt", "What happens?", "--prompt", "Why?",
+                 "--max-new-tokens", str(N_NEW), "--save-array", str(out)]) == 0
+    np.testing.assert_array_equal(np.load(out), want)
+
+
 def test_decode_stops_at_the_end_token(vlm_dir):
     d, _ = vlm_dir
     vlm = VisionLanguageModel(None, load_processor(str(d)), [EOS], 0)
