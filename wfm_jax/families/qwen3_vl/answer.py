@@ -89,7 +89,10 @@ def load_processor(directory: str) -> Qwen3VLProcessor:
 
     if not os.path.isfile(os.path.join(directory, "tokenizer.json")):
         raise ValueError(f"{directory}: no tokenizer.json")
-    tokenizer = AutoTokenizer.from_pretrained(directory)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(directory)
+    except Exception as e:  # json, tokenizers (a bare Exception from rust) and transformers errors
+        raise ValueError(f"{directory}: cannot load the tokenizer: {e}") from e
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError(f"{directory}: no chat template (chat_template.jinja or tokenizer_config.json)")
     try:
