@@ -1,4 +1,4 @@
-"""Text-to-image / text-to-video with a local diffusers pipeline of any supported family, in JAX.
+"""Text-to-image / text-to-video with a local diffusers pipeline, or answers from a Qwen3-VL model.
 
     python -m wfm_jax.generate --model DIR --prompt "a cat" --steps 28 --guidance 4.5 \
         --height 512 --width 512 --seed 0 --out cat.png [--latents init.npy] [--save-array x.npy]
@@ -15,6 +15,10 @@ Several prompts are laid out as a grid in the PNG (images) or one .mp4 per promp
 first at --out, the others at OUT_1.mp4, ...). `--video` (.mp4, or .npy frames (T, H, W, 3) in
 [0, 1], at --height x --width) conditions every prompt on its last frames, for families with
 `supports_video_condition` (their `condition_from_video`).
+
+A Qwen3-VL model dir (config.json, model_type qwen3_vl) answers questions instead (wfm_jax/cli/vlm.py):
+    python -m wfm_jax.generate --model VLM_DIR --image cat.png --prompt "What is this?" \
+        --max-new-tokens 64 [--temperature 0.7 --top-p 0.9 --top-k 50] [--save-array ids.npy]
 """
 from __future__ import annotations
 
@@ -25,6 +29,7 @@ import sys
 
 import numpy as np
 
+from wfm_jax.cli import vlm
 from wfm_jax.core import xla_flags
 from wfm_jax.families.base import load_pipeline
 from wfm_jax.programs.sample import SAMPLERS, generate
@@ -110,7 +115,8 @@ def read_prompts(args) -> list[str]:
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="python -m wfm_jax.generate", description=__doc__.split("\n")[0])
     p.add_argument("--model", required=True,
-                   help="local diffusers pipeline dir of a supported family (model_index.json)")
+                   help="local diffusers pipeline dir of a supported family (model_index.json), "
+                        "or a Qwen3-VL model dir (config.json)")
     p.add_argument("--prompt", action="append", help="a prompt (repeat for several)")
     p.add_argument("--prompts-file", help="one prompt per line")
     p.add_argument("--negative-prompt", help="default: the family's (diffusers' pipeline's)")
@@ -125,11 +131,14 @@ def parse_args(argv=None):
     p.add_argument("--max-sequence-length", type=int, help="default: the family's (SD3: 256)")
     p.add_argument("--latents", help=".npy initial latents, diffusers layout")
     p.add_argument("--video", help="video to condition on (families that support it): .mp4, or "
-                                   ".npy frames (T, H, W, 3) in [0, 1], at --height x --width")
+                                   ".npy frames (T, H, W, 3) in [0, 1], at --height x --width; "
+                                   "Qwen3-VL: a video file to ask about")
     p.add_argument("--num-conditional-frames", type=int, default=2, choices=(1, 2),
                    help="latent frames of --video to condition on (its last 1 or 5 frames)")
     p.add_argument("--out", help="PNG grid (images) or .mp4 (video); default out.png / out.mp4")
-    p.add_argument("--save-array", help=".npy path for float pixels (B, [T,] H, W, C) in [0, 1]")
+    p.add_argument("--save-array", help=".npy path for float pixels (B, [T,] H, W, C) in [0, 1]; "
+                                        "Qwen3-VL: the generated token ids (B, T) int32")
+    vlm.add_arguments(p)
     return p.parse_args(argv)
 
 
@@ -138,6 +147,10 @@ def main(argv=None) -> int:
     xla_flags.apply()  # before jax starts its backend
     try:
         prompts = read_prompts(args)
+        kind = vlm.model_kind(args.model)
+        vlm.check_flags(args, kind)
+        if kind == "vlm":
+            return vlm.run(args, prompts)
         latents = None
         if args.latents:
             try:
