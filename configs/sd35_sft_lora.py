@@ -8,7 +8,7 @@ attention projections (cosmos-rl's SD3 targets); the export loads with
 
 The frozen base weights are bf16; LoRA weights, their AdamW moments and the EMA are fp32.
 """
-from wfm_jax.config.schema import SD3_LORA_TARGETS, default_config
+from wfm_jax.config.schema import default_config
 
 
 def get_config():

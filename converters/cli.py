@@ -38,8 +38,14 @@ def _np_dtype(name: str | None):
 
 
 def to_jax(src: str, dst: str, dtype: str | None = None, group_bytes: int = 1 << 30) -> None:
-    from converters.loading import (abstract_model, all_variables, check_against_model,
-                                        read_json, resolve_model_dir, stored_keys)
+    from converters.loading import (
+        abstract_model,
+        all_variables,
+        check_against_model,
+        read_json,
+        resolve_model_dir,
+        stored_keys,
+    )
     directory = resolve_model_dir(src, "transformer")
     config = read_json(os.path.join(directory, "config.json"))
     spec = registry.spec_for(config)
@@ -69,8 +75,7 @@ def to_jax(src: str, dst: str, dtype: str | None = None, group_bytes: int = 1 <<
 
 def to_diffusers(src: str, dst: str, dtype: str | None = None,
                  max_shard_bytes: int = 2 << 30) -> None:
-    from converters.loading import (abstract_model, all_variables, name_list,
-                                        write_diffusers_dir)
+    from converters.loading import abstract_model, all_variables, name_list, write_diffusers_dir
     if not os.path.isdir(src):
         raise FileNotFoundError(f"no such wfm_jax state directory: {src}")
     if not jax_state.is_state_dir(src):

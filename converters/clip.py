@@ -1,7 +1,8 @@
 """transformers CLIPTextModelWithProjection <-> wfm_jax CLIPTextEncoder: one table, both ways."""
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from converters.registry import ModelSpec, register
 from converters.table import Rule, linear, norm

@@ -6,7 +6,8 @@ map unchanged.
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from converters.registry import ModelSpec, register
 from converters.table import Rule, linear

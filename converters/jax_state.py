@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 import jax
 import numpy as np
@@ -111,7 +111,7 @@ def save_state_streaming(nbytes: Mapping[str, int],
 def save_state(flat: Mapping[str, object], config: Mapping, dst: str,
                chunk_bytes: int = CHUNK_BYTES) -> None:
     """Write an in-memory state (numpy or jax arrays, sharded arrays included) in one go."""
-    save_state_streaming({k: 0 for k in flat}, lambda keys: {k: flat[k] for k in keys}, config,
+    save_state_streaming(dict.fromkeys(flat, 0), lambda keys: {k: flat[k] for k in keys}, config,
                          dst, group_bytes=1, chunk_bytes=chunk_bytes)  # size 0 -> one group
 
 

@@ -24,7 +24,7 @@ import json
 import math
 import os
 import tempfile
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -79,7 +79,7 @@ def abstract_model(spec: registry.ModelSpec, config: dict, dtype=None, param_dty
 
 # ----------------------------------------------------------------------------- checks
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def axis_permutation(transform: str, ndim: int) -> tuple[int, ...] | None:
     """perm with transformed axis i = stored axis perm[i]; None when the transform is not a pure
     axis permutation (then a slice of its output has no single slice of its input)."""
@@ -182,7 +182,7 @@ def load_tensor(read: Callable[[tuple], np.ndarray], rule: Rule, shape: tuple, d
 
 def _default_shardings(model) -> dict[str, jax.sharding.Sharding]:
     device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-    return {k: device for k in all_variables(model)}
+    return dict.fromkeys(all_variables(model), device)
 
 
 def model_shardings(model, mesh=None, rules=None) -> dict[str, jax.sharding.Sharding]:

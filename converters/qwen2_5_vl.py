@@ -14,7 +14,8 @@ missing key (the table is built from the config's vision_config).
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from converters.registry import ModelSpec, register
 from converters.table import Rule, linear

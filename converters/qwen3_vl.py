@@ -21,10 +21,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from wfm_jax.io.atomic import atomic_directory
 from converters.registry import ModelSpec, register
 from converters.table import Rule, conv, convert_to_diffusers, convert_to_jax, linear, norm
 from converters.tied import check_equal
+from wfm_jax.io.atomic import atomic_directory
 from wfm_jax.models.qwen3_vl.config import Qwen3VLConfig, as_config
 from wfm_jax.models.qwen3_vl.model import make_model
 

@@ -24,11 +24,10 @@ def load_text_tower(path: str, *, component: str = "text_encoder", dtype=None,
                     param_dtype=jnp.float32, mesh=None, rules=None) -> tuple[QwenTextModel, dict]:
     """(text tower, config.json) from a model dir, a pipeline dir (its `component`) or a wfm_jax
     state dir; `mesh`/`rules` place each tensor in its shards as load_model does."""
-    from converters import jax_state, registry
+    from converters import jax_state, loading, registry
     from converters.qwen2_5_vl import build_text_table
     from converters.safetensors_io import open_checkpoint_slices
     from converters.table import ConversionError
-    from converters import loading
 
     directory = loading.resolve_model_dir(path, component)
     config = loading.read_json(os.path.join(directory, "config.json"))

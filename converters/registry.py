@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-from typing import Callable
+from collections.abc import Callable
 
 from converters.table import Rule
 

@@ -9,7 +9,7 @@ import contextlib
 import functools
 import json
 import os
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import ml_dtypes  # noqa: F401  registers "bfloat16" with numpy: safetensors' numpy reader needs it
 import numpy as np
@@ -40,7 +40,7 @@ def open_checkpoint(path: str) -> dict[str, Callable[[], np.ndarray]]:
     loaders: dict[str, Callable[[], np.ndarray]] = {}
     for file in files:
         with safe_open(file, framework="numpy") as f:
-            for key in f.keys():
+            for key in f:
                 if key in loaders:
                     raise ValueError(f"tensor {key} appears in more than one shard of {path}")
                 loaders[key] = (lambda file=file, key=key: _read(file, key))
@@ -62,7 +62,7 @@ def open_checkpoint_slices(path: str) -> Iterator[dict[str, Callable[[tuple], np
     with contextlib.ExitStack() as stack:
         for file in files:
             handle = stack.enter_context(safe_open(file, framework="numpy"))
-            for key in handle.keys():
+            for key in handle:
                 if key in readers:
                     raise ValueError(f"tensor {key} appears in more than one shard of {path}")
                 readers[key] = functools.partial(_read_slice, handle, key)
@@ -107,7 +107,7 @@ def checkpoint_meta(path: str) -> dict[str, tuple[tuple[int, ...], str]]:
     meta: dict[str, tuple[tuple[int, ...], str]] = {}
     for file in files:
         with safe_open(file, framework="numpy") as f:
-            for key in f.keys():
+            for key in f:
                 piece = f.get_slice(key)
                 meta[key] = (tuple(piece.get_shape()), piece.get_dtype())
     return meta
@@ -141,7 +141,7 @@ def save_checkpoint_streaming(nbytes: dict[str, int],
         tensors = load_many(keys)
         save_file({k: np.ascontiguousarray(tensors[k]) for k in keys}, os.path.join(directory, name))
         del tensors
-        weight_map.update({k: name for k in keys})
+        weight_map.update(dict.fromkeys(keys, name))
     with open(os.path.join(directory, f"{stem}.safetensors.index.json"), "w") as f:
         json.dump({"metadata": {"total_size": sum(nbytes.values())}, "weight_map": weight_map},
                   f, indent=2)

@@ -12,8 +12,7 @@ import jax.numpy as jnp
 
 from converters.registry import ModelSpec, register
 from converters.table import Rule, conv, linear, norm
-from wfm_jax.models.sana import (SanaTransformer, SanaVideoTransformer, sana_config,
-                                 sana_video_config)
+from wfm_jax.models.sana import SanaTransformer, SanaVideoTransformer, sana_config, sana_video_config
 
 
 def _attention(p: str, cfg: dict, qkv_bias: bool) -> list[Rule]:

@@ -9,7 +9,8 @@ loaders.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from converters.registry import ModelSpec, register
 from converters.table import Rule, linear

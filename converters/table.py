@@ -7,7 +7,7 @@ drift from import. The functions here are pure numpy: no model, no device, no tr
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 import numpy as np
 

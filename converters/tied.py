@@ -8,7 +8,7 @@ tensor, and silently picking one would load a model that is not the checkpoint.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 

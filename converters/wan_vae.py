@@ -6,6 +6,8 @@ a config change that adds or removes a block changes both at once.
 """
 from __future__ import annotations
 
+import itertools
+
 import jax.numpy as jnp
 
 from converters.registry import ModelSpec, register
@@ -52,7 +54,7 @@ def _encoder(cfg: WanVAEConfig) -> list[Rule]:
     dims = [cfg.base_dim * m for m in (1, *cfg.dim_mult)]
     rules = conv("encoder.conv_in", "encoder.conv_in")
     index = 0  # down_blocks is one flat list: the resnets of a level, then its downsampler
-    for i, (c_in, c_out) in enumerate(zip(dims[:-1], dims[1:])):
+    for i, (c_in, c_out) in enumerate(itertools.pairwise(dims)):
         for j in range(cfg.num_res_blocks):
             rules += _residual(f"encoder.down_blocks.{index}", c_in if j == 0 else c_out, c_out)
             index += 1
@@ -70,7 +72,7 @@ def _decoder(cfg: WanVAEConfig) -> list[Rule]:
     dims = [(cfg.decoder_base_dim or cfg.base_dim) * m for m in (mult[-1], *mult[::-1])]
     temporal = tuple(reversed(cfg.temperal_downsample))
     rules = conv("decoder.conv_in", "decoder.conv_in") + _mid("decoder", dims[0])
-    for i, (c_in, c_out) in enumerate(zip(dims[:-1], dims[1:])):
+    for i, (c_in, c_out) in enumerate(itertools.pairwise(dims)):
         c_in = c_in // 2 if i > 0 else c_in
         p = f"decoder.up_blocks.{i}"
         for j in range(cfg.num_res_blocks + 1):

@@ -21,8 +21,20 @@ from reward_client.errors import (
 from reward_client.registry import register_reward
 
 __all__ = [
-    "RemoteRewardClient", "RewardFnSpec", "combine_scores", "parse_reward_fns", "RewardComputer",
-    "RewardResult", "RemoteConfig", "resolve_remote_config", "RewardConfigError", "RewardError",
-    "RewardProtocolError", "RewardServiceError", "RewardUnavailableError", "RewardValueError",
-    "available_rewards", "register_reward",
+                                  "RemoteConfig",
+                                  "RemoteRewardClient",
+                                  "RewardComputer",
+                                  "RewardConfigError",
+                                  "RewardError",
+                                  "RewardFnSpec",
+                                  "RewardProtocolError",
+                                  "RewardResult",
+                                  "RewardServiceError",
+                                  "RewardUnavailableError",
+                                  "RewardValueError",
+                                  "available_rewards",
+                                  "combine_scores",
+                                  "parse_reward_fns",
+                                  "register_reward",
+                                  "resolve_remote_config",
 ]

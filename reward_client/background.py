@@ -27,7 +27,7 @@ class BackgroundServer:
                                         name=f"reward-server-{self.port}", daemon=True)
         self._start_timeout_s = start_timeout_s
 
-    def start(self) -> "BackgroundServer":
+    def start(self) -> BackgroundServer:
         self._thread.start()
         end = time.monotonic() + self._start_timeout_s
         while not self._server.started:
@@ -42,7 +42,7 @@ class BackgroundServer:
         self._thread.join(timeout=10.0)
         self._sock.close()
 
-    def __enter__(self) -> "BackgroundServer":
+    def __enter__(self) -> BackgroundServer:
         return self.start()
 
     def __exit__(self, *exc) -> None:

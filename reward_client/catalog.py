@@ -10,9 +10,9 @@ from typing import Any
 
 import numpy as np
 
-import reward_client.local  # noqa: F401  (the jpeg rewards)
-import reward_client.ocr  # noqa: F401  (ocr; rapidocr itself loads lazily)
-import reward_client.reason  # noqa: F401  (format, single_choice, boxed_math: text completions)
+import reward_client.local
+import reward_client.ocr
+import reward_client.reason
 import reward_client.shapes  # noqa: F401  (shapes_alignment)
 from reward_client.errors import RewardValueError
 from reward_client.registry import LocalReward, lookup, registered

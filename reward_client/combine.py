@@ -11,8 +11,9 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 import numpy as np
 

@@ -40,8 +40,9 @@ from __future__ import annotations
 import difflib
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -154,7 +155,7 @@ class RewardComputer:
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any], environ: Mapping[str, str] | None = None,
-                    **overrides) -> "RewardComputer":
+                    **overrides) -> RewardComputer:
         cfg = dict(cfg.to_dict() if hasattr(cfg, "to_dict") else cfg)
         unknown = [k for k in cfg if k not in CONFIG_KEYS]
         if unknown:

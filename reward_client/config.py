@@ -10,8 +10,9 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from reward_client.errors import RewardConfigError
 from reward_client.protocol import ENQUEUE_PATH, PING_PATH

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import io
 import json
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 

@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import difflib
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from reward_client.errors import RewardConfigError
 

@@ -10,8 +10,8 @@ import queue
 import threading
 import time
 import uuid as uuidlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 

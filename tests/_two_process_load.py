@@ -41,10 +41,10 @@ def main(process_id: int, port: int, checkpoint: str, out: str) -> None:
     jax.distributed.initialize(f"localhost:{port}", num_processes=2, process_id=process_id)
     from safetensors.numpy import load_file
 
+    from converters import loading
     from converters.table import TRANSFORMS
     from tests import _toy_model as toy
     from wfm_jax.core import mesh as wmesh
-    from converters import loading
     from wfm_jax.core.tree import flat_params
 
     reads: list = []

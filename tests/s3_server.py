@@ -128,5 +128,5 @@ def start(directory: str, bucket: str = "wfm-test", timeout: float = 60.0) -> S3
             if proc.poll() is not None or time.monotonic() > deadline:
                 server.stop()
                 raise RuntimeError(f"weed mini did not become ready in {timeout:.0f} s "
-                                   f"(exit {proc.poll()}); log: {directory}/weed.log")
+                                   f"(exit {proc.poll()}); log: {directory}/weed.log") from None
             time.sleep(0.1)

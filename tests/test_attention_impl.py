@@ -7,17 +7,24 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from tests import _tiny_sd3
 from wfm_jax.config import recipe as cfg
-from wfm_jax.core import mesh as wmesh
 from wfm_jax.config.schema import ConfigError
-from wfm_jax.models.layers.attention import (BLOCKWISE_MIN_SEQ, Attention, is_cuda_platform,
-                                             kernel_for, padded_attention,
-                                             resolve_attention_impl, split_heads_not_sequence)
-from wfm_jax.models.sd3.transformer import SD3Transformer
+from wfm_jax.core import mesh as wmesh
 from wfm_jax.core.tree import assign, flat_shapes
+from wfm_jax.models.layers.attention import (
+    BLOCKWISE_MIN_SEQ,
+    Attention,
+    is_cuda_platform,
+    kernel_for,
+    padded_attention,
+    resolve_attention_impl,
+    split_heads_not_sequence,
+)
+from wfm_jax.models.sd3.transformer import SD3Transformer
 
 
 @pytest.mark.parametrize("cuda, dtype, head_dim, expected", [

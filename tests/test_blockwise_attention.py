@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 
 from wfm_jax.models.layers.attention import dot_product_attention
-from wfm_jax.models.layers.blockwise_attention import (blockwise_attention,
-                                                       blockwise_attention_lse)
+from wfm_jax.models.layers.blockwise_attention import blockwise_attention, blockwise_attention_lse
 
 ATOL = 2e-5
 

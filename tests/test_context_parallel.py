@@ -15,10 +15,10 @@ from flax import nnx
 
 from tests import _tiny_sd3
 from wfm_jax.core import mesh as wmesh
+from wfm_jax.core.tree import assign, flat_shapes
 from wfm_jax.models.layers.attention import cross_attention, dot_product_attention, joint_attention
 from wfm_jax.models.layers.context_parallel import resolve_context_parallel
 from wfm_jax.models.sd3.transformer import SD3Transformer
-from wfm_jax.core.tree import assign, flat_shapes
 from wfm_jax.models.wan import WanTransformer
 
 pytestmark = pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (simulated) devices")

@@ -20,10 +20,10 @@ import torch
 import torch.nn.functional as F
 
 from wfm_jax.families import tiny
-from wfm_jax.families.cosmos import tiny as tiny_cosmos
-from wfm_jax.programs.sample import generate
-from wfm_jax.families.cosmos.pipeline import CosmosPipeline, karras_flow_sigmas
 from wfm_jax.families.base import PipelineError, load_pipeline
+from wfm_jax.families.cosmos import tiny as tiny_cosmos
+from wfm_jax.families.cosmos.pipeline import CosmosPipeline, karras_flow_sigmas
+from wfm_jax.programs.sample import generate
 from wfm_jax.sampling.guidance import guided_velocity
 
 PROMPTS = ["a photo of the cat", "the red car on the road"]
@@ -217,7 +217,7 @@ def test_video_input_mp4_and_a_family_without_the_capability(tmp_path, capsys):
     clip = np.random.default_rng(0).uniform(0, 1, (5, H, W, 3)).astype(np.float32)
     frames = read_video(write_mp4(str(tmp_path / "clip.mp4"), clip))
     assert frames.shape == clip.shape and frames.dtype == np.float32
-    assert 0 <= frames.min() and frames.max() <= 1
+    assert frames.min() >= 0 and frames.max() <= 1
     assert np.abs(frames - clip).mean() < 0.25  # lossy, but these frames
     wan = tiny.build_tiny_pipeline(str(tmp_path / "wan"), family="wan")
     assert main(["--model", wan, "--prompt", "a cat", "--height", str(H), "--width", str(W),

@@ -34,8 +34,8 @@ def _shell(transformer_config):
 
 @pytest.mark.parametrize("name", sorted(KINDS))
 def test_recipe_validates_with_a_geometry_cosmos_takes(name):
-    from wfm_jax.models.cosmos.transformer import COSMOS25_PREDICT_2B, COSMOS25_PREDICT_14B
     from wfm_jax.families.cosmos.tiny import transformer_config
+    from wfm_jax.models.cosmos.transformer import COSMOS25_PREDICT_2B, COSMOS25_PREDICT_14B
 
     c = _load(name)
     d = c.policy.diffusers

@@ -23,9 +23,9 @@ def tiny():
     """(pipe shell, velocity(params, x, t, cond) with the family's guide, params, text, uncond,
     video condition on 1 latent frame for row 0 and 2 for row 1, initial noise)."""
     from wfm_jax.families.cosmos.pipeline import CosmosPipeline
-    from wfm_jax.models.cosmos.transformer import CosmosTransformer
     from wfm_jax.families.cosmos.tiny import scheduler_config, transformer_config
     from wfm_jax.families.wan.tiny import vae_config
+    from wfm_jax.models.cosmos.transformer import CosmosTransformer
     pipe = CosmosPipeline("", None, None, None, None, transformer_config(), vae_config(),
                           scheduler_config())
     graphdef, params = nnx.split(CosmosTransformer(transformer_config(), rngs=nnx.Rngs(0)))

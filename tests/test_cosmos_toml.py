@@ -8,8 +8,8 @@ import os
 import numpy as np
 import pytest
 
-from wfm_jax.config import recipe as cfg
 from wfm_jax.cli import main as wmain
+from wfm_jax.config import recipe as cfg
 from wfm_jax.config.recipe import ConfigError
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -15,8 +15,8 @@ import pytest
 
 from tests import _rl_toy as toy
 from tests._resume import assert_resumed_run_matches, kill_and_resume, persistent_compile_cache
-from wfm_jax.config import recipe as cfg
 from wfm_jax.cli import main as wmain
+from wfm_jax.config import recipe as cfg
 
 CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs")
 
@@ -31,8 +31,8 @@ def _shell(scheduler_config):
 
 def test_rl_rollouts_step_on_the_family_sigma_range():
     from wfm_jax.families.cosmos.pipeline import karras_flow_sigmas
-    from wfm_jax.sampling.schedule import flow_sigmas, unipc_flow_schedule
     from wfm_jax.families.cosmos.tiny import scheduler_config
+    from wfm_jax.sampling.schedule import flow_sigmas, unipc_flow_schedule
     from wfm_jax.train.rl_grpo import GRPO
     from wfm_jax.train.rl_nft import NFT
 
@@ -69,6 +69,7 @@ def test_family_without_karras_sigmas_is_one_line():
 
 def test_video_condition_masks_each_row_on_its_first_frames():
     import jax.numpy as jnp
+
     from wfm_jax.families.cosmos.tiny import scheduler_config
 
     pipe = _shell(scheduler_config())
@@ -81,8 +82,9 @@ def test_video_condition_masks_each_row_on_its_first_frames():
     # is cond_latents exactly, for any point of that flow line; row 0 is plain text2world
     import jax
     from flax import nnx
-    from wfm_jax.models.cosmos.transformer import CosmosTransformer
+
     from wfm_jax.families.cosmos.tiny import transformer_config
+    from wfm_jax.models.cosmos.transformer import CosmosTransformer
     model = CosmosTransformer(transformer_config(), rngs=nnx.Rngs(0))
     noise = jax.random.normal(jax.random.key(0), c.shape)
     sigma = 0.7
@@ -318,9 +320,10 @@ def test_cosmos_sft_sigmas_stay_in_its_karras_range():
     import jax
     import jax.numpy as jnp
     from scipy.stats import norm
+
+    from wfm_jax.families.cosmos.tiny import scheduler_config
     from wfm_jax.families.wan.pipeline import WanPipeline
     from wfm_jax.sampling.schedule import training_table
-    from wfm_jax.families.cosmos.tiny import scheduler_config
     from wfm_jax.train.sft import sample_timesteps
 
     pipe = _shell(scheduler_config())
@@ -352,9 +355,10 @@ def test_cosmos_sequence_the_context_does_not_divide_is_padded():
     import jax
     import jax.numpy as jnp
     from flax import nnx
+
     from wfm_jax.core import mesh as wmesh
-    from wfm_jax.models.cosmos.transformer import CosmosTransformer
     from wfm_jax.families.cosmos.tiny import transformer_config
+    from wfm_jax.models.cosmos.transformer import CosmosTransformer
 
     graph, state = nnx.split(CosmosTransformer(transformer_config(), rngs=nnx.Rngs(0)))
     k = jax.random.split(jax.random.key(0), 3)

@@ -36,13 +36,13 @@ from safetensors import safe_open
 from converters import jax_state
 from converters.cli import main as converters_main
 from converters.cosmos_transformer import build_table, make_model
+from converters.loading import check_against_model
 from converters.table import ConversionError, convert_to_diffusers, convert_to_jax
+from wfm_jax.core.tree import flat_arrays, flat_params, flat_shapes
 from wfm_jax.models.cosmos import COSMOS25_PREDICT_2B, COSMOS25_PREDICT_14B, CosmosTransformer
 from wfm_jax.models.cosmos.embeddings import resize_nearest
 from wfm_jax.models.cosmos.rope import rope_tables
 from wfm_jax.models.layers.remat import REMAT_POLICIES
-from converters.loading import check_against_model
-from wfm_jax.core.tree import flat_arrays, flat_params, flat_shapes
 
 transformer_cosmos.transforms = SimpleNamespace(
     functional=SimpleNamespace(resize=lambda img, size, interpolation=None:
@@ -139,7 +139,7 @@ def _torch_args(args, kwargs):
     return [t(a) for a in args], {k: t(v) for k, v in kwargs.items()}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _case(variant: str) -> dict:
     config, torch_model = _torch_model(variant)
     args, kwargs = _inputs(variant, config)
@@ -277,7 +277,7 @@ def test_round_trip_is_bit_identical_and_loads_in_diffusers(case, dtype):
 def _raw(directory):
     out = {}
     with safe_open(os.path.join(directory, "diffusion_pytorch_model.safetensors"), "numpy") as f:
-        for key in f.keys():
+        for key in f:
             piece = f.get_slice(key)
             out[key] = (piece.get_dtype(), tuple(piece.get_shape()), f.get_tensor(key).tobytes())
     return out

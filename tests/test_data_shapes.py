@@ -9,8 +9,7 @@ import pytest
 from PIL import Image
 
 from wfm_jax.worlds.shapes import dataset as tiny_dataset
-from wfm_jax.worlds.shapes.grammar import (BACKGROUNDS, COLOURS, all_scenes, heldout_scenes, parse_prompt,
-                                 train_scenes)
+from wfm_jax.worlds.shapes.grammar import BACKGROUNDS, COLOURS, all_scenes, heldout_scenes, parse_prompt, train_scenes
 
 
 def test_same_seed_same_bytes_other_seed_other_images(tmp_path):

@@ -3,7 +3,9 @@ test server, the paired and the split layout, wdinfo JSON, per-process shard spl
 shuffle, and resume at many positions reading exactly the uninterrupted stream."""
 from __future__ import annotations
 
+import functools
 import json
+import operator
 
 import numpy as np
 import pytest
@@ -57,7 +59,7 @@ def _check_resume(location, total=14, positions=(0, 1, 3, 6, 11), **kw):
 def test_local_epochs_cover_every_sample_and_reshuffle(paired):
     root, prompts = paired
     with _loader(root, batch=3, cycle_length=2) as loader:
-        epochs = [sum((b["prompt"] for b in _take(loader, 4)), []) for _ in range(2)]
+        epochs = [functools.reduce(operator.iadd, (b["prompt"] for b in _take(loader, 4)), []) for _ in range(2)]
     assert sorted(epochs[0]) == sorted(prompts) == sorted(epochs[1])
     assert epochs[0] != epochs[1]  # the shard order is redrawn each epoch
     assert next(iter(_loader(root, batch=1)))["pixels"].shape == (1, 8, 8, 3)
@@ -72,7 +74,7 @@ def test_processes_split_the_shards(paired):
     seen = []
     for index in range(2):
         with _loader(root, batch=3, shard=Shard(index, 2), cycle_length=2) as loader:
-            seen.append(sum((b["prompt"] for b in _take(loader, 2)), []))
+            seen.append(functools.reduce(operator.iadd, (b["prompt"] for b in _take(loader, 2)), []))
     assert not set(seen[0]) & set(seen[1]) and sorted(seen[0] + seen[1]) == sorted(prompts)
 
 
@@ -98,7 +100,7 @@ def test_split_layout_and_wdinfo_on_s3(tmp_path, s3_server, s3_bucket):
     url = f"s3://{s3_bucket}/wfm/wdinfo.json"
     with _loader(url, batch=3, cycle_length=3) as loader:
         batches = _take(loader, 3)
-    assert sorted(sum((b["prompt"] for b in batches), [])) == sorted(prompts)
+    assert sorted(functools.reduce(operator.iadd, (b["prompt"] for b in batches), [])) == sorted(prompts)
     b = batches[0]
     assert b["text_embedding"].shape == (3, 2, 4)
     for prompt, emb in zip(b["prompt"], b["text_embedding"]):
@@ -157,8 +159,8 @@ def test_indexed_records_read_back_the_same_images(tmp_path, s3_server, s3_bucke
     """DDRL's view: every sample located once, its image re-read by one ranged read."""
     from wfm_jax.data.media import load_image
     from wfm_jax.data.paired import scan_paired
-    from wfm_jax.worlds.shapes.dataset import build_shapes_dataset
     from wfm_jax.data.webdataset import index_records, load_record_image
+    from wfm_jax.worlds.shapes.dataset import build_shapes_dataset
     shapes = build_shapes_dataset(str(tmp_path / "shapes"), count=6, size=16, seed=0)
     _shards.shards_from_paired_dir(shapes, str(tmp_path / "tars"), per_shard=4)
     _shards.upload_dir(s3_server.client(), str(tmp_path / "tars"), s3_bucket, "ddrl")
@@ -174,7 +176,7 @@ def test_window_shuffle_mixes_samples_and_resumes(paired):
     root, _ = paired
     with _loader(root, batch=1, cycle_length=1, window=1) as plain, \
             _loader(root, batch=1, cycle_length=1, window=5) as mixed:
-        a, b = (sum((x["prompt"] for x in _take(it, 10)), []) for it in (plain, mixed))
+        a, b = (functools.reduce(operator.iadd, (x["prompt"] for x in _take(it, 10)), []) for it in (plain, mixed))
     assert sorted(a) == sorted(b) and a != b
     _check_resume(root, total=14, positions=(1, 2, 5, 9), cycle_length=2, window=4)
 

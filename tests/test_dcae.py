@@ -14,8 +14,8 @@ from flax import nnx
 from converters.dcae import build_table
 from converters.registry import spec_for
 from converters.table import ConversionError, convert_to_diffusers, convert_to_jax
-from wfm_jax.models.dcae import AutoencoderDC, DCAEConfig, scale_latents, unscale_latents
 from wfm_jax.core.tree import flat_arrays, flat_params, flat_shapes
+from wfm_jax.models.dcae import AutoencoderDC, DCAEConfig, scale_latents, unscale_latents
 
 ATOL = 2e-5
 

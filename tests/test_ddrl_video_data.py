@@ -26,7 +26,7 @@ def _ramp(t=7, value=0):
 def paired_videos(tmp_path_factory):
     root = tmp_path_factory.mktemp("paired_video")
     for name, value in (("a", 0), ("b", 5)):
-        (root / f"{name}.json").write_text('{"prompt": "clip %s"}' % name)
+        (root / f"{name}.json").write_text(f'{{"prompt": "clip {name}"}}')
         write_video(root / f"{name}.mp4", _ramp(value=value))
     return root
 

@@ -75,7 +75,7 @@ def test_heun_matches_diffusers():
     x = np.random.default_rng(1).standard_normal(SHAPES["image"]).astype(np.float32)
     _, want = _diffusers(x, 6, 3.0, solver_type="heun")
     sigmas, timesteps = dpm_solver.dpm_solver_flow_schedule(6, 3.0)
-    vel = lambda x, t: jax_velocity(x, jnp.full((x.shape[0],), t), None)  # noqa: E731
+    vel = lambda x, t: jax_velocity(x, jnp.full((x.shape[0],), t), None)
     final, rec = jax.jit(lambda x: dpm_solver.sample_dpm_solver(
         vel, x, jnp.asarray(sigmas), jnp.asarray(timesteps), solver_type="heun",
         return_trajectory=True))(x)
@@ -94,7 +94,7 @@ def test_sigma_one_start_drops_the_second_order_term_without_nan():
     for t in sched.timesteps:
         want = sched.step(torch_velocity(want, t), t, want).prev_sample
     timesteps = sched.timesteps.numpy().astype(np.float32)
-    run = lambda x: sample(jax_velocity, x, sigmas, method="dpm_solver",  # noqa: E731
+    run = lambda x: sample(jax_velocity, x, sigmas, method="dpm_solver",
                            timesteps=timesteps).latents
     np.testing.assert_allclose(np.asarray(jax.jit(run)(x)), want.numpy(), rtol=0, atol=1e-5)
     grad = jax.grad(lambda x: jnp.sum(run(x) ** 2))(jnp.asarray(x))
@@ -111,7 +111,7 @@ def test_step_orders():
 def test_bad_arguments():
     sigmas, timesteps = dpm_solver.dpm_solver_flow_schedule(4)
     x = jnp.zeros(SHAPES["image"])
-    vel = lambda x, t: x  # noqa: E731
+    vel = lambda x, t: x
     with pytest.raises(ValueError, match="solver_type"):
         dpm_solver.sample_dpm_solver(vel, x, jnp.asarray(sigmas), jnp.asarray(timesteps),
                                      solver_type="bh2")

@@ -7,11 +7,11 @@ import os
 import numpy as np
 import pytest
 
-from wfm_jax.families import tiny
-from wfm_jax.families.cosmos import tiny as tiny_cosmos
-from wfm_jax.data.wfm import load_embedding
 from wfm_jax.cli.embed import main
+from wfm_jax.data.wfm import load_embedding
+from wfm_jax.families import tiny
 from wfm_jax.families.base import load_pipeline
+from wfm_jax.families.cosmos import tiny as tiny_cosmos
 
 MAX_LEN = 128
 PROMPTS = ["a photo of the cat", "the red car on the road", "one more"]

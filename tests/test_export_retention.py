@@ -8,8 +8,8 @@ import types
 
 import pytest
 
-from wfm_jax.config.recipe import load_config
 from converters.loading import load_model
+from wfm_jax.config.recipe import load_config
 from wfm_jax.train.export import export_step
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -4,7 +4,10 @@ unsupported pipeline class and for a checkpoint of another family than the recip
 (VAE encoding, reward media, generate with its own CFG form, mp4 output) take 5-D latents."""
 from __future__ import annotations
 
+import functools
+import itertools
 import json
+import operator
 import os
 
 import jax
@@ -233,7 +236,7 @@ def _euler_reference(pipe, prompts, latents, steps, scale):
     ctx = np.array([len(p) for p in prompts], np.float64)[:, None, None, None, None] * 1.5
     ctx_u = 0.0  # the empty negative prompt has length 0
     x = latents.astype(np.float64)
-    for s, s_next in zip(sigmas[:-1], sigmas[1:]):
+    for s, s_next in itertools.pairwise(sigmas):
         v_c, v_u = x * 0.5 + 0.01 * ctx, x * 0.5 + 0.01 * ctx_u
         x = x + (s_next - s) * (v_c + scale * (v_c - v_u))
     return _decode(np, x.astype(np.float32), 2.0)
@@ -285,8 +288,8 @@ def test_generate_frames_on_an_image_family_is_one_line(tiny_dir, tmp_path, caps
 @pytest.mark.parametrize("guidance", [1.0, 5.0])
 def test_generate_cli_matches_diffusers_wan(tmp_path, guidance):
     # the same CLI that runs SD3 runs Wan: UniPC by default, one batched CFG forward
-    from tests.test_wan_pipeline import (FRAMES as T, HEIGHT, MAX_LEN, PIPELINE_ATOL, WIDTH,
-                                         _torch_pipeline)
+    from tests.test_wan_pipeline import FRAMES as T
+    from tests.test_wan_pipeline import HEIGHT, MAX_LEN, PIPELINE_ATOL, WIDTH, _torch_pipeline
     from wfm_jax.cli import generate
     torch_pipe = _torch_pipeline()
     model = str(tmp_path / "wan")
@@ -300,7 +303,7 @@ def test_generate_cli_matches_diffusers_wan(tmp_path, guidance):
                       num_inference_steps=steps, guidance_scale=guidance,
                       latents=torch.from_numpy(latents), output_type="np",
                       max_sequence_length=MAX_LEN).frames
-    rc = generate.main(["--model", model, *sum([["--prompt", p] for p in prompts], []),
+    rc = generate.main(["--model", model, *functools.reduce(operator.iadd, [["--prompt", p] for p in prompts], []),
                         "--negative-prompt", "blue", "--steps", str(steps), "--guidance",
                         str(guidance), "--height", str(HEIGHT), "--width", str(WIDTH),
                         "--frames", str(T), "--max-sequence-length", str(MAX_LEN),

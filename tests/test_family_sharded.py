@@ -9,9 +9,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from wfm_jax.core import mesh as wmesh
 from wfm_jax.config.schema import default_config
-from wfm_jax.train import setup as setup_lib, sft
+from wfm_jax.core import mesh as wmesh
+from wfm_jax.train import setup as setup_lib
+from wfm_jax.train import sft
 
 BATCH = 4  # rows split over data x fsdp = 4; the tokens (12 to 32) over context = 2
 SIZES = dict(data=2, fsdp=2, context=2)

@@ -13,8 +13,8 @@ import os
 import jax.numpy as jnp
 from flax import nnx
 
-from wfm_jax.core import mesh as wmesh
 from wfm_jax.config.recipe import load_config
+from wfm_jax.core import mesh as wmesh
 from wfm_jax.train import setup as setup_lib
 
 CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")

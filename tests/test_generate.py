@@ -2,7 +2,9 @@
 pipeline, from the same initial latents (fp32, <= 1e-4), with and without CFG."""
 from __future__ import annotations
 
+import functools
 import json
+import operator
 import os
 
 import numpy as np
@@ -44,7 +46,7 @@ def test_generate_matches_diffusers(tmp_path, tiny_dir, torch_pipe, guidance):
         want = torch_pipe(PROMPTS, latents=torch.from_numpy(latents), num_inference_steps=STEPS,
                           guidance_scale=guidance, height=H, width=W, output_type="np",
                           max_sequence_length=MAX_LEN).images
-    rc = generate.main(["--model", tiny_dir, *sum([["--prompt", p] for p in PROMPTS], []),
+    rc = generate.main(["--model", tiny_dir, *functools.reduce(operator.iadd, [["--prompt", p] for p in PROMPTS], []),
                         "--steps", str(STEPS), "--guidance", str(guidance), "--height", str(H),
                         "--width", str(W), "--latents", str(tmp_path / "init.npy"),
                         "--max-sequence-length", str(MAX_LEN), "--out", str(tmp_path / "g.png"),

@@ -21,13 +21,14 @@ import jax.numpy as jnp
 import pytest
 from flax import nnx
 
-from tests import _tiny_sd3
-from wfm_jax.core import mesh as wmesh
-from wfm_jax.config.schema import default_config
 from converters.loading import model_shardings
+from tests import _tiny_sd3
+from wfm_jax.config.schema import default_config
+from wfm_jax.core import mesh as wmesh
 from wfm_jax.families.sd3.pipeline import SD3Pipeline
 from wfm_jax.models.sd3.transformer import SD3Transformer
-from wfm_jax.train import setup as setup_lib, sft
+from wfm_jax.train import setup as setup_lib
+from wfm_jax.train import sft
 
 pytestmark = pytest.mark.slow  # one compile of the tiny step with an HLO dump: ~30 s of CPU
 

@@ -2,6 +2,8 @@
 spaces that ran a prompt's words together) and each caption sits under its own image."""
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
 from wfm_jax.train.image_grid import LINE_H, GridGeometry, captioned_grid
@@ -26,7 +28,7 @@ def test_caption_words_are_separated_by_a_visible_space():
     geo = GridGeometry.of(1, 32, 32, min_cell=128, caption_lines=3)
     band = grid[geo.cell_h + 2:geo.cell_h + 2 + LINE_H]
     runs = _ink_runs(band)
-    gaps = [b0 - a1 for (_, a1), (b0, _) in zip(runs, runs[1:])]
+    gaps = [b0 - a1 for (_, a1), (b0, _) in itertools.pairwise(runs)]
     # the grid wraps captions at 6 pixels a character: a space must be about that wide (the
     # FreeType default's was 2 pixels, a 4-pixel gap that read as no space at all)
     assert len(runs) >= 2 and max(gaps) >= 5, (runs, gaps)

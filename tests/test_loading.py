@@ -22,13 +22,12 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from safetensors.numpy import load_file
 
-from converters import jax_state
+from converters import jax_state, loading
 from converters.safetensors_io import open_checkpoint_slices
 from converters.table import TRANSFORMS, ConversionError, Rule
 from tests import _toy_model as toy
 from tests._two_process_load import bounds, recording_opener
 from wfm_jax.core import mesh as wmesh
-from converters import loading
 from wfm_jax.core.tree import flat_arrays, flat_params
 
 

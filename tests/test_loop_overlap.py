@@ -115,7 +115,7 @@ def test_chunk_fetched_and_submitted_after_the_next_rollout_is_dispatched(run, m
                       ("fetch", 1), ("submit", 1)]
     # the serial loop's keys and rewards: chunk by chunk, split as before
     prompts, chunk, pixels, x0 = list(batch["prompt"]), run.rollout_chunk, [], []
-    for lo in range(0, len(prompts), chunk):
+    for _lo in range(0, len(prompts), chunk):
         key, k_lat, k_alg = jax.random.split(key, 3)
         latents = run.initial_latents(k_lat, chunk)
         fields, px = _fake_rollout([], run)(None, latents, None, k_alg)
@@ -130,8 +130,8 @@ def test_chunk_fetched_and_submitted_after_the_next_rollout_is_dispatched(run, m
 def test_sft_fetches_a_step_after_the_next_is_loaded_and_encoded(pipe_dir, tmp_path,
                                                                   monkeypatch):
     from tests._rl_toy import metrics as logged
-    from wfm_jax.worlds.shapes.dataset import build_shapes_dataset
     from wfm_jax.train import sft
+    from wfm_jax.worlds.shapes.dataset import build_shapes_dataset
     values = {"policy.model_name_or_path": pipe_dir, "train.output_dir": str(tmp_path / "out"),
               "policy.parallelism.data": 1, "policy.parallelism.fsdp": 8,
               "policy.diffusers.inference_size": "(16, 16)", "train.max_steps": 4,
@@ -182,6 +182,7 @@ def _recording_loop(run, monkeypatch, events, max_steps=2):
     ("dispatch", n) per rollout chunk, ("update", step), ("fetch", step) when its update
     metrics are waited for, ("log", step), ("save", step, final)."""
     import jax.numpy as jnp
+
     from wfm_jax.train import rl
     monkeypatch.setattr(run, "rollout", _fake_rollout(events, run))
     monkeypatch.setattr(run, "max_steps", max_steps)
@@ -254,6 +255,7 @@ def test_chunk_conditions_with_two_processes_equal_one(run, pipe_dir, tmp_path):
     # carry the conditioning one process gives those prompts (its encoder calls are collective)
     import json
     import sys
+
     from tests._processes import free_port, run_processes
     port, root = free_port(), os.path.dirname(CONFIGS)
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",

@@ -6,7 +6,8 @@ import jax.numpy as jnp
 import ml_collections
 import pytest
 from flax import nnx
-from jax.sharding import AxisType, PartitionSpec as P
+from jax.sharding import AxisType
+from jax.sharding import PartitionSpec as P
 
 from tests import _toy_model as toy
 from wfm_jax.core import mesh as wmesh

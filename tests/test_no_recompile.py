@@ -21,8 +21,8 @@ CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory):
-    from wfm_jax.worlds.shapes.dataset import build_shapes_dataset
     from wfm_jax.families.tiny import build_tiny_pipeline
+    from wfm_jax.worlds.shapes.dataset import build_shapes_dataset
     root = tmp_path_factory.mktemp("assets")
     return (build_tiny_pipeline(str(root / "pipe"), seed=0),
             build_shapes_dataset(str(root / "shapes"), count=16, size=16, seed=0))

@@ -17,16 +17,15 @@ import transformers
 from flax import nnx
 
 from converters import qwen2_5_vl as qwen_conv
+from converters.loading import check_against_model
 from converters.registry import spec_for
 from converters.safetensors_io import open_checkpoint, save_checkpoint
 from converters.table import ConversionError, convert_to_diffusers, convert_to_jax
-from converters.loading import check_against_model
 from wfm_jax.core.mesh import MESH_AXES
-from wfm_jax.models.cosmos import text_embedding as te
 from wfm_jax.core.tree import flat_params
-from wfm_jax.models.text.qwen2_5_vl import (Passthrough, QwenTextConfig, make_model,
-                                            passthrough_shapes, rope_tables)
 from wfm_jax.families.cosmos.tiny_qwen import qwen_config, qwen_tokenizer
+from wfm_jax.models.cosmos import text_embedding as te
+from wfm_jax.models.text.qwen2_5_vl import Passthrough, QwenTextConfig, make_model, passthrough_shapes, rope_tables
 
 ATOL = 2e-5
 SEQ = 10
@@ -140,7 +139,7 @@ def test_bf16_compute_tracks_fp32(pair):
     ids = jnp.asarray(_ids(config, 2, np.random.default_rng(2)))
     ref = np.asarray(_apply(jax_model, ids)[-1])
     bf16 = nnx.eval_shape(lambda: make_model(config, dtype=jnp.bfloat16, rngs=nnx.Rngs(0)))
-    for (path, var), (_, src) in zip(nnx.state(bf16, nnx.Variable).flat_state(),
+    for (_path, var), (_, src) in zip(nnx.state(bf16, nnx.Variable).flat_state(),
                                      nnx.state(jax_model, nnx.Variable).flat_state()):
         var.set_value(src.get_value())
     got = _apply(bf16, ids)[-1]
@@ -152,6 +151,7 @@ def test_bf16_compute_tracks_fp32(pair):
 def test_rms_norm_rounds_like_transformers_in_bf16():
     """Normalise in fp32, round to bf16, then scale in bf16: Qwen2_5_VLRMSNorm's order."""
     from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLRMSNorm
+
     from wfm_jax.models.text.qwen2_5_vl import QwenRMSNorm
     rng = np.random.default_rng(7)
     x = torch.from_numpy(rng.normal(size=(4, 64)).astype(np.float32)).to(torch.bfloat16)
@@ -207,8 +207,8 @@ def _diffusers_embeds(torch_model, tokenizer, prompts, max_len):
     """diffusers' own Cosmos2_5_PredictBasePipeline._get_prompt_embeds on a pipeline-like object
     (tokenizer + text encoder; the transformer and VAE play no part in it)."""
     from types import SimpleNamespace
-    from diffusers.pipelines.cosmos.pipeline_cosmos2_5_predict import (
-        Cosmos2_5_PredictBasePipeline)
+
+    from diffusers.pipelines.cosmos.pipeline_cosmos2_5_predict import Cosmos2_5_PredictBasePipeline
     encoder = _Recorder(torch_model)
     fake = SimpleNamespace(tokenizer=tokenizer, text_encoder=encoder,
                            _execution_device=torch.device("cpu"))
@@ -411,10 +411,10 @@ def test_load_text_tower_reads_only_the_text(pair, tmp_path):
     """From a pipeline dir's text_encoder/ (sharded over fsdp=8) and from a converted state dir:
     the text tower alone, numbers equal to the full model's; other classes are one line."""
     from converters.cli import main
+    from converters.qwen_loading import load_text_tower
     from converters.registry import UnsupportedModelError
     from wfm_jax.core.mesh import make_mesh
     from wfm_jax.models.text.qwen2_5_vl import QwenTextModel
-    from converters.qwen_loading import load_text_tower
     config, torch_model, jax_model = pair
     pipe = tmp_path / "pipe"
     torch_model.save_pretrained(pipe / "text_encoder")

@@ -31,9 +31,9 @@ def _restating_lines(path: str, monkeypatch) -> list[int]:
 
     def tracing(self, key, value):
         caller = sys._getframe(1)
-        if not key.startswith("_") and caller.f_code.co_filename == path and key in self:
-            if _same(self[key], value):
-                lines.append(caller.f_lineno)
+        if (not key.startswith("_") and caller.f_code.co_filename == path and key in self
+                and _same(self[key], value)):
+            lines.append(caller.f_lineno)
         original(self, key, value)
 
     monkeypatch.setattr(ConfigDict, "__setattr__", tracing)

@@ -13,7 +13,6 @@ from wfm_jax.bench.suites import SD35_MEDIUM
 from wfm_jax.models.layers.embeddings import Buffer
 from wfm_jax.models.sd3.transformer import SD3Transformer
 
-
 # LLVM's optimisation level changes no buffer XLA assigns (same temp bytes at 0 and default) and
 # the program is never run: level 0 compiles about a quarter faster.
 _COMPILE_ONLY = {"xla_backend_optimization_level": 0}

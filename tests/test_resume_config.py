@@ -3,7 +3,6 @@ what a checkpoint means are refused in one line (config.json untouched), others 
 about, and keys a resume is expected to change pass silently."""
 from __future__ import annotations
 
-import json
 import os
 
 import pytest

@@ -16,7 +16,8 @@ from reward_client.errors import RewardConfigError, RewardUnavailableError, Rewa
 from reward_client.protocol import ENQUEUE_PATH, PULL_PATH, build_header, encode_enqueue
 from reward_client.registry import register_reward, unregister_reward
 from reward_client.server import create_app
-from tests.test_reward_faults import FaultService, config as fault_config
+from tests.test_reward_faults import FaultService
+from tests.test_reward_faults import config as fault_config
 from tests.test_reward_server import TOKEN, fast_config, local_total
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -75,7 +76,7 @@ def test_torch_save_body_without_torch_is_a_clear_4xx(server, monkeypatch):
 
 
 def test_other_archives_and_objects_are_4xx_not_5xx(server):
-    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch")
     header = build_header(["a"], {"jpeg_compressibility": 1.0}, "image")
     npz = io.BytesIO()
     np.savez(npz, x=np.zeros((1, 8, 8, 3), np.uint8))

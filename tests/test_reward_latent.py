@@ -15,10 +15,10 @@ from reward_client.background import BackgroundServer
 from reward_client.computer import RewardComputer
 from reward_client.errors import RewardConfigError, RewardProtocolError, RewardServiceError
 from reward_client.latents import LatentDecoder
-from reward_client.protocol import (ENQUEUE_PATH, build_header, check_media, decode_enqueue,
-                                    encode_enqueue)
+from reward_client.protocol import ENQUEUE_PATH, build_header, check_media, decode_enqueue, encode_enqueue
 from reward_client.registry import register_reward, unregister_reward
-from reward_client.server import create_app, main as server_main
+from reward_client.server import create_app
+from reward_client.server import main as server_main
 from tests.test_reward_server import TOKEN, fast_config
 from wfm_jax.config.recipe import ConfigError, from_tree, validate
 from wfm_jax.train.reward_media import reward_media

@@ -14,11 +14,10 @@ import requests
 
 from reward_client import __main__ as cli
 from reward_client.background import BackgroundServer
+from reward_client.catalog import score_local
 from reward_client.computer import RewardComputer
 from reward_client.config import RemoteConfig
-from reward_client.catalog import score_local
-from reward_client.protocol import (ENQUEUE_PATH, PING_PATH, PULL_PATH, build_header,
-                                    encode_enqueue)
+from reward_client.protocol import ENQUEUE_PATH, PING_PATH, PULL_PATH, build_header, encode_enqueue
 from reward_client.registry import register_reward, unregister_reward
 from reward_client.server import create_app
 

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 from PIL import Image, ImageDraw
 
+from reward_client.catalog import score_local
 from reward_client.computer import RewardComputer
 from reward_client.errors import RewardValueError
-from reward_client.catalog import score_local
-from wfm_jax.worlds.shapes.grammar import BACKGROUNDS, COLOURS, PromptGrammarError, Scene, parse_prompt
 from wfm_jax.worlds.shapes.dataset import build_shapes_dataset
+from wfm_jax.worlds.shapes.grammar import BACKGROUNDS, COLOURS, PromptGrammarError, Scene, parse_prompt
 
 KEYS = ("background", "colour", "count", "shape")
 
@@ -133,8 +133,8 @@ def test_extra_keys_reach_the_result_and_never_the_total(dataset):
 
 
 def test_extra_keys_shared_by_two_rewards_are_named_by_reward():
-    from reward_client.computer import extra_scores
     from reward_client.combine import parse_reward_fns
+    from reward_client.computer import extra_scores
     specs = parse_reward_fns([{"name": "a"}, {"name": "b"}])
     raw = {"a": {"a": [1, 2], "count": [0.5, 1.0], "tag": ["x", "y"]},
            "b": {"b": [0, 0], "count": [1, 1], "colour": [0.25, 0]}}

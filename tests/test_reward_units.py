@@ -9,13 +9,11 @@ import pytest
 from PIL import Image
 
 from reward_client import protocol
-from reward_client.combine import (RewardFnSpec, combine_scores, keyed_scores, nonfinite,
-                                   parse_reward_fns)
+from reward_client.catalog import frame_indices, score_local
+from reward_client.combine import RewardFnSpec, combine_scores, keyed_scores, nonfinite, parse_reward_fns
 from reward_client.computer import RewardComputer
 from reward_client.config import RemoteConfig, resolve_remote_config
-from reward_client.errors import (RewardConfigError, RewardProtocolError, RewardServiceError,
-                                  RewardValueError)
-from reward_client.catalog import frame_indices, score_local
+from reward_client.errors import RewardConfigError, RewardProtocolError, RewardServiceError, RewardValueError
 from reward_client.ocr import levenshtein, quoted_target, text_score
 from reward_client.registry import register_reward, unregister_reward
 from reward_client.task_store import QueueFull, TaskStore
@@ -159,7 +157,7 @@ def test_registered_reward_runs_through_reward_computer():
 
 
 def test_ocr_text_rule_and_levenshtein():
-    @functools.lru_cache(maxsize=None)
+    @functools.cache
     def naive(a, b):  # textbook recursion, independent of the two-row version
         if not a or not b:
             return len(a) + len(b)

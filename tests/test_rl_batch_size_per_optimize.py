@@ -19,13 +19,14 @@ import numpy as np
 import optax
 import pytest
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from wfm_jax.config.recipe import ConfigError, validate
 from wfm_jax.config.schema import default_config
+from wfm_jax.programs.state import TrainState
 from wfm_jax.train import rl_setup
 from wfm_jax.train.setup import SetupError, make_tx, schedule_total_steps
-from wfm_jax.programs.state import TrainState
 
 LR, WARMUP = 1e-2, 2
 LOOP_STEPS, MU, BATCH, PER_OPTIMIZE, SHARDS, DIM = 2, 2, 8, 4, 2, 5

@@ -19,14 +19,14 @@ import pytest
 
 from tests import _rl_toy as toy
 from tests._resume import assert_resumed_run_matches, kill_and_resume, persistent_compile_cache
-from wfm_jax.cli import main as wmain
 from wfm_jax.algorithms.advantages import ddrl_advantages
 from wfm_jax.algorithms.ddrl import draw_data_sigma
+from wfm_jax.cli import main as wmain
 from wfm_jax.config.schema import default_config
+from wfm_jax.programs.state import TrainState
 from wfm_jax.sampling.samplers import sample
 from wfm_jax.sampling.schedule import edm_churn_eta, edm_sigmas
 from wfm_jax.train.rl_ddrl import DDRL
-from wfm_jax.programs.state import TrainState
 
 AXES = (1, 2, 3)
 N = 6
@@ -240,8 +240,8 @@ def test_reference_copy_schedule_and_exp_advantages():
 
 @pytest.fixture(scope="module")
 def tiny_dirs(tmp_path_factory):
-    from wfm_jax.worlds.shapes.dataset import build_shapes_dataset
     from wfm_jax.families.tiny import build_tiny_pipeline
+    from wfm_jax.worlds.shapes.dataset import build_shapes_dataset
     root = tmp_path_factory.mktemp("tiny")
     return (build_tiny_pipeline(str(root / "pipe"), seed=0),
             build_shapes_dataset(str(root / "shapes")))

@@ -6,8 +6,8 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from reward_client.computer import RewardComputer
-from wfm_jax.worlds.shapes.grammar import BACKGROUNDS, COLOURS
 from wfm_jax.train.rl import advantages_for
+from wfm_jax.worlds.shapes.grammar import BACKGROUNDS, COLOURS
 
 
 def _image(colour):

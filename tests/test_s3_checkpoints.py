@@ -12,7 +12,8 @@ import pytest
 
 from tests import s3_server as s3srv
 from wfm_jax.config.recipe import load_config
-from wfm_jax.io.storage import mirror, s3 as s3lib
+from wfm_jax.io.storage import mirror
+from wfm_jax.io.storage import s3 as s3lib
 from wfm_jax.train import s3_sync
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

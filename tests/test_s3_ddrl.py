@@ -6,7 +6,8 @@ import os
 
 import pytest
 
-from tests import _rl_toy as toy, _shards
+from tests import _rl_toy as toy
+from tests import _shards
 from tests._resume import persistent_compile_cache
 from wfm_jax.cli import main as wmain
 
@@ -17,8 +18,8 @@ RECIPE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))
 
 
 def test_ddrl_on_s3_shards_equals_the_paired_dir(tmp_path, s3_server, s3_bucket):
-    from wfm_jax.worlds.shapes.dataset import build_shapes_dataset
     from wfm_jax.families.tiny import build_tiny_pipeline
+    from wfm_jax.worlds.shapes.dataset import build_shapes_dataset
     pipe = build_tiny_pipeline(str(tmp_path / "pipe"), seed=0)
     shapes = build_shapes_dataset(str(tmp_path / "shapes"))
     _shards.shards_from_paired_dir(shapes, str(tmp_path / "tars"), per_shard=5)

@@ -13,7 +13,8 @@ import pytest
 from tests import _shards
 from tests._resume import persistent_compile_cache
 from wfm_jax.config.recipe import load_config
-from wfm_jax.io.storage import mirror, s3 as s3lib
+from wfm_jax.io.storage import mirror
+from wfm_jax.io.storage import s3 as s3lib
 from wfm_jax.train import sft
 
 pytestmark = pytest.mark.slow
@@ -28,8 +29,8 @@ class _Killed(Exception):
 
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory):
-    from wfm_jax.worlds.shapes.dataset import build_shapes_dataset
     from wfm_jax.families.tiny import build_tiny_pipeline
+    from wfm_jax.worlds.shapes.dataset import build_shapes_dataset
     root = tmp_path_factory.mktemp("s3_sft")
     shapes = build_shapes_dataset(str(root / "shapes"), count=16, size=32, seed=0)
     _shards.shards_from_paired_dir(shapes, str(root / "tars"), per_shard=4)

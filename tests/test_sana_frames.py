@@ -14,7 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from wfm_jax.core.mesh import make_mesh, param_shardings
 from wfm_jax.models.sana import SanaVideoTransformer

@@ -15,12 +15,12 @@ import pytest
 import torch
 from flax import nnx
 
-from wfm_jax.families import tiny
-from wfm_jax.programs.sample import generate
-from wfm_jax.families.base import PipelineError, families, load_pipeline
 from converters.loading import load_model
+from wfm_jax.families import tiny
+from wfm_jax.families.base import PipelineError, families, load_pipeline
 from wfm_jax.families.sana.pipeline import IMAGE_INSTRUCTION, MASK_KEY, TEXT_KEY, SanaPipeline
 from wfm_jax.models import lora as lora_lib
+from wfm_jax.programs.sample import generate
 from wfm_jax.train.export import LORA_WEIGHT_NAME, export_full_pipeline, export_lora
 
 ATOL, PIPELINE_ATOL = 2e-5, 1e-4

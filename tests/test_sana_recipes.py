@@ -59,7 +59,7 @@ def test_recipe_validates_with_a_geometry_sana_takes(name):
         assert c.policy.build_tiny and (h, w) == (32, 32)
 
 
-@pytest.mark.parametrize("fam", ("sana", "sana_video"))
+@pytest.mark.parametrize("fam", ["sana", "sana_video"])
 def test_lora_targets_address_every_attention_projection(fam, tmp_path):
     from wfm_jax.families import base as family_lib
     from wfm_jax.families.tiny import build_tiny_pipeline

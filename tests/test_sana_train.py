@@ -176,8 +176,9 @@ def test_padded_text_positions_do_not_reach_the_training_losses(sana_dir, shapes
     """The SFT step's loss and the NFT loss on SANA's conditioning are unchanged when the
     embedding changes where the mask is 0; with the mask all ones (what ignoring it amounts to)
     the same change moves both, so the comparison can fail."""
-    from wfm_jax.train import setup as setup_lib, sft
     from wfm_jax.programs.encode import TextEncoder
+    from wfm_jax.train import setup as setup_lib
+    from wfm_jax.train import sft
     from wfm_jax.train.rl_nft import nft_grads
     from wfm_jax.train.rl_setup import make_velocity
 

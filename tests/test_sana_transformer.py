@@ -22,14 +22,14 @@ from flax import nnx
 
 from converters import jax_state
 from converters.cli import main as converters_main
+from converters.loading import check_against_model
 from converters.sana_transformer import build_table, make_model
 from converters.table import ConversionError, convert_to_diffusers, convert_to_jax
 from tests import _sana as S
+from wfm_jax.core.tree import flat_arrays, flat_params, flat_shapes
 from wfm_jax.models.layers.remat import REMAT_POLICIES
-from converters.loading import check_against_model
 from wfm_jax.models.sana import SANA15_1600M, SanaTransformer
 from wfm_jax.models.sana.linear_attention import linear_attention
-from wfm_jax.core.tree import flat_arrays, flat_params, flat_shapes
 
 BASE = dict(in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=8,
             num_layers=2, num_cross_attention_heads=2, cross_attention_head_dim=8,
@@ -56,7 +56,7 @@ def _inputs(config, mask=True):
     return out
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _case(variant: str) -> dict:
     config = {**BASE, **VARIANTS[variant]}
     torch.manual_seed(0)

@@ -24,15 +24,15 @@ from flax import nnx
 
 from converters import jax_state
 from converters.cli import main as converters_main
+from converters.loading import check_against_model
 from converters.sana_transformer import build_video_table as build_table
 from converters.sana_transformer import make_video_model as make_model
 from converters.table import ConversionError, convert_to_diffusers, convert_to_jax
 from tests import _sana as S
+from wfm_jax.core.tree import flat_arrays, flat_params, flat_shapes
 from wfm_jax.models.layers.remat import REMAT_POLICIES
-from converters.loading import check_against_model
 from wfm_jax.models.sana import SANA_VIDEO_2B, SanaVideoTransformer
 from wfm_jax.models.sana.linear_attention import linear_attention
-from wfm_jax.core.tree import flat_arrays, flat_params, flat_shapes
 from wfm_jax.models.wan.rope import rope_tables
 
 BASE = dict(in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=12,
@@ -61,7 +61,7 @@ def _inputs(config, mask=True):
     return out
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _case(variant: str) -> dict:
     config = {**BASE, **VARIANTS[variant]}
     torch.manual_seed(0)
@@ -327,8 +327,7 @@ def test_context_parallel_linear_attention_equals_unsplit(rope):
     whose psums carry the local (B/4, H, d, d) state and (B/4, H, d) key sum, nothing else), and
     keeps the plain one without a mesh."""
     from wfm_jax.core.mesh import make_mesh
-    from wfm_jax.models.sana.linear_attention import (context_parallel_linear_attention,
-                                                      sequence_split)
+    from wfm_jax.models.sana.linear_attention import context_parallel_linear_attention, sequence_split
     rng = np.random.default_rng(4)
     grid, d = (2, 3, 4), 12
     q, k, v = (rng.standard_normal((4, 24, 2, d)).astype(np.float32) for _ in range(3))

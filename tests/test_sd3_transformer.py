@@ -20,9 +20,9 @@ from flax import nnx
 
 from converters.sd3_transformer import build_table, make_model
 from converters.table import ConversionError, convert_to_diffusers, convert_to_jax
+from wfm_jax.core.tree import flat_arrays, flat_params, flat_shapes
 from wfm_jax.models.layers.embeddings import Buffer
 from wfm_jax.models.sd3 import REMAT_POLICIES, SD3Transformer
-from wfm_jax.core.tree import flat_arrays, flat_params, flat_shapes
 
 BASE = dict(sample_size=16, patch_size=2, in_channels=4, num_layers=2, attention_head_dim=8,
             num_attention_heads=2, joint_attention_dim=16, caption_projection_dim=16,
@@ -98,7 +98,7 @@ def _jit_forward(model):
     return lambda *a: np.asarray(fn(state, *a))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _case(variant: str) -> dict:
     """Torch model, its fp32 tensors and its output on the shared inputs (built once per variant)."""
     config, torch_model = _torch_model(variant)

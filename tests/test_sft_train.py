@@ -26,8 +26,8 @@ SIZE = "(16, 16)"  # 8 x 8 latent patches: cheap steps; compile time dominates a
 
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory):
-    from wfm_jax.worlds.shapes.dataset import build_shapes_dataset
     from wfm_jax.families.tiny import build_tiny_pipeline
+    from wfm_jax.worlds.shapes.dataset import build_shapes_dataset
     root = tmp_path_factory.mktemp("sft_assets")
     return (build_tiny_pipeline(str(root / "pipe"), seed=0),
             build_shapes_dataset(str(root / "shapes"), count=16, size=32, seed=0))

@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from converters.loading import load_model
 from tests import _tiny_sd3
 from wfm_jax.cli import main as wmain
 from wfm_jax.config.recipe import load_config
-from converters.loading import load_model
-from wfm_jax.train import setup as setup_lib
 from wfm_jax.models import lora
+from wfm_jax.train import setup as setup_lib
 from wfm_jax.train.export import LORA_WEIGHT_NAME, export_lora
 
 TARGETS = ("attn.to_q", "attn.to_out.0", "attn.add_k_proj", "attn.to_add_out", "attn2.to_v")
@@ -35,8 +35,8 @@ def transformer_dir(tmp_path_factory, torch_transformer):
 
 @pytest.fixture(scope="module")
 def tiny_assets(tmp_path_factory):
-    from wfm_jax.worlds.shapes.dataset import build_shapes_dataset
     from wfm_jax.families.tiny import build_tiny_pipeline
+    from wfm_jax.worlds.shapes.dataset import build_shapes_dataset
     root = tmp_path_factory.mktemp("tiny_assets")
     return (build_tiny_pipeline(str(root / "pipe"), seed=0),
             build_shapes_dataset(str(root / "shapes"), count=8, size=32, seed=1))
@@ -132,7 +132,7 @@ def test_state_is_sharded_like_params(tiny_assets, tmp_path, use_lora):
                                              ("policy.parallelism.fsdp", "2")])
     s = setup_lib.build(config, aux_fn=lambda p: {"old": p})
     try:
-        specs = lambda tree: [x.sharding.spec for x in jax.tree.leaves(tree)]  # noqa: E731
+        specs = lambda tree: [x.sharding.spec for x in jax.tree.leaves(tree)]
         params = specs(s.state.params)
         assert any("fsdp" in str(p) for p in params)  # FSDP really splits something
         mu = s.state.opt_state[1][0].mu  # chain(clip, adamw(scale_by_adam, ...))

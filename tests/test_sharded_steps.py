@@ -9,13 +9,14 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from tests import _tiny_sd3
-from wfm_jax.core import mesh as wmesh
-from wfm_jax.config.schema import default_config
 from converters.loading import model_shardings
+from tests import _tiny_sd3
+from wfm_jax.config.schema import default_config
+from wfm_jax.core import mesh as wmesh
 from wfm_jax.families.sd3.pipeline import SD3Pipeline
 from wfm_jax.models.sd3.transformer import SD3Transformer
-from wfm_jax.train import setup as setup_lib, sft
+from wfm_jax.train import setup as setup_lib
+from wfm_jax.train import sft
 
 BATCH, LATENT, TEXT = 8, 16, 24  # 64 image + 24 text tokens: both split evenly by context=2
 

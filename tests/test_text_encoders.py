@@ -334,9 +334,9 @@ def test_t5_loads_every_tied_layout_transformers_writes(t5_reference, tmp_path, 
     through load_model and through `python -m converters to-jax`."""
     from converters import jax_state
     from converters.cli import main
-    from wfm_jax.core.mesh import make_mesh
-    from converters.safetensors_io import checkpoint_meta
     from converters.loading import load_model
+    from converters.safetensors_io import checkpoint_meta
+    from wfm_jax.core.mesh import make_mesh
     torch_model, want = t5_reference
     src = _save_t5(torch_model, tmp_path / layout, layout)
     keys = set(checkpoint_meta(src))

@@ -17,10 +17,10 @@ import torch
 import torch.nn.functional as F
 from flax import nnx
 
+from converters.loading import load_model
 from wfm_jax.cli import tiny as tiny_cli
 from wfm_jax.families import tiny
 from wfm_jax.families.cosmos import tiny as tiny_cosmos
-from converters.loading import load_model
 from wfm_jax.train.export import export_full_pipeline
 
 

@@ -68,7 +68,9 @@ def test_eval_scores_every_attribute_and_chance(built):
 
 def test_zero_init_zeroes_only_the_modulations_and_output(tmp_path):
     import glob
+
     from safetensors.numpy import load_file
+
     from wfm_jax.families import tiny
     base = str(tmp_path / "base")
     tiny.write_pipeline(base, 0, **tiny_pretrain.base_configs(QUICK))

@@ -165,7 +165,7 @@ def test_failed_build_leaves_nothing_and_cli(tmp_path, monkeypatch, capsys):
     calls = []
 
     def failing(config, rng):
-        calls.append(config["_class_name"] if "_class_name" in config else "text")
+        calls.append(config.get("_class_name", "text"))
         if len(calls) == 2:
             raise OSError("disk full")
         return real(config, rng)

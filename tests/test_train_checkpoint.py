@@ -7,11 +7,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
-from wfm_jax.train.checkpoint import Checkpointer, CheckpointError, abstract_of
 from wfm_jax.programs.optim import make_optimizer
 from wfm_jax.programs.state import TrainState, train_state_update
+from wfm_jax.train.checkpoint import Checkpointer, CheckpointError, abstract_of
 
 
 def _leaves_bytes(tree):

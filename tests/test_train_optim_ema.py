@@ -11,7 +11,6 @@ from wfm_jax.programs.ema import ema_init, ema_update, soft_update
 from wfm_jax.programs.optim import apply_gradients, make_lr_schedule, make_optimizer
 from wfm_jax.programs.state import TrainState, train_state_update
 
-
 # ---------- numpy references (written from the rules, not from the code) ----------
 
 def np_lr(count, lr, warmup, schedule, total=None, min_ratio=0.0):
@@ -228,7 +227,7 @@ def test_train_state_update_counts_real_updates_and_emas_them(rng):
     step = jax.jit(lambda s, g: train_state_update(s, g, tx, ema_decay=0.9, ema_interval=1),
                    donate_argnums=0)
     after_updates = []
-    for i in range(6):
+    for _i in range(6):
         state, info = step(state, {"w": jnp.asarray(rng.standard_normal((3,)), jnp.float32)})
         if bool(info["updated"]):
             after_updates.append(np.asarray(state.params["w"]))

@@ -17,12 +17,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from wfm_jax.config.schema import default_config
+from wfm_jax.programs.state import TrainState, train_state_update
 from wfm_jax.train import rl_setup
 from wfm_jax.train.setup import SetupError, make_tx, schedule_total_steps
-from wfm_jax.programs.state import TrainState, train_state_update
 
 LR, WARMUP, LOOP_STEPS = 1e-2, 2, 4
 

@@ -14,8 +14,7 @@ from converters.registry import spec_for
 from converters.table import ConversionError, convert_to_diffusers, convert_to_jax
 from converters.vae import build_table
 from wfm_jax.core.tree import flat_arrays, flat_params, flat_shapes
-from wfm_jax.models.vae import (AutoencoderKL, DiagonalGaussian, scale_latents, unscale_latents,
-                                vae_scale_factor)
+from wfm_jax.models.vae import AutoencoderKL, DiagonalGaussian, scale_latents, unscale_latents, vae_scale_factor
 
 ATOL = 2e-5
 

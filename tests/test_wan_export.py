@@ -14,9 +14,9 @@ import pytest
 import torch
 from flax import nnx
 
-from wfm_jax.families import tiny
-from wfm_jax.config.schema import WAN_LORA_TARGETS  # spec video_models.md §5.5
 from converters.loading import load_model
+from wfm_jax.config.schema import WAN_LORA_TARGETS  # spec video_models.md §5.5
+from wfm_jax.families import tiny
 from wfm_jax.models import lora as lora_lib
 from wfm_jax.train.export import LORA_WEIGHT_NAME, export_full_pipeline, export_lora
 

@@ -17,15 +17,14 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from diffusers import (AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline,
-                       WanTransformer3DModel)
+from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline, WanTransformer3DModel
 from flax import nnx
 
 from wfm_jax.families.base import PipelineError, families, family_class, load_pipeline
+from wfm_jax.families.tiny import t5_tokenizer
 from wfm_jax.families.wan.pipeline import WanPipeline as JaxWanPipeline
 from wfm_jax.families.wan.pipeline import prompt_clean
 from wfm_jax.sampling.samplers import sample
-from wfm_jax.families.tiny import t5_tokenizer
 
 ATOL = 2e-5          # module outputs (UMT5, the VAE encoder's moments)
 PIPELINE_ATOL = 1e-4  # chunked decode and the whole pipeline (the bound)

@@ -48,8 +48,8 @@ def test_recipe_validates_with_a_geometry_wan_takes(name):
 def test_lora_targets_address_the_released_1_3b_model():
     from flax import nnx
 
-    from wfm_jax.models.wan import WAN21_T2V_1_3B, WanTransformer
     from wfm_jax.models.lora import find_targets
+    from wfm_jax.models.wan import WAN21_T2V_1_3B, WanTransformer
 
     model = nnx.eval_shape(lambda: WanTransformer(WAN21_T2V_1_3B, rngs=nnx.Rngs(0)))
     for name in FULL:

@@ -26,11 +26,11 @@ from safetensors import safe_open
 
 from converters import jax_state
 from converters.cli import main as converters_main
-from converters.wan_transformer import build_table, make_model
-from converters.table import ConversionError, convert_to_diffusers, convert_to_jax
 from converters.loading import check_against_model
-from wfm_jax.models.layers.remat import REMAT_POLICIES
+from converters.table import ConversionError, convert_to_diffusers, convert_to_jax
+from converters.wan_transformer import build_table, make_model
 from wfm_jax.core.tree import flat_arrays, flat_params, flat_shapes
+from wfm_jax.models.layers.remat import REMAT_POLICIES
 from wfm_jax.models.wan import WAN21_T2V_1_3B, WAN21_T2V_14B, WanTransformer
 from wfm_jax.models.wan.rope import rope_tables
 
@@ -95,7 +95,7 @@ def _jit_forward(model):
     return lambda *a: np.asarray(fn(state, *a))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _case(variant: str) -> dict:
     config, torch_model = _torch_model(variant)
     inputs = _inputs(config)
@@ -194,7 +194,7 @@ def test_round_trip_is_bit_identical_and_loads_in_diffusers(case, dtype):
 def _raw(directory):
     out = {}
     with safe_open(os.path.join(directory, "diffusion_pytorch_model.safetensors"), "numpy") as f:
-        for key in f.keys():
+        for key in f:
             piece = f.get_slice(key)
             out[key] = (piece.get_dtype(), tuple(piece.get_shape()), f.get_tensor(key).tobytes())
     return out

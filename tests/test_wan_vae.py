@@ -20,8 +20,7 @@ from converters.registry import spec_for
 from converters.table import ConversionError, convert_to_diffusers, convert_to_jax
 from converters.wan_vae import _resample, build_table
 from wfm_jax.core.tree import flat_arrays, flat_params, flat_shapes
-from wfm_jax.models.wan.vae import (AutoencoderKLWan, WanVAEConfig, latent_frames, scale_latents,
-                                    unscale_latents)
+from wfm_jax.models.wan.vae import AutoencoderKLWan, WanVAEConfig, latent_frames, scale_latents, unscale_latents
 from wfm_jax.models.wan.vae_layers import Resample
 
 ATOL = 2e-5  # module-level outputs (the encoder's moments)
@@ -274,7 +273,7 @@ def test_unsupported_configs_are_refused():
 def _raw(directory):
     with safe_open(os.path.join(directory, "diffusion_pytorch_model.safetensors"),
                    framework="numpy") as f:
-        return {k: (f.get_slice(k).get_dtype(), f.get_tensor(k).tobytes()) for k in f.keys()}
+        return {k: (f.get_slice(k).get_dtype(), f.get_tensor(k).tobytes()) for k in f}
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

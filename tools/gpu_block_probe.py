@@ -17,8 +17,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from wfm_jax.bench import flops, inputs, suites, train_step
-from wfm_jax.models.sd3.transformer import SD3Transformer
 from wfm_jax.models.lora import attach_lora
+from wfm_jax.models.sd3.transformer import SD3Transformer
 
 
 def main():

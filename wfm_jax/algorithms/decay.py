@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-
 # decay_type -> (flat steps, rate per step, cap); eta = 0 before `flat`, then min(rate (s - flat), cap)
 OLD_POLICY_DECAYS = {0: (0, 0.0, 0.0), 1: (0, 0.001, 0.5), 2: (75, 0.0075, 0.999)}
 

@@ -20,10 +20,9 @@ sample per rank, so a mean over rows equals cosmos's mean over ranks (equal-size
 
 from __future__ import annotations
 
-from typing import Any
-
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import jax
 import jax.numpy as jnp

@@ -15,12 +15,12 @@ import jax.numpy as jnp
 from flax import nnx
 
 from wfm_jax.algorithms.sft import flow_matching_loss, noisy_latents
-from wfm_jax.core.mesh import make_mesh, mesh_jit
 from wfm_jax.bench import devices, inputs, timing, weights
 from wfm_jax.bench.suites import OPTIM
+from wfm_jax.core.mesh import make_mesh, mesh_jit
+from wfm_jax.core.tree import path_str
 from wfm_jax.models.layers.attention import resolve_attention_impl
 from wfm_jax.models.layers.embeddings import Buffer
-from wfm_jax.core.tree import path_str
 from wfm_jax.models.lora import attach_lora, find_targets
 from wfm_jax.programs.optim import apply_gradients, make_optimizer
 

@@ -49,8 +49,8 @@ def compile_step(suite, mode: str, options, *, devices: int = 8, scan: bool = Tr
     import optax
     from flax import nnx
 
-    from wfm_jax.core import mesh as wmesh
     from wfm_jax.bench.train_step import TRAINABLE_FULL, optimizer, resolved_attention, step_fn
+    from wfm_jax.core import mesh as wmesh
     from wfm_jax.plan.abstract import per_device_bytes, with_shardings
     from wfm_jax.train.setup import batch_sharding, replicated
 
@@ -130,7 +130,7 @@ def run(suite, options, devices: int = 8) -> dict:
         timing.progress(f"xla_memory/train_{mode}: compiling on {devices} CPU devices")
         try:
             out[f"train_{mode}"] = compile_step(suite, mode, options, devices=devices)
-        except Exception as e:  # noqa: BLE001 -- recorded in the JSON
+        except Exception as e:
             out[f"train_{mode}"] = {"mode": mode, "error": f"{type(e).__name__}: {e}"[:500]}
         rec = out[f"train_{mode}"]
         timing.progress(f"xla_memory/train_{mode}: {rec.get('error') or describe(rec)}")
@@ -138,7 +138,7 @@ def run(suite, options, devices: int = 8) -> dict:
 
 
 def describe(rec: dict) -> str:
-    g = lambda k: f"{rec[k] / GiB:.2f}" if rec.get(k) is not None else "n/a"  # noqa: E731
+    g = lambda k: f"{rec[k] / GiB:.2f}" if rec.get(k) is not None else "n/a"
     return (f"arguments {g('argument_bytes')} GiB, temp {g('temp_bytes')} GiB, peak "
             f"{g('peak_bytes')} GiB per device (compiled in {rec['compile_seconds']} s)")
 

@@ -39,7 +39,7 @@ def read_named_prompts(path: str) -> list[tuple[str, str]]:
             with open(path, encoding="utf-8") as f:
                 lines = [line.strip() for line in f if line.strip()]
         except OSError as e:
-            raise ValueError(f"cannot read prompts file {path}: {e.strerror}")
+            raise ValueError(f"cannot read prompts file {path}: {e.strerror}") from None
         out = [(f"{i:06d}", p) for i, p in enumerate(lines)]
     if not out:
         raise ValueError(f"no prompts in {path}")

@@ -48,7 +48,7 @@ def read_video(path: str) -> np.ndarray:
             finally:
                 capture.release()
     except (OSError, ValueError) as e:
-        raise ValueError(f"cannot read --video {path}: {e}")
+        raise ValueError(f"cannot read --video {path}: {e}") from None
     frames = np.asarray(frames, np.float32)
     if frames.ndim != 4 or frames.shape[-1] != 3:
         raise ValueError(f"--video {path} must hold frames (T, H, W, 3); got {frames.shape}")
@@ -106,7 +106,7 @@ def read_prompts(args) -> list[str]:
             with open(args.prompts_file, encoding="utf-8") as f:
                 prompts += [line.strip() for line in f if line.strip()]
         except OSError as e:
-            raise ValueError(f"cannot read prompts file {args.prompts_file}: {e.strerror}")
+            raise ValueError(f"cannot read prompts file {args.prompts_file}: {e.strerror}") from None
     if not prompts:
         raise ValueError("give at least one --prompt or a non-empty --prompts-file")
     return prompts
@@ -156,7 +156,7 @@ def main(argv=None) -> int:
             try:
                 latents = np.load(args.latents)
             except (OSError, ValueError) as e:
-                raise ValueError(f"cannot read --latents {args.latents}: {e}")
+                raise ValueError(f"cannot read --latents {args.latents}: {e}") from None
         video = read_video(args.video) if args.video else None
         pipe = load_pipeline(args.model)
         if video is not None and not pipe.supports_video_condition:

@@ -7,15 +7,16 @@ Loads and validates the locked config (a resumed one is compared with the stored
 output_dir/config.json: wfm_jax.config.resume), starts jax.distributed when the config /
 environment asks for several processes, then runs the trainer for train.train_policy.type:
 "sft" -> wfm_jax.train.sft, "nft" / "grpo" / "ddrl" -> wfm_jax.train.rl. The resolved config is
-written to output_dir/config.json once the run has started (wfm_jax.train.setup.build). Every known failure (bad config, missing model or data, corrupt
-sample, NaN loss, unusable checkpoint) is one line on stderr and a non-zero exit, no traceback.
+written to output_dir/config.json once the run has started (wfm_jax.train.setup.build). Every
+known failure (bad config, missing model or data, corrupt sample, NaN loss, unusable checkpoint)
+is one line on stderr and a non-zero exit, no traceback.
 SIGTERM stops after the step in progress with a checkpoint (exit 143; wfm_jax.train.preempt).
 """
 from __future__ import annotations
 
 import os
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 EXIT_BAD_INPUT = 2      # the run could not start: config, model dir, data, checkpoint layout
 EXIT_TRAINING_FAILED = 1  # it started and stopped: NaN/inf loss, a bad sample mid-run, ...

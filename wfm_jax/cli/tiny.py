@@ -57,7 +57,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def eval_main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m wfm_jax.tiny_eval", description="Scores a tiny SD3 pipeline on the shapes world's prompts (shapes_alignment).")
+    p = argparse.ArgumentParser(prog="python -m wfm_jax.tiny_eval",
+                                description="Scores a tiny SD3 pipeline on the shapes world's prompts "
+                                            "(shapes_alignment).")
     p.add_argument("directory")
     p.add_argument("--split", default="heldout", choices=sorted(SPLIT_SCENES))
     p.add_argument("--per-prompt", type=int, default=4)

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import ast
 import difflib
-from typing import Any, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import ml_collections
 from ml_collections import config_dict
@@ -16,7 +17,7 @@ class ConfigError(ValueError):
     """A bad config: the message is one line naming the offending key or file."""
 
 def _leaf_paths(node: ConfigDict, prefix: str = "") -> Iterable[str]:
-    for key in node.keys():
+    for key in node:
         path = f"{prefix}{key}"
         yield path
         value = node[key]
@@ -198,7 +199,7 @@ def parse_overrides(argv: Sequence[str], flag: str = "config") -> tuple[str | No
 def _path_of(root: ConfigDict, target: ConfigDict, prefix: str = "") -> str | None:
     if root is target:
         return prefix.rstrip(".")
-    for key in root.keys():
+    for key in root:
         child = root[key]
         if isinstance(child, ConfigDict):
             found = _path_of(child, target, f"{prefix}{key}.")

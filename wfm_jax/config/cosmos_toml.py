@@ -19,7 +19,8 @@ from __future__ import annotations
 import difflib
 import os
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import tomllib
 
@@ -155,17 +156,17 @@ MAPPED: dict[str, Setter] = {
     "logging.experiment_name": _experiment_name,
     "logging.log_interval": _to("train.log_freq"),
 }
-for _key in ("is_video max_prompt_length inference_size train_frames inference_frames "
-             "weighting_scheme logit_mean logit_std nft_beta weight_copy_decay_type").split():
+for _key in ["is_video", "max_prompt_length", "inference_size", "train_frames", "inference_frames",
+             "weighting_scheme", "logit_mean", "logit_std", "nft_beta", "weight_copy_decay_type"]:
     MAPPED[f"policy.diffusers.{_key}"] = _to(f"policy.diffusers.{_key}")
-for _key in "num_steps eval_num_steps guidance_scale noise_level deterministic_sampling solver".split():
+for _key in ["num_steps", "eval_num_steps", "guidance_scale", "noise_level", "deterministic_sampling", "solver"]:
     MAPPED[f"policy.diffusers.sample.{_key}"] = _to(f"policy.diffusers.sample.{_key}")
-for _key in ("output_dir resume epoch seed train_batch_per_replica param_dtype optm_lr "
-             "optm_weight_decay optm_betas optm_grad_norm_clip optm_warmup_steps ema_enable "
-             "ema_decay ema_update_step_interval").split():
+for _key in ["output_dir", "resume", "epoch", "seed", "train_batch_per_replica", "param_dtype", "optm_lr",
+             "optm_weight_decay", "optm_betas", "optm_grad_norm_clip", "optm_warmup_steps", "ema_enable",
+             "ema_decay", "ema_update_step_interval"]:
     MAPPED[f"train.{_key}"] = _to(f"train.{_key}")
-for _key in ("mini_batch mu_iterations batch_size_per_optimize kl_beta advantage_low "
-             "advantage_high use_remote_reward").split():
+for _key in ["mini_batch", "mu_iterations", "batch_size_per_optimize", "kl_beta", "advantage_low",
+             "advantage_high", "use_remote_reward"]:
     MAPPED[f"train.train_policy.{_key}"] = _to(f"train.train_policy.{_key}")
 def _upload_s3(value, out):
     # cosmos-rl: False | "final" | "all"
@@ -173,9 +174,9 @@ def _upload_s3(value, out):
 
 
 MAPPED["train.ckpt.upload_s3"] = _upload_s3
-for _key in "save_freq save_mode max_keep export_safetensors s3_bucket s3_prefix".split():
+for _key in ["save_freq", "save_mode", "max_keep", "export_safetensors", "s3_bucket", "s3_prefix"]:
     MAPPED[f"train.ckpt.{_key}"] = _to(f"train.ckpt.{_key}")
-for _key in "enable val_before_train freq batch_size".split():
+for _key in ["enable", "val_before_train", "freq", "batch_size"]:
     MAPPED[f"validation.{_key}"] = _to(f"validation.{_key}")
 MAPPED["train.train_policy.dataset.local_dir"] = _to("train.train_policy.dataset.local_dir")
 MAPPED["validation.dataset.local_dir"] = _to("validation.dataset.local_dir")

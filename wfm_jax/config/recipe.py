@@ -13,7 +13,8 @@ import json
 import os
 import sys
 import tempfile
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from wfm_jax.config import schema  # registers its checks
 from wfm_jax.config.base import (  # noqa: F401  (re-exported: the loader's public names)
@@ -38,7 +39,6 @@ from wfm_jax.config.base import (  # noqa: F401  (re-exported: the loader's publ
     unknown_key_message,
 )
 from wfm_jax.config.cosmos_toml import ignored_note, read_recipe
-
 
 # --------------------------------------------------------------------------- recipe files
 

@@ -11,11 +11,13 @@ import contextlib
 import dataclasses
 import math
 import os
-from typing import Any, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import jax
 from flax import nnx
-from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from wfm_jax.core.tree import path_str
 
@@ -71,7 +73,7 @@ class MeshConfig:
     context: int = 1
 
     @classmethod
-    def from_any(cls, cfg) -> "MeshConfig":
+    def from_any(cls, cfg) -> MeshConfig:
         """A MeshConfig, a mapping, or any object with data/fsdp/context attributes (ConfigDict)."""
         if cfg is None:
             return cls()

@@ -1,7 +1,8 @@
 """Flat views of an NNX model's parameters: dotted path -> array (the converters' key space)."""
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import jax
 import numpy as np

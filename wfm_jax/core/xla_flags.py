@@ -13,7 +13,7 @@ already in XLA_FLAGS is left as the user set it; WFM_JAX_XLA_DEFAULTS=0 adds non
 from __future__ import annotations
 
 import os
-from typing import MutableMapping
+from collections.abc import MutableMapping
 
 GPU_DEFAULTS = (
     "--xla_gpu_enable_latency_hiding_scheduler=true",

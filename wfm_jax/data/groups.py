@@ -10,7 +10,8 @@ remainder is dropped). Batch k is a pure function of (seed, k), so the state is 
 """
 from __future__ import annotations
 
-from typing import Any, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import grain
 import numpy as np

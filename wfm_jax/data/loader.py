@@ -10,7 +10,8 @@ Every process sees the same global order, so sharding is a pure function of (see
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 

@@ -52,7 +52,7 @@ class _RangeReader(io.RawIOBase):
             try:
                 data = self.body.read(len(b))
                 if not data and self.pos < self.size:
-                    raise IOError("premature end of stream")
+                    raise OSError("premature end of stream")
                 b[:len(data)] = data
                 self.pos += len(data)
                 return len(data)

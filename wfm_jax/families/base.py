@@ -21,7 +21,8 @@ from __future__ import annotations
 import abc
 import json
 import os
-from typing import Any, ClassVar, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -32,14 +33,14 @@ class PipelineError(ValueError):
     """A pipeline directory that is missing, of an unsupported class, or lacks a component."""
 
 
-_FAMILIES: dict[str, type["PipelineFamily"]] = {}
+_FAMILIES: dict[str, type[PipelineFamily]] = {}
 # Modules that register a family on import (lazy: importing one family must not import all).
 _PROVIDERS = ("wfm_jax.families.sd3.pipeline", "wfm_jax.families.wan.pipeline",
               "wfm_jax.families.cosmos.pipeline", "wfm_jax.families.sana.pipeline",
               "wfm_jax.families.sana.video_pipeline")
 
 
-def register_family(cls: type["PipelineFamily"]) -> type["PipelineFamily"]:
+def register_family(cls: type[PipelineFamily]) -> type[PipelineFamily]:
     """Class decorator: `cls` serves model_index.json `_class_name == cls.pipeline_class`."""
     _FAMILIES[cls.pipeline_class] = cls
     return cls
@@ -66,7 +67,7 @@ def families() -> dict[str, str]:
     return {cls.family: name for name, cls in _FAMILIES.items()}
 
 
-def family_named(name: str) -> type["PipelineFamily"]:
+def family_named(name: str) -> type[PipelineFamily]:
     """The class of the recipe family `name` ("sd3", "wan", ...); PipelineError naming the
     known ones."""
     known = families()
@@ -86,7 +87,7 @@ def read_model_index(directory: str) -> dict:
         return json.load(f)
 
 
-def family_class(directory: str) -> type["PipelineFamily"]:
+def family_class(directory: str) -> type[PipelineFamily]:
     """The family serving the pipeline in `directory`; one line naming the supported ones."""
     name = read_model_index(directory).get("_class_name", "<no _class_name>")
     _load_providers()
@@ -96,7 +97,7 @@ def family_class(directory: str) -> type["PipelineFamily"]:
     return _FAMILIES[name]
 
 
-def load_pipeline(directory: str, *, family: str | None = None, **options) -> "PipelineFamily":
+def load_pipeline(directory: str, *, family: str | None = None, **options) -> PipelineFamily:
     """Load the pipeline in `directory` with its family's `load(directory, **options)`.
     family: the recipe's family name ("sd3", "wan", ...); a pipeline of another family is one
     line naming its class and the recipe's family."""
@@ -160,7 +161,7 @@ class PipelineFamily(abc.ABC):
     @abc.abstractmethod
     def load(cls, directory: str, *, dtype=None, param_dtype=jnp.float32, mesh=None, rules=None,
              text_dtype=None, frozen_param_dtype=None,
-             transformer_options: dict | None = None) -> "PipelineFamily":
+             transformer_options: dict | None = None) -> PipelineFamily:
         """Every component of a local pipeline dir straight onto `mesh` (models.loading).
         frozen_param_dtype: weights of the VAE and text encoders, which training never updates."""
 
@@ -169,7 +170,7 @@ class PipelineFamily(abc.ABC):
         return (type(self).__name__, hashable(self.transformer_config),
                 hashable(self.vae_config), hashable(self.scheduler_config))
 
-    def shell(self) -> "PipelineFamily":
+    def shell(self) -> PipelineFamily:
         """A copy without the NNX modules, for closures of compiled functions: the *_with
         methods read only configs (and tokenizers) from self, and a cached jit must not keep
         a model's weights alive."""

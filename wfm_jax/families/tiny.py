@@ -212,8 +212,8 @@ def _buffers(spec, config: dict, model) -> dict[str, np.ndarray]:
     import jax
     from flax import nnx
 
-    from wfm_jax.models.layers.embeddings import Buffer
     from wfm_jax.core.tree import flat_params
+    from wfm_jax.models.layers.embeddings import Buffer
 
     if not flat_params(model, Buffer):
         return {}
@@ -247,8 +247,8 @@ def random_weights(config: dict, rng: np.random.Generator) -> tuple[dict[str, np
     """(checkpoint key -> fp32 tensor, weights file stem) for one component's config.json: the
     shapes come from the abstract wfm_jax model, the keys and layouts from its converter table."""
     from converters import registry
-    from converters.table import ConversionError, convert_to_diffusers
     from converters.loading import abstract_model
+    from converters.table import ConversionError, convert_to_diffusers
     from wfm_jax.core.tree import flat_shapes
 
     spec = registry.spec_for(config)

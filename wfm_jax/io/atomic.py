@@ -5,7 +5,7 @@ import contextlib
 import os
 import shutil
 import uuid
-from typing import Iterator
+from collections.abc import Iterator
 
 
 @contextlib.contextmanager

@@ -14,15 +14,15 @@ the peft `LoraConfig` (r, lora_alpha, target_modules, ...) in the safetensors he
 from __future__ import annotations
 
 import math
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from wfm_jax.models.layers.linear import Linear
 from wfm_jax.core.tree import path_str
+from wfm_jax.models.layers.linear import Linear
 
 INITS = ("gaussian", "default")
 

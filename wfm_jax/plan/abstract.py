@@ -153,8 +153,8 @@ def abstract_setup(config, mesh, rules, remat: str, scan: bool, aux_fn=None):
     import jax
     from flax import nnx
 
-    from wfm_jax.train import setup as setup_lib
     from wfm_jax.programs.state import TrainState
+    from wfm_jax.train import setup as setup_lib
     configs, source = pipeline_configs(config)
     model = abstract_transformer(config, configs["transformer"], remat, scan)
     use_lora = bool(config.policy.lora.enable)

@@ -50,8 +50,8 @@ DCAE_F32C32 = dict(
 
 
 def _sd3():
-    from wfm_jax.families import tiny
     from wfm_jax.bench.suites import SD3_VAE, SD35_MEDIUM
+    from wfm_jax.families import tiny
     return dict(transformer=tiny.transformer_config(**SD35_MEDIUM),
                 vae=tiny.vae_config(**SD3_VAE), scheduler=tiny.scheduler_config(),
                 text_encoders=[CLIP_L, CLIP_G, T5_XXL])

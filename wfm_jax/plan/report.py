@@ -16,8 +16,8 @@ def plan(args, config=None) -> dict:
     import jax
     import jax.numpy as jnp
 
-    from wfm_jax.core import mesh as wmesh
     from wfm_jax.config.recipe import load_config
+    from wfm_jax.core import mesh as wmesh
     from wfm_jax.plan import abstract, steps
     from wfm_jax.train import setup as setup_lib
 

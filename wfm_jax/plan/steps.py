@@ -17,7 +17,7 @@ def collective_bytes(hlo_text: str) -> dict[str, int]:
     import re
     sizes = {"f32": 4, "bf16": 2, "f16": 2, "s32": 4, "u32": 4, "pred": 1, "s8": 1, "u8": 1,
              "f64": 8, "s64": 8, "u64": 8}
-    out = {k: 0 for k in _COLLECTIVES}
+    out = dict.fromkeys(_COLLECTIVES, 0)
     for line in hlo_text.splitlines():
         m = re.search(r"= (.+?) (" + "|".join(_COLLECTIVES) + r")(-start)?\(", line)
         if not m:
@@ -33,8 +33,8 @@ def compile_program(fn, *args) -> dict:
     memory and cost analysis of the program, its matmul FLOPs and collective bytes."""
     import jax
 
-    from wfm_jax.core import mesh as wmesh
     from wfm_jax.bench.flops import count_jaxpr_flops
+    from wfm_jax.core import mesh as wmesh
     with jax.set_mesh(fn.mesh), wmesh.use_rules(fn.rules):  # what MeshJit.lower does
         traced = fn.jitted.trace(*args)
         start = time.perf_counter()

@@ -3,7 +3,7 @@ whole text-to-image / text-to-video (and video2world) generation, as one functio
 shapes world's scoring and the tests call."""
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -11,10 +11,10 @@ import numpy as np
 from flax import nnx
 
 from wfm_jax.core.mesh import mesh_jit, mesh_of
+from wfm_jax.programs.encode import TextEncoder
 from wfm_jax.sampling.dpm_solver import dpm_solver_flow_schedule
 from wfm_jax.sampling.samplers import sample
 from wfm_jax.sampling.schedule import flow_sigmas, unipc_flow_schedule
-from wfm_jax.programs.encode import TextEncoder
 
 # the deterministic flow samplers diffusers' pipelines run (dpm_solver: SANA's DPM-Solver++)
 SAMPLERS = ("euler", "unipc", "dpm_solver")

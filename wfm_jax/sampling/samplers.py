@@ -36,13 +36,14 @@ Latents may have any rank (B, ...): images (B, C, H, W) and video (B, C, T, H, W
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple, Optional
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
-from wfm_jax.sampling import steps as S
 from wfm_jax.sampling import dpm_solver, unipc
+from wfm_jax.sampling import steps as S
 from wfm_jax.sampling.guidance import guided_velocity
 from wfm_jax.sampling.schedule import edm_churn_eta
 
@@ -55,16 +56,16 @@ STOCHASTIC_FLOW = ("sde", "cps", "dance")
 class SampleOutput(NamedTuple):
     latents: jax.Array
     stochastic: jax.Array
-    trajectory: Optional[jax.Array] = None
-    means: Optional[jax.Array] = None
-    log_probs: Optional[jax.Array] = None
-    noises: Optional[jax.Array] = None
-    x0: Optional[jax.Array] = None
-    stds: Optional[jax.Array] = None
-    sigmas_hat: Optional[jax.Array] = None
+    trajectory: jax.Array | None = None
+    means: jax.Array | None = None
+    log_probs: jax.Array | None = None
+    noises: jax.Array | None = None
+    x0: jax.Array | None = None
+    stds: jax.Array | None = None
+    sigmas_hat: jax.Array | None = None
 
 
-def window_mask(num_steps: int, start, size: Optional[int]):
+def window_mask(num_steps: int, start, size: int | None):
     """(N,) bool: which steps are stochastic; all of them when size is None."""
     idx = jnp.arange(num_steps)
     if size is None:
@@ -88,7 +89,7 @@ def sample(
     velocity_fn: Callable[[jax.Array, jax.Array, Any], jax.Array],
     latents: jax.Array,
     sigmas,
-    key: Optional[jax.Array] = None,
+    key: jax.Array | None = None,
     *,
     method: str = "euler",
     cond: Any = None,
@@ -96,7 +97,7 @@ def sample(
     cfg_scale: Any = 1.0,
     noise_level: Any = 0.7,
     sde_window_start: Any = None,
-    sde_window_size: Optional[int] = None,
+    sde_window_size: int | None = None,
     s_churn: float = 1.0,
     s_noise: float = 1.0,
     s_tmin: float = 0.0,
@@ -105,7 +106,7 @@ def sample(
     timesteps: Any = None,
     unipc_solver_type: str = "bh2",
     return_trajectory: bool = False,
-    guide: Optional[Callable] = None,
+    guide: Callable | None = None,
 ) -> SampleOutput:
     """Run `len(sigmas) - 1` denoising steps from `latents` (fp32) and return a SampleOutput.
 

@@ -9,7 +9,8 @@ import json
 import os
 import time
 import warnings
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import jax
 import numpy as np
@@ -113,7 +114,7 @@ def _init_wandb(cfg: Mapping, output_dir: str):
     try:
         import wandb
     except ImportError:
-        warnings.warn("wandb is enabled but not installed; logging to metrics.jsonl only")
+        warnings.warn("wandb is enabled but not installed; logging to metrics.jsonl only", stacklevel=2)
         return None
     mode = _wandb_mode(cfg)
     kwargs = dict(project=cfg.get("project") or "wfm_jax", entity=cfg.get("entity"),
@@ -126,7 +127,7 @@ def _init_wandb(cfg: Mapping, output_dir: str):
             return wandb.init(mode=try_mode, settings=wandb.Settings(
                 init_timeout=float(cfg.get("init_timeout", 60))), **kwargs)
         except Exception as e:  # no network, bad credentials, ...: never fatal
-            warnings.warn(f"wandb init ({try_mode}) failed: {type(e).__name__}: {e}")
+            warnings.warn(f"wandb init ({try_mode}) failed: {type(e).__name__}: {e}", stacklevel=2)
     return None
 
 
@@ -226,7 +227,7 @@ class MetricsLogger:
         try:
             fn()
         except Exception as e:  # a logging hiccup must never stop training
-            warnings.warn(f"wandb logging failed: {type(e).__name__}: {e}")
+            warnings.warn(f"wandb logging failed: {type(e).__name__}: {e}", stacklevel=2)
 
     def close(self) -> None:
         if not self.active:

@@ -27,14 +27,14 @@ exp_reward; the loop clips them once).
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from wfm_jax.algorithms.advantages import ddrl_advantages
-from wfm_jax.algorithms.ddrl import (ddrl_data_loss, ddrl_loss, draw_data_sigma, edm_noisy,
-                                     unscaled_log_ratio)
+from wfm_jax.algorithms.ddrl import ddrl_data_loss, ddrl_loss, draw_data_sigma, edm_noisy, unscaled_log_ratio
 from wfm_jax.config.recipe import ConfigError
 from wfm_jax.sampling import steps as S
 from wfm_jax.sampling.samplers import sample

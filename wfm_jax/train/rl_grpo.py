@@ -8,8 +8,9 @@ steps in order, or, with `sde_window_size` > 0 (Flow-GRPO-Fast), the stochastic 
 start is drawn per rollout chunk in `sde_window_range`; outside the window the sampler is Euler.
 
 Update: each trained step is recomputed with the training numerics (CFG with the unconditional
-branch detached unless train_policy.cfg_detach_uncond is False); PPO-clipped ratio + closed-form KL to the reference; gradients averaged over
-the trained steps and the micro-batches (one optimizer step per inner epoch, or per chunk of
+branch detached unless train_policy.cfg_detach_uncond is False); PPO-clipped ratio + closed-form KL
+to the reference; gradients averaged over the trained steps and the micro-batches (one optimizer
+step per inner epoch, or per chunk of
 train_policy.batch_size_per_optimize rows).
 
 Exact ratio 1 at the first inner epoch, by construction: there the "old" log-prob IS the
@@ -34,7 +35,8 @@ with none contributes a zero gradient to the accumulated mean).
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp

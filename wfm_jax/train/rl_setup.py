@@ -16,18 +16,18 @@ import numpy as np
 from flax import nnx
 
 from reward_client.computer import RewardComputer
+from wfm_jax.core.mesh import mesh_jit, mesh_size_for
 from wfm_jax.data.groups import eval_batches, group_batcher_from_config
 from wfm_jax.data.loader import process_shard
 from wfm_jax.data.prompts import prompt_splits_from_config
-from wfm_jax.core.mesh import mesh_jit, mesh_size_for
-from wfm_jax.sampling.samplers import sample
-from wfm_jax.train import setup as train_setup
 from wfm_jax.programs.ema import ema_update
 from wfm_jax.programs.encode import TextEncoder
-from wfm_jax.train.metrics import MetricsLogger
 from wfm_jax.programs.optim import apply_gradients
-from wfm_jax.train.rl_ddrl import DDRL
 from wfm_jax.programs.rl_encode import chunk_conditions
+from wfm_jax.sampling.samplers import sample
+from wfm_jax.train import setup as train_setup
+from wfm_jax.train.metrics import MetricsLogger
+from wfm_jax.train.rl_ddrl import DDRL
 from wfm_jax.train.rl_grpo import GRPO
 from wfm_jax.train.rl_nft import NFT
 

@@ -13,6 +13,7 @@ retries) stops the run at its next checkpoint with one line; its step is never c
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import sys
@@ -22,7 +23,8 @@ import time
 import jax
 
 from wfm_jax.core.console import say
-from wfm_jax.io.storage import mirror, s3 as s3lib
+from wfm_jax.io.storage import mirror
+from wfm_jax.io.storage import s3 as s3lib
 
 _SIDE_FILES = ("config.json", "metrics.jsonl")
 
@@ -77,10 +79,9 @@ def fetch_resume_checkpoint(config) -> int | None:
             for name in _SIDE_FILES:
                 path = os.path.join(config.train.output_dir, name)
                 if not os.path.exists(path):
-                    try:
+                    # optional copies: the checkpoint is what matters
+                    with contextlib.suppress(Exception):
                         client.download_file(bucket, f"{prefix}{name}", path)
-                    except Exception:  # optional copies: the checkpoint is what matters
-                        pass
         except s3lib.S3Error:
             raise
         except Exception as e:
@@ -97,7 +98,7 @@ class S3Sync:
     """The background uploader of one run (process 0 only; other processes get None)."""
 
     @classmethod
-    def from_config(cls, config) -> "S3Sync | None":
+    def from_config(cls, config) -> S3Sync | None:
         if not config.train.ckpt.upload_s3 or jax.process_index() != 0:
             return None
         return cls(config)

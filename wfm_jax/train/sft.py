@@ -18,22 +18,23 @@ from __future__ import annotations
 
 import copy
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from wfm_jax.algorithms import sft as sft_loss
+from wfm_jax.core.mesh import check_batch, mesh_jit
 from wfm_jax.data import sft_loader_from_config
 from wfm_jax.data.errors import DataError
-from wfm_jax.core.mesh import check_batch, mesh_jit
-from wfm_jax.train import preempt, setup as setup_lib
 from wfm_jax.programs.encode import TextEncoder, VisualEncoder, local_sample_ids, per_sample_normal
+from wfm_jax.programs.state import train_state_update
+from wfm_jax.train import preempt
+from wfm_jax.train import setup as setup_lib
 from wfm_jax.train.encode_cache import EncodeCache
 from wfm_jax.train.export import export_step
 from wfm_jax.train.metrics import MetricsLogger, check_finite
-from wfm_jax.programs.state import train_state_update
 
 F32 = jnp.float32
 _KEY_VAE, _KEY_T, _KEY_NOISE, _KEY_COND = 1, 2, 3, 4  # fold_in tags of one micro-step's key

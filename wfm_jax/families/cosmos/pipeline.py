@@ -25,16 +25,15 @@ What differs from Wan, each as diffusers' `pipeline_cosmos2_5_predict.py` comput
 from __future__ import annotations
 
 import os
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from wfm_jax.models.cosmos import text_embedding as te
-from wfm_jax.families.base import (PipelineError, PipelineFamily, component_present,
-                                   read_model_index, register_family)
 from converters.loading import load_model, read_json
+from wfm_jax.families.base import PipelineError, PipelineFamily, component_present, read_model_index, register_family
+from wfm_jax.models.cosmos import text_embedding as te
 from wfm_jax.models.wan.vae import as_config
 from wfm_jax.models.wan.video_latents import WanVideoLatents
 
@@ -98,7 +97,7 @@ class CosmosPipeline(WanVideoLatents, PipelineFamily):
     @classmethod
     def load(cls, directory: str, *, dtype=None, param_dtype=jnp.float32, mesh=None, rules=None,
              text_dtype=None, frozen_param_dtype=None,
-             transformer_options: dict | None = None) -> "CosmosPipeline":
+             transformer_options: dict | None = None) -> CosmosPipeline:
         """Every component of a local Cosmos2_5_PredictBasePipeline dir onto `mesh`; of the
         text encoder only the text tower (the vision tower and lm_head are never used)."""
         from converters.qwen_loading import load_text_tower

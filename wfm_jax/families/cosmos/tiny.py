@@ -82,9 +82,9 @@ def qwen_weights(config: dict, rng: np.random.Generator) -> tuple[dict[str, np.n
     run by wfm_jax) drawn plainly, norm weights near 1."""
     from flax import nnx
 
+    from converters.loading import all_variables
     from converters.qwen2_5_vl import build_text_table
     from converters.table import convert_to_diffusers
-    from converters.loading import all_variables
     from wfm_jax.models.text.qwen2_5_vl import make_text_model, passthrough_shapes
 
     model = nnx.eval_shape(lambda: make_text_model(config, rngs=nnx.Rngs(0)))

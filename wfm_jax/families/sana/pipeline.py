@@ -25,17 +25,17 @@ from __future__ import annotations
 
 import math
 import os
-from typing import ClassVar, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from converters.loading import load_model, read_json
+from wfm_jax.families.base import PipelineError, PipelineFamily, component_present, read_model_index, register_family
 from wfm_jax.models.dcae import scale_latents, unscale_latents
 from wfm_jax.models.dcae.autoencoder_dc import as_config
-from wfm_jax.families.base import (PipelineError, PipelineFamily, component_present,
-                                   read_model_index, register_family)
-from converters.loading import load_model, read_json
 from wfm_jax.models.text.gemma2 import select_sana_tokens
 
 DEFAULT_MAX_SEQUENCE_LENGTH = 300  # both SANA pipelines' __call__ default
@@ -103,7 +103,7 @@ class SanaFamily(PipelineFamily):
     @classmethod
     def load(cls, directory: str, *, dtype=None, param_dtype=jnp.float32, mesh=None, rules=None,
              text_dtype=None, frozen_param_dtype=None, transformer_options: dict | None = None,
-             instruction: Sequence[str] | None = None) -> "SanaFamily":
+             instruction: Sequence[str] | None = None) -> SanaFamily:
         """Every component of a local diffusers pipeline dir straight onto `mesh`.
         transformer_options go to the transformer (attention_impl, remat); instruction: the
         complex human instruction lines (None: the pipeline's default; (): none)."""

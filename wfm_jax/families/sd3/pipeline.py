@@ -10,15 +10,16 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from converters.loading import load_model
 from wfm_jax.families import base as fam
 from wfm_jax.families.base import PipelineError, PipelineFamily, register_family
-from converters.loading import load_model
 from wfm_jax.models.vae.autoencoder_kl import scale_latents, unscale_latents, vae_scale_factor
 
 PIPELINE_CLASS = "StableDiffusion3Pipeline"
@@ -26,8 +27,14 @@ COND_KEYS = ("prompt_embeds", "pooled_projections")
 _TEXT = ("text_encoder", "text_encoder_2", "text_encoder_3")
 _TOKENIZERS = ("tokenizer", "tokenizer_2", "tokenizer_3")
 
-__all__ = ["SD3Pipeline", "PipelineError", "PIPELINE_CLASS", "read_model_index", "encode_tokens",
-           "decode_latents"]
+__all__ = [
+    "PIPELINE_CLASS",
+    "PipelineError",
+    "SD3Pipeline",
+    "decode_latents",
+    "encode_tokens",
+    "read_model_index",
+]
 
 
 def read_model_index(directory: str) -> dict:
@@ -69,7 +76,7 @@ class SD3Pipeline(PipelineFamily):
     @classmethod
     def load(cls, directory: str, *, dtype=None, param_dtype=jnp.float32, mesh=None, rules=None,
              text_dtype=None, frozen_param_dtype=None,
-             transformer_options: dict | None = None) -> "SD3Pipeline":
+             transformer_options: dict | None = None) -> SD3Pipeline:
         """Load every component of a local diffusers SD3 pipeline dir straight onto `mesh`.
         transformer_options go to the transformer's constructor (attention_impl, remat).
         frozen_param_dtype (default param_dtype): the weights of the VAE and text encoders,

@@ -16,15 +16,14 @@ from __future__ import annotations
 
 import html
 import os
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from wfm_jax.families.base import (PipelineError, PipelineFamily, component_present,
-                                   read_model_index, register_family)
 from converters.loading import load_model, read_json
+from wfm_jax.families.base import PipelineError, PipelineFamily, component_present, read_model_index, register_family
 from wfm_jax.models.wan.vae import as_config
 from wfm_jax.models.wan.video_latents import WanVideoLatents
 
@@ -88,7 +87,7 @@ class WanPipeline(WanVideoLatents, PipelineFamily):
     @classmethod
     def load(cls, directory: str, *, dtype=None, param_dtype=jnp.float32, mesh=None, rules=None,
              text_dtype=None, frozen_param_dtype=None,
-             transformer_options: dict | None = None) -> "WanPipeline":
+             transformer_options: dict | None = None) -> WanPipeline:
         """Every component of a local diffusers WanPipeline dir straight onto `mesh`.
         transformer_options go to the transformer (attention_impl, remat). The VAE computes in
         its input's dtype: fp32 latents and pixels, as diffusers' Wan pipelines run it."""

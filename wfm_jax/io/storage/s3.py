@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import threading
-from typing import Mapping
+from collections.abc import Mapping
 
 _SETTINGS = {  # field -> variables, in order of preference
     "access_key": ("PROD_S3_CHECKPOINT_ACCESS_KEY_ID", "AWS_ACCESS_KEY_ID"),
@@ -104,7 +104,7 @@ def client(cfg: S3Config, attempts: int = 5):
 
 def explain(e: BaseException, cfg: S3Config, what: str, bucket: str = "") -> S3Error:
     """An S3Error with one line for a botocore failure of `what` (e.g. "reading s3://b/k")."""
-    from botocore.exceptions import ClientError, EndpointConnectionError, ConnectTimeoutError
+    from botocore.exceptions import ClientError, ConnectTimeoutError, EndpointConnectionError
     if isinstance(e, ClientError):
         code = e.response.get("Error", {}).get("Code", "")
         if code == "InvalidAccessKeyId":

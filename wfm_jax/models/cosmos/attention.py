@@ -11,8 +11,12 @@ import jax.numpy as jnp
 from flax import nnx
 
 from wfm_jax.models.cosmos.rope import apply_rope
-from wfm_jax.models.layers.attention import (check_context_parallel_impl, cross_attention,
-                                             dot_product_attention, resolve_attention_impl)
+from wfm_jax.models.layers.attention import (
+    check_context_parallel_impl,
+    cross_attention,
+    dot_product_attention,
+    resolve_attention_impl,
+)
 from wfm_jax.models.layers.linear import Linear
 from wfm_jax.models.layers.norms import RMSNorm
 

@@ -10,7 +10,7 @@ the embedding is jittable (`reason1_embedding`).
 from __future__ import annotations
 
 import os
-from typing import Sequence
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -77,6 +77,12 @@ def reason1_embedding(encoder, input_ids: jax.Array, dtype=None) -> jax.Array:
     return normalize_hidden_states(encoder(input_ids), dtype)
 
 
-__all__ = ["SYSTEM_PROMPT", "MAX_SEQUENCE_LENGTH", "conversation", "load_tokenizer",
-           "prompt_token_ids",
-           "normalize_hidden_states", "reason1_embedding"]
+__all__ = [
+    "MAX_SEQUENCE_LENGTH",
+    "SYSTEM_PROMPT",
+    "conversation",
+    "load_tokenizer",
+    "normalize_hidden_states",
+    "prompt_token_ids",
+    "reason1_embedding",
+]

@@ -15,9 +15,17 @@ import jax.numpy as jnp
 from flax import nnx
 
 from wfm_jax.core.mesh import constrain
-from wfm_jax.models.dcae.blocks import (Conv2d, DCDownBlock2d, DCUpBlock2d, EfficientViTBlock,
-                                        ResBlock, RMSNorm, activation, group_mean,
-                                        repeat_channels)
+from wfm_jax.models.dcae.blocks import (
+    Conv2d,
+    DCDownBlock2d,
+    DCUpBlock2d,
+    EfficientViTBlock,
+    ResBlock,
+    RMSNorm,
+    activation,
+    group_mean,
+    repeat_channels,
+)
 
 IMAGE_AXES = ("act_batch", None, None, None)
 BLOCK_TYPES = ("ResBlock", "EfficientViTBlock")
@@ -50,7 +58,7 @@ class DCAEConfig:
     scaling_factor: float = 1.0
 
     @classmethod
-    def from_dict(cls, config: dict) -> "DCAEConfig":
+    def from_dict(cls, config: dict) -> DCAEConfig:
         names = {f.name for f in dataclasses.fields(cls)}
         kw = {k: _tuples(v) for k, v in config.items() if k in names}
         n_enc = len(kw.get("encoder_block_out_channels", cls.encoder_block_out_channels))

@@ -127,7 +127,7 @@ class Qwen3VLForConditionalGeneration(nnx.Module):
             allowed = allowed & attention_mask.astype(bool)[:, None, None, :]
         hidden, states, cache = self.model.language_model(
             x, position_ids, allowed, deepstack, cache, cache_index, output_hidden_states)
-        out = {"logits": self.logits(hidden[:, -1:] if last_only else hidden)}
+        out: dict[str, Any] = {"logits": self.logits(hidden[:, -1:] if last_only else hidden)}
         if output_hidden_states:
             out["hidden_states"] = states
         if cache is not None:

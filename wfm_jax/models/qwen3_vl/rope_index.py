@@ -23,10 +23,10 @@ def mm_token_type_ids(input_ids, image_token_id: int, video_token_id: int) -> np
 def _grids(grid_thw, split_frames: bool) -> list[tuple[int, int, int]]:
     if grid_thw is None:
         return []
-    grid = np.asarray(grid_thw, dtype=np.int64).reshape(-1, 3).tolist()
+    grid = [(int(t), int(h), int(w)) for t, h, w in np.asarray(grid_thw, dtype=np.int64).reshape(-1, 3)]
     if split_frames:
         grid = [(1, h, w) for t, h, w in grid for _ in range(t)]
-    return [tuple(g) for g in grid]
+    return grid
 
 
 def get_rope_index(input_ids, mm_token_type_ids, image_grid_thw=None, video_grid_thw=None,

@@ -204,5 +204,5 @@ class Qwen3VLTextModel(nnx.Module):
                 outs.append(out)
         normed = self.norm(x)  # after the last DeepStack add, as transformers
         hidden = (x0, *outs[:-1], normed) if output_hidden_states else None
-        new_cache = None if cache is None else {"k": kv[0], "v": kv[1]}
+        new_cache = None if cache is None or kv is None else {"k": kv[0], "v": kv[1]}
         return normed, hidden, new_cache

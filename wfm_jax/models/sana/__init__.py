@@ -4,5 +4,11 @@ embeddings.py, block.py, transformer.py (2D + shared base), video.py."""
 from wfm_jax.models.sana.transformer import SANA15_1600M, SanaTransformer, sana_config
 from wfm_jax.models.sana.video import SANA_VIDEO_2B, SanaVideoTransformer, sana_video_config
 
-__all__ = ["SanaTransformer", "SanaVideoTransformer", "sana_config", "sana_video_config",
-           "SANA15_1600M", "SANA_VIDEO_2B"]
+__all__ = [
+           "SANA15_1600M",
+           "SANA_VIDEO_2B",
+           "SanaTransformer",
+           "SanaVideoTransformer",
+           "sana_config",
+           "sana_video_config",
+]

@@ -12,8 +12,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from wfm_jax.models.layers.embeddings import (TimestepEmbedding, _PatchProj, sincos_2d_pos_embed,
-                                              timestep_embedding)
+from wfm_jax.models.layers.embeddings import TimestepEmbedding, _PatchProj, sincos_2d_pos_embed, timestep_embedding
 from wfm_jax.models.layers.linear import Linear
 from wfm_jax.models.layers.norms import RMSNorm
 from wfm_jax.models.wan.embeddings import TextProjection

@@ -19,8 +19,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from wfm_jax.models.layers.attention import check_context_parallel_impl
 from wfm_jax.core import mesh
+from wfm_jax.models.layers.attention import check_context_parallel_impl
 from wfm_jax.models.layers.linear import Linear, param
 from wfm_jax.models.layers.norms import LayerNorm
 from wfm_jax.models.layers.remat import check_remat, run_blocks
@@ -77,8 +77,9 @@ def sana_config(config: dict) -> dict:
 class SanaBase(nnx.Module):
     """What SANA1.5 and SANA-Video share; subclasses make the patch embedding and say how the
     tokens map back to latents. dtype: compute dtype (None: param_dtype); remat: a
-    layers.remat.REMAT_POLICIES name, per block; scan_layers: the blocks as one lax.scan; attention_impl: accepted for the common loader interface, "auto" / "xla"
-    / None (the only softmax attention is the masked cross-attention, run by XLA)."""
+    layers.remat.REMAT_POLICIES name, per block; scan_layers: the blocks as one lax.scan;
+    attention_impl: accepted for the common loader interface, "auto" / "xla" / None (the only
+    softmax attention is the masked cross-attention, run by XLA)."""
 
     video = False
 

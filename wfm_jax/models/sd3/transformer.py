@@ -15,8 +15,7 @@ from wfm_jax.core import mesh
 from wfm_jax.models.layers.attention import check_attention_impl
 from wfm_jax.models.layers.embeddings import CombinedTimestepTextProjEmbeddings, PatchEmbed
 from wfm_jax.models.layers.linear import Linear
-from wfm_jax.models.layers.remat import (  # noqa: F401 (re-exported)
-    REMAT_POLICIES, block_groups, call_block, check_remat, run_blocks)
+from wfm_jax.models.layers.remat import REMAT_POLICIES, block_groups, call_block, check_remat, run_blocks  # noqa: F401 (re-exported)
 from wfm_jax.models.sd3.blocks import AdaLayerNormContinuous, JointTransformerBlock
 
 # diffusers SD3Transformer2DModel.__init__ defaults

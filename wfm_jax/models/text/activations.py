@@ -1,7 +1,7 @@
 """transformers activation names (config `hidden_act` / `dense_act_fn`) -> JAX functions."""
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 

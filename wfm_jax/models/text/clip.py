@@ -7,7 +7,8 @@ optional padding mask removes keys as transformers' create_causal_mask does.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -36,7 +37,7 @@ class CLIPTextConfig:
     eos_token_id: int = 49407
 
     @classmethod
-    def from_dict(cls, config: Mapping[str, Any]) -> "CLIPTextConfig":
+    def from_dict(cls, config: Mapping[str, Any]) -> CLIPTextConfig:
         """From a config.json dict; a CLIPConfig's nested text_config is accepted too."""
         config = config.get("text_config") or config
         names = {f.name for f in dataclasses.fields(cls)}

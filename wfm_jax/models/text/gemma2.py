@@ -14,7 +14,8 @@ decoder in ways that matter for parity:
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -50,7 +51,7 @@ class Gemma2Config:
     attn_logit_softcapping: float | None = 50.0
 
     @classmethod
-    def from_dict(cls, config: Mapping[str, Any]) -> "Gemma2Config":
+    def from_dict(cls, config: Mapping[str, Any]) -> Gemma2Config:
         """From a config.json dict (rope_theta at the top level, or in transformers 5's
         rope_parameters)."""
         names = {f.name for f in dataclasses.fields(cls)}

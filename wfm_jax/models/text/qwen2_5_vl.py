@@ -14,7 +14,8 @@ the bytes that were read. Passthrough variables are not `nnx.Param`: optimisers,
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -54,7 +55,7 @@ class QwenTextConfig:
     tie_word_embeddings: bool = False
 
     @classmethod
-    def from_dict(cls, config: Mapping[str, Any]) -> "QwenTextConfig":
+    def from_dict(cls, config: Mapping[str, Any]) -> QwenTextConfig:
         text = _text_dict(config)
         names = {f.name for f in dataclasses.fields(cls)} - {"rope_theta", "tie_word_embeddings"}
         kw = {k: v for k, v in text.items() if k in names and v is not None}
@@ -232,8 +233,9 @@ def passthrough_shapes(config: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
     tied, `lm_head.weight` (save_pretrained writes no lm_head when tied)."""
     v = _vision_dict(config)
     h, f, m = v["hidden_size"], v["intermediate_size"], v["spatial_merge_size"]
-    shapes: dict[str, tuple[int, ...]] = {"visual.patch_embed.proj.weight": (h, v["in_channels"], v["temporal_patch_size"],
-                                                 v["patch_size"], v["patch_size"])}
+    shapes: dict[str, tuple[int, ...]] = {
+        "visual.patch_embed.proj.weight": (h, v["in_channels"], v["temporal_patch_size"],
+                                           v["patch_size"], v["patch_size"])}
     for i in range(v["depth"]):
         p = f"visual.blocks.{i}"
         shapes.update({f"{p}.norm1.weight": (h,), f"{p}.norm2.weight": (h,),
@@ -269,7 +271,7 @@ def _nested(flat: Mapping[str, nnx.Variable]) -> nnx.Dict:
     return wrap(tree)
 
 
-class Qwen2_5_VLEncoder(nnx.Module):
+class Qwen2_5_VLEncoder(nnx.Module):  # noqa: N801  (transformers' class name)
     """A Qwen2_5_VLForConditionalGeneration checkpoint: `language_model` computes; `passthrough`
     holds the rest under its checkpoint keys (e.g. passthrough.visual.blocks.0.attn.qkv.weight)."""
 
@@ -300,5 +302,13 @@ def make_text_model(config: Mapping[str, Any], *, dtype=None, param_dtype=jnp.fl
                          param_dtype=param_dtype)
 
 
-__all__ = ["Passthrough", "QwenTextConfig", "QwenTextModel", "Qwen2_5_VLEncoder", "make_model",
-           "make_text_model", "passthrough_shapes", "rope_tables"]
+__all__ = [
+    "Passthrough",
+    "Qwen2_5_VLEncoder",
+    "QwenTextConfig",
+    "QwenTextModel",
+    "make_model",
+    "make_text_model",
+    "passthrough_shapes",
+    "rope_tables",
+]

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -42,7 +43,7 @@ class T5Config:
     per_layer_position_bias: bool = False
 
     @classmethod
-    def from_dict(cls, config: Mapping[str, Any]) -> "T5Config":
+    def from_dict(cls, config: Mapping[str, Any]) -> T5Config:
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in config.items() if k in names and v is not None})
 

@@ -13,8 +13,16 @@ import jax.numpy as jnp
 from flax import nnx
 
 from wfm_jax.core.mesh import constrain
-from wfm_jax.models.vae.blocks import (Conv2d, Downsample2D, GroupNorm, MidBlock2D, Upsample2D,
-                                       activation, pairs, resnet_stack)
+from wfm_jax.models.vae.blocks import (
+    Conv2d,
+    Downsample2D,
+    GroupNorm,
+    MidBlock2D,
+    Upsample2D,
+    activation,
+    pairs,
+    resnet_stack,
+)
 
 EPS = 1e-6  # diffusers' Encoder/Decoder pass resnet_eps=1e-6 to every norm
 IMAGE_AXES = ("act_batch", None, None, None)
@@ -39,7 +47,7 @@ class VAEConfig:
     mid_block_add_attention: bool = True
 
     @classmethod
-    def from_dict(cls, config: dict) -> "VAEConfig":
+    def from_dict(cls, config: dict) -> VAEConfig:
         names = {f.name for f in dataclasses.fields(cls)}
         kw: dict[str, Any] = {k: (tuple(v) if isinstance(v, list) else v)
                               for k, v in config.items() if k in names}
@@ -87,7 +95,7 @@ class DiagonalGaussian:
     logvar: jax.Array
 
     @classmethod
-    def from_moments(cls, moments: jax.Array) -> "DiagonalGaussian":
+    def from_moments(cls, moments: jax.Array) -> DiagonalGaussian:
         mean, logvar = jnp.split(moments, 2, axis=1)
         return cls(mean, jnp.clip(logvar, -30.0, 20.0))
 

@@ -7,7 +7,7 @@ compute in fp32 whatever the compute dtype.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp

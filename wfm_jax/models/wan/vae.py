@@ -12,6 +12,7 @@ to [-1, 1]. Chunks after the first share their cache shapes and run as one `lax.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from typing import Any
 
 import jax
@@ -20,8 +21,7 @@ from flax import nnx
 
 from wfm_jax.core.mesh import constrain
 from wfm_jax.models.vae.autoencoder_kl import DiagonalGaussian
-from wfm_jax.models.wan.vae_layers import (CausalConv3d, ChannelRMSNorm, MidBlock, Resample,
-                                           ResidualBlock)
+from wfm_jax.models.wan.vae_layers import CausalConv3d, ChannelRMSNorm, MidBlock, Resample, ResidualBlock
 
 ENCODE_CHUNK = 4  # frames per encoder chunk after the first (diffusers hard-codes 4)
 VIDEO_AXES = ("act_batch", None, None, None, None)
@@ -54,7 +54,7 @@ class WanVAEConfig:
     scale_factor_spatial: int | None = 8
 
     @classmethod
-    def from_dict(cls, config: dict) -> "WanVAEConfig":
+    def from_dict(cls, config: dict) -> WanVAEConfig:
         names = {f.name for f in dataclasses.fields(cls)}
         kw: dict[str, Any] = {k: (tuple(v) if isinstance(v, list) else v)
                               for k, v in config.items() if k in names}
@@ -125,7 +125,7 @@ class Encoder3d(nnx.Module):
         dims = [cfg.base_dim * m for m in (1, *cfg.dim_mult)]
         self.conv_in = CausalConv3d(cfg.in_channels, dims[0], 3, padding=1, **kw)
         blocks: list[ResidualBlock | Resample] = []
-        for i, (c_in, c_out) in enumerate(zip(dims[:-1], dims[1:])):
+        for i, (c_in, c_out) in enumerate(itertools.pairwise(dims)):
             for j in range(cfg.num_res_blocks):
                 blocks.append(ResidualBlock(c_in if j == 0 else c_out, c_out, **kw))
             if i != len(cfg.dim_mult) - 1:
@@ -185,7 +185,7 @@ class Decoder3d(nnx.Module):
         self.conv_in = CausalConv3d(cfg.z_dim, dims[0], 3, padding=1, **kw)
         self.mid_block = MidBlock(dims[0], **kw)
         blocks = []
-        for i, (c_in, c_out) in enumerate(zip(dims[:-1], dims[1:])):
+        for i, (c_in, c_out) in enumerate(itertools.pairwise(dims)):
             if i > 0:
                 c_in //= 2
             mode = None
