@@ -136,7 +136,7 @@ def test_a_second_build_of_the_same_folder_is_refused_up_front(tmp_path):
         assert time.perf_counter() - start < 120
     finally:
         open(d + ".go", "w").close()
-        out, err = owner.communicate(timeout=600)
+        _, err = owner.communicate(timeout=600)
     assert owner.returncode == 0, err[-2000:]  # the owner was not disturbed
     assert is_built(d, SETTINGS)
 
