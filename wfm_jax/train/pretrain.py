@@ -294,15 +294,28 @@ def _final_loss(out: str) -> float | None:
         return None
 
 
+def _remove_leftovers(directory: str) -> None:
+    """Next to a complete build: a work dir (killed between the rename and its removal) or the
+    temporaries of a build killed while another one finished; removed unless a build runs."""
+    from wfm_jax.io.atomic import remove_stale_temporaries
+    from wfm_jax.io.lock import LockHeldError, exclusive_lock
+    directory = os.path.abspath(directory)
+    name = os.path.basename(directory)
+    if not (os.path.isdir(work_dir(directory)) or any(
+            n.startswith((f".{name}.tmp-", f".{name}.old-"))
+            for n in os.listdir(os.path.dirname(directory)))):
+        return
+    with contextlib.suppress(LockHeldError), exclusive_lock(lock_file(directory), directory):
+        shutil.rmtree(work_dir(directory), ignore_errors=True)
+        remove_stale_temporaries(directory)
+
+
 def ensure_pretrained(directory: str, settings: PretrainSettings = PretrainSettings(),
                       log=print) -> str:
     """The cached pipeline at `directory`, built first unless a complete build with these
     settings is there."""
     if is_built(directory, settings):
-        if os.path.isdir(work_dir(directory)):  # killed between the rename and its removal
-            from wfm_jax.io.lock import LockHeldError, exclusive_lock
-            with contextlib.suppress(LockHeldError), exclusive_lock(lock_file(directory), directory):
-                shutil.rmtree(work_dir(directory), ignore_errors=True)
+        _remove_leftovers(directory)
         return os.path.abspath(directory)
     return build_pretrained(directory, settings, log=log)
 
