@@ -28,7 +28,6 @@ def get_config():
     c.train.train_policy.remote_reward.reward_fns = [
         {"name": "pickscore", "weight": 1.0, "score_key": ""}]
     c.policy.lora.enable = True
-    d = c.policy.diffusers
     c.validation.enable = True
     c.validation.batch_size = 16
     return c

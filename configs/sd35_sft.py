@@ -22,7 +22,6 @@ def get_config():
     c.train.ema_decay = 0.999
     c.train.ckpt.save_freq = 200
     c.train.ckpt.max_keep = 3
-    d = c.policy.diffusers
     # FSDP over every device: replicated, the fp32 weights, moments, EMA and grads alone are
     # ~37 GB per device. Several hosts: --config.policy.parallelism.data=HOSTS with fsdp=-1.
     c.policy.parallelism.data = 1

@@ -24,5 +24,4 @@ def get_config():
     c.train.ckpt.save_freq = 200
     c.train.ckpt.max_keep = 3
     c.policy.lora.enable = True
-    d = c.policy.diffusers
     return c

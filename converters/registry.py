@@ -24,6 +24,7 @@ _PROVIDERS = (
     "converters.qwen2_5_vl",
     "converters.gemma2",
     "converters.dcae",
+    "converters.qwen3_vl",
 )
 
 

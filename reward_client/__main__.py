@@ -2,8 +2,11 @@
 
     python -m reward_client score --reward ocr=1 --reward jpeg_compressibility=0.1 \\
         --images batch.npy --prompts prompts.txt [--enqueue-url U --fetch-url U --token T | --local]
+    python -m reward_client score --reward single_choice=1 --reward format=1 \
+        --completions answers.json --references refs.json --prompts prompts.txt --local
 
-batch.npy: uint8 images [B,H,W,C] or videos [B,C,T,H,W]; prompts.txt: B lines. URLs and token
+batch.npy: uint8 images [B,H,W,C] or videos [B,C,T,H,W]; answers.json / refs.json: JSON lists of B
+strings (text rewards, media_type "text"); prompts.txt: B lines. URLs and token
 default to REMOTE_REWARD_* (legacy WFM_REWARD_*). Prints JSON {total, per_fn, uuids, timings}.
 """
 from __future__ import annotations
@@ -14,6 +17,7 @@ import sys
 
 import numpy as np
 
+from reward_client import protocol
 from reward_client.computer import RewardComputer
 from reward_client.config import resolve_remote_config
 from reward_client.errors import RewardError
@@ -41,7 +45,10 @@ def _parser() -> argparse.ArgumentParser:
     score.add_argument("--reward", type=_reward_entry, action="append", required=True,
                        help="NAME=WEIGHT (repeatable)")
     score.add_argument("--score-key", type=_key_entry, action="append", default=[], help="NAME=KEY")
-    score.add_argument("--images", required=True, help=".npy uint8 [B,H,W,C] or [B,C,T,H,W]")
+    media = score.add_mutually_exclusive_group(required=True)
+    media.add_argument("--images", help=".npy uint8 [B,H,W,C] or [B,C,T,H,W]")
+    media.add_argument("--completions", help="JSON list of completion strings (text rewards)")
+    score.add_argument("--references", help="JSON list of reference answers, one per completion")
     score.add_argument("--prompts", required=True, help="text file, one prompt per line")
     score.add_argument("--media-type", choices=["image", "video"], default=None)
     score.add_argument("--local", action="store_true", help="run every reward in this process")
@@ -54,11 +61,27 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _load(args) -> tuple[np.ndarray, list[str]]:
+def _json_strings(path: str, flag: str) -> list[str]:
     try:
-        media = np.load(args.images, allow_pickle=False)
+        with open(path, encoding="utf-8") as f:
+            items = json.load(f)
     except (OSError, ValueError) as exc:
-        raise RewardError(f"cannot read --images {args.images}: {exc}") from None
+        raise RewardError(f"cannot read {flag} {path}: {exc}") from None
+    if not isinstance(items, list) or not all(isinstance(x, str) for x in items):
+        raise RewardError(f"{flag} {path} must hold a JSON list of strings")
+    return items
+
+
+def _load(args) -> tuple[np.ndarray, list[str]]:
+    if args.completions is not None:
+        media = protocol.text_media(_json_strings(args.completions, "--completions"))
+    else:
+        if args.references is not None:
+            raise RewardError("--references goes with --completions (text rewards), not --images")
+        try:
+            media = np.load(args.images, allow_pickle=False)
+        except (OSError, ValueError) as exc:
+            raise RewardError(f"cannot read --images {args.images}: {exc}") from None
     try:
         with open(args.prompts, encoding="utf-8") as f:
             prompts = [line.rstrip("\n") for line in f if line.strip()]
@@ -66,7 +89,7 @@ def _load(args) -> tuple[np.ndarray, list[str]]:
         raise RewardError(f"cannot read --prompts {args.prompts}: {exc}") from None
     if len(prompts) != media.shape[0]:
         raise RewardError(f"--prompts {args.prompts} has {len(prompts)} prompts for "
-                          f"{media.shape[0]} items in --images {args.images}")
+                          f"{media.shape[0]} items in --{'completions' if args.completions else 'images'}")
     return media, prompts
 
 
@@ -87,10 +110,17 @@ def score(args) -> dict:
                               "REMOTE_REWARD_ENQUEUE_URL / REMOTE_REWARD_FETCH_URL), or use --local")
         fns = [dict(f, local=False) for f in fns]
     media, prompts = _load(args)
+    extras = None
+    if args.references is not None:
+        refs = _json_strings(args.references, "--references")
+        if len(refs) != len(prompts):
+            raise RewardError(f"--references has {len(refs)} answers for {len(prompts)} completions")
+        extras = {"references": refs}
     with RewardComputer(fns, remote=remote, scale=args.scale, clip=args.clip) as computer:
         if remote is not None:
             computer.check_reachable(budget_s=min(30.0, args.budget_s))
-        result = computer.score(media, prompts, media_type=args.media_type)
+        media_type = "text" if args.completions is not None else args.media_type
+        result = computer.score(media, prompts, media_type=media_type, extras=extras)
     return {"total": result.total.tolist(), "per_fn": {k: v.tolist() for k, v in result.per_fn.items()},
             "uuids": result.uuids, "timings": result.timings}
 

@@ -1,4 +1,5 @@
-"""The local rewards by name: the built-in providers (jpeg, ocr, shapes_alignment) plus whatever
+"""The local rewards by name: the built-in providers (jpeg, ocr, shapes_alignment, and the text
+rewards of cosmos-rl's language-model post-training: format, single_choice, boxed_math) plus whatever
 a user registered with `register_reward`. The providers register themselves into
 reward_client.registry when imported; this module imports them, so the registry itself stays
 free of providers (no import cycle between a provider and the table it fills)."""
@@ -11,6 +12,7 @@ import numpy as np
 
 import reward_client.local  # noqa: F401  (the jpeg rewards)
 import reward_client.ocr  # noqa: F401  (ocr; rapidocr itself loads lazily)
+import reward_client.reason  # noqa: F401  (format, single_choice, boxed_math: text completions)
 import reward_client.shapes  # noqa: F401  (shapes_alignment)
 from reward_client.errors import RewardValueError
 from reward_client.registry import LocalReward, lookup, registered
@@ -48,12 +50,18 @@ def _as_scores(name: str, out: Any, batch: int) -> dict[str, np.ndarray]:
 
 def score_local(name: str, media: np.ndarray, prompts: list[str], *, media_type: str = "image",
                 extras: Mapping[str, Any] | None = None, max_video_frames: int = 4) -> dict[str, np.ndarray]:
-    """Run local reward ``name`` on an image or video batch -> {score_key: float64 [B]}."""
+    """Run local reward ``name`` on an image or video batch, or on text completions (media_type
+    "text", media a 1-D str array) -> {score_key: float64 [B]}."""
     reward = get_reward(name)
     extras = dict(extras or {})
     batch = media.shape[0]
     if len(prompts) != batch:
         raise RewardValueError(f"local reward {name!r}: {len(prompts)} prompts for a batch of {batch}")
+    if (media_type == "text") != (reward.media == "text"):
+        want = "text completions (media_type 'text')" if reward.media == "text" else "images or videos"
+        raise RewardValueError(f"local reward {name!r} scores {want}, got media_type {media_type!r}")
+    if media_type == "text":
+        return _as_scores(name, reward.fn([str(c) for c in media], list(prompts), extras), batch)
     if media_type == "image" or reward.video == "native":
         return _as_scores(name, reward.fn(media, list(prompts), extras), batch)
     if media_type != "video":

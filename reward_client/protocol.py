@@ -3,6 +3,10 @@
 Enqueue body: UTF-8 JSON header, one b"\\n", then the bytes of an ``np.save`` file.
 Pull answer: JSON ``{"scores": {key: [float, ...]}, "input_info", "duration", "decoded_duration", "type"}``.
 Pure functions only: no HTTP here.
+
+media_type "text" (a wfm_jax extension for language-model rewards; cosmos-rl scores those
+in-process): the payload is a 1-D ``np.save`` array of unicode strings, one completion per sample
+(dtype ``<U...``, saved without pickle); reference answers go in the header's ``references`` list.
 """
 from __future__ import annotations
 
@@ -19,20 +23,34 @@ PULL_PATH = "/api/reward/pull"
 PING_PATH = "/api/reward/ping"
 # cosmos-rl's hosted services route pulls to the replica that took the enqueue through this header.
 REPLICA_HEADER = "X-Lepton-Replica-Target"
-MEDIA_TYPES = ("image", "video", "latent")
+MEDIA_TYPES = ("image", "video", "latent", "text")
 RESERVED_HEADER_KEYS = ("prompts", "reward_fn", "media_type")
 NPY_MAGIC = b"\x93NUMPY"
 ZIP_MAGIC = b"PK\x03\x04"  # torch.save (and np.savez) write zip archives
 
 
 def infer_media_type(media: np.ndarray) -> str:
-    """uint8 [B,H,W,C] is an image batch, uint8 [B,C,T,H,W] a video batch."""
+    """uint8 [B,H,W,C] is an image batch, uint8 [B,C,T,H,W] a video batch, str [B] text."""
+    if media.ndim == 1 and media.dtype.kind == "U":
+        return "text"
     if media.ndim == 4:
         return "image"
     if media.ndim == 5:
         return "video"
     raise RewardProtocolError(
-        f"media of shape {tuple(media.shape)}: expected images [B,H,W,C] or videos [B,C,T,H,W]")
+        f"media of shape {tuple(media.shape)}: expected images [B,H,W,C], videos [B,C,T,H,W] "
+        "or text completions [B] (strings)")
+
+
+def text_media(completions) -> np.ndarray:
+    """Completions (a sequence of str) as the text payload: a 1-D unicode array."""
+    if isinstance(completions, str):
+        raise RewardProtocolError("text media must be a list of completions, got one string")
+    items = list(completions)
+    bad = [i for i, c in enumerate(items) if not isinstance(c, str)]
+    if bad:
+        raise RewardProtocolError(f"text media must be strings; samples {bad[:8]} are not")
+    return np.asarray(items, dtype=str).reshape(len(items))
 
 
 def check_media(media: np.ndarray, media_type: str) -> None:
@@ -42,6 +60,11 @@ def check_media(media: np.ndarray, media_type: str) -> None:
         if not np.issubdtype(media.dtype, np.floating) or media.ndim != 5:
             raise RewardProtocolError(f"latent media must be float VAE latents [B,C,T,H,W], got "
                                       f"dtype {media.dtype} shape {tuple(media.shape)}")
+        return
+    if media_type == "text":
+        if media.dtype.kind != "U" or media.ndim != 1:
+            raise RewardProtocolError(f"text media must be a 1-D array of strings [B], got dtype "
+                                      f"{media.dtype} shape {tuple(media.shape)}")
         return
     want = 4 if media_type == "image" else 5
     layout = "[B,H,W,C]" if media_type == "image" else "[B,C,T,H,W]"

@@ -13,6 +13,10 @@ strings and the request's extras dict, and returns N scores (array or list) or a
 ``video="frames"`` (default): for video batches the function is called once per sampled frame
 with that frame of every video, and the per-frame scores are averaged. ``video="native"``: the
 function receives the uint8 [B,C,T,H,W] batch itself.
+
+``media="text"``: the function scores text completions (a language model's answers) instead of
+pixels: it is called as ``fn(completions, prompts, extras)`` with N completion strings, and the
+reference answers travel in ``extras["references"]`` (reward_client/reason.py has cosmos-rl's).
 """
 from __future__ import annotations
 
@@ -25,6 +29,7 @@ from reward_client.errors import RewardConfigError
 
 RewardFn = Callable[[Any, list, dict], Any]
 VIDEO_MODES = ("frames", "native")
+MEDIA_KINDS = ("pixels", "text")  # what a local reward scores: images/videos, or text completions
 
 
 @dataclass(frozen=True)
@@ -33,6 +38,7 @@ class LocalReward:
     fn: RewardFn
     video: str = "frames"
     setup: Callable[[], None] | None = None  # loads weights etc.; called by check_reachable
+    media: str = "pixels"
 
 
 _REGISTRY: dict[str, LocalReward] = {}
@@ -40,17 +46,19 @@ _LOCK = threading.Lock()
 
 
 def register_reward(name: str, *, video: str = "frames", setup: Callable[[], None] | None = None,
-                    replace: bool = False):
+                    replace: bool = False, media: str = "pixels"):
     """Decorator registering ``fn`` as local reward ``name``; returns ``fn`` unchanged."""
     if video not in VIDEO_MODES:
         raise RewardConfigError(f"register_reward({name!r}): video={video!r}, expected one of {VIDEO_MODES}")
+    if media not in MEDIA_KINDS:
+        raise RewardConfigError(f"register_reward({name!r}): media={media!r}, expected one of {MEDIA_KINDS}")
 
     def decorate(fn: RewardFn) -> RewardFn:
         with _LOCK:
             if name in _REGISTRY and not replace and _REGISTRY[name].fn is not fn:
                 raise RewardConfigError(f"local reward {name!r} is already registered "
                                         "(pass replace=True to override it)")
-            _REGISTRY[name] = LocalReward(name, fn, video, setup)
+            _REGISTRY[name] = LocalReward(name, fn, video, setup, media)
         return fn
 
     return decorate

@@ -42,7 +42,7 @@ def _null_nonfinite(value):
     return value
 
 
-def _json(status: int, content) -> "Response":
+def _json(status: int, content):
     from starlette.responses import Response
 
     return Response(json.dumps(_null_nonfinite(content), allow_nan=False), status_code=status,

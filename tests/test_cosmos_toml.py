@@ -76,10 +76,6 @@ def _edit(tmp_path, old, new, src=NFT):
 
 
 @pytest.mark.parametrize("old, new, fragment", [
-    # the typo cosmos-rl's own NFT recipes carry
-    ("timesteps_fraction = 0.99", "timestep_fraction = 0.99",
-     "unknown cosmos-rl key 'policy.diffusers.timestep_fraction'; did you mean 'timesteps_fraction'? "
-     "(cosmos-rl's own NFT recipes carry this typo"),
     ("optm_lr = 3e-4", "optm_lrr = 3e-4", "unknown cosmos-rl key 'train.optm_lrr'; did you mean 'optm_lr'?"),
     ("weight = 1.0", "wieght = 1.0",
      "'train.train_policy.remote_reward.reward_fns[0].wieght'; did you mean 'weight'?"),
@@ -104,10 +100,12 @@ def test_bad_recipes_are_one_line_and_exit_2(tmp_path, capsys, old, new, fragmen
     assert fragment in err and "\n" not in err  # one line (no ignored-keys note before it)
 
 
-def test_wfm_stack_recipes_are_named_as_such(tmp_path):
+def test_wfm_stack_recipes_without_data_name_the_missing_piece(tmp_path):
+    # a world-model recipe (tests/config/test_cosmos_rl_recipes.py has cosmos-rl's own) whose
+    # web loader is cosmos-rl's internal webdataset rather than its mock data
     path = tmp_path / "predict2.toml"
     path.write_text("[model]\nfsdp_shard_size = 8\n\n[trainer]\nmax_iter = 10\n")
-    with pytest.raises(ConfigError, match="WFM-stack recipe"):
+    with pytest.raises(ConfigError, match="internal webdataset, which is not here"):
         cfg.load_config(str(path))
 
 

@@ -29,7 +29,7 @@ def main():
     out["jax_bf16_matmul_tflops"] = 2 * n ** 3 / _median_s(lambda: mm(a, b).block_until_ready()) / 1e12
     x = jax.random.normal(k[0], (1 << 30,), jnp.float32)  # 4 GiB
     cp = jax.jit(lambda v: v + 1.0)
-    out["jax_copy_tb_s"] = 2 * x.nbytes / _median_s(lambda: cp(x).block_until_ready()) / 1e12
+    out["jax_copy_tb_s"] = 2 * x.nbytes / _median_s(lambda x=x: cp(x).block_until_ready()) / 1e12
     del x
     try:
         import torch

@@ -1,6 +1,7 @@
 """The training entry point.
 
     python -m wfm_jax.main --config configs/X.py [--config.a.b=value ...]
+    python -m wfm_jax.main --config recipe.toml [--wfm-mode cosmos_rl.tools.dataset.wfm_rl] [--dry-run]
 
 Loads and validates the locked config (a resumed one is compared with the stored
 output_dir/config.json: wfm_jax.config.resume), starts jax.distributed when the config /
@@ -120,6 +121,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     held = contextlib.ExitStack()  # the output dir's lock, for the whole run
     try:
+        from wfm_jax.cli.launch import check_launcher, dry_run, split_launcher_args
+        from wfm_jax.config.base import parse_overrides
+        argv, dry, wfm_mode, module = split_launcher_args(argv)
+        check_launcher(parse_overrides(argv)[0], wfm_mode, module)
+        if dry:  # resolve and report only: no distributed start, weights, data or outputs
+            from wfm_jax.config.recipe import config_from_argv
+            return dry_run(config_from_argv(argv))
         config = prepare(argv, held)
         from wfm_jax.plan import check_fits
         check_fits(config)  # on accelerators: refuse what cannot fit before loading weights

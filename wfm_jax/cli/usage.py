@@ -9,7 +9,11 @@ USAGE = """usage: python -m wfm_jax.main --config=configs/X.py [--config.a.b=VAL
 Trains with the recipe X (a Python file with get_config()); every --config.a.b=VALUE overrides
 one key of it (all keys and defaults: wfm_jax/config/schema.py). Resume a run with
 --config.train.resume=True. Print the resolved config without training:
-python -m wfm_jax.config --config=configs/X.py [--config.a.b=VALUE ...]"""
+python -m wfm_jax.config --config=configs/X.py [--config.a.b=VALUE ...]
+
+cosmos-rl TOML recipes load as they are: --config=recipe.toml; add --dry-run to print the
+resolved config and what the run would load; cosmos-rl's launcher flag --wfm-mode MODULE is
+accepted (docs/cosmos_rl_migration.md)."""
 
 
 def recipes_dir() -> str:

@@ -18,16 +18,19 @@ from __future__ import annotations
 
 import difflib
 import os
+import sys
 from typing import Any, Callable
 
 import tomllib
 
 from wfm_jax.config.base import ConfigError
+from wfm_jax.config.cosmos_wfm_toml import is_wfm_recipe, read_wfm_recipe
 
 _PARALLELISM = ("n_init_replicas tp_size cp_size ep_size dp_shard_size pp_size pp_dynamic_shape "
                 "pp_micro_batch_size dp_replicate_size pp_schedule pp_layers_per_stage")
 _DATASET = "name subset revision split test_size local_dir"
-_REMOTE_REWARD = "scale reward_fns reward_clip_min reward_clip_max batch_size"
+# reward_fns: [[...]] tables; older cosmos-rl recipes write score_key + a reward_fn {name = weight}
+_REMOTE_REWARD = "scale reward_fns reward_fn score_key reward_clip_min reward_clip_max batch_size"
 
 KNOWN = {k: frozenset(v.split()) for k, v in {
     "": "custom train rollout policy logging profiler validation distillation vla redis eth_ips mode",
@@ -38,7 +41,8 @@ KNOWN = {k: frozenset(v.split()) for k, v in {
     "policy.parallelism": _PARALLELISM,
     "policy.lora": ("r lora_names lora_path lora_alpha lora_dropout target_modules primary_adapter "
                     "use_rslora modules_to_save alpha_pattern r_pattern init_lora_weights"),
-    "policy.diffusers": ("dtype is_video max_prompt_length weighting_scheme train_flow_shift offload "
+    "policy.diffusers": ("dtype main_dtype training_dtype is_video max_prompt_length "
+                         "weighting_scheme train_flow_shift offload "
                          "logit_mean logit_std inference_size inference_frames train_frames "
                          "timesteps_fraction nft_beta weight_copy_decay_type lora sample tokenizer"),
     "policy.diffusers.sample": ("num_steps eval_num_steps guidance_scale global_std noise_level "
@@ -145,6 +149,7 @@ MAPPED: dict[str, Setter] = {
     "train.epsilon": _to("train.optm_eps"),
     "train.max_num_steps": _to("train.max_steps"),
     "train.train_policy.remote_reward.reward_fns": None,  # _reward_fns, with its own key checks
+    "train.train_policy.remote_reward.reward_fn": None,  # {name: weight}, older recipes
     "logging.logger": _loggers,
     "logging.project_name": _to("train.wandb.project"),
     "logging.experiment_name": _experiment_name,
@@ -178,6 +183,7 @@ MAPPED["train.train_policy.remote_reward.scale"] = _to("train.train_policy.remot
 MAPPED["rollout.n_generation"] = _to("rollout.n_generation")
 # handled together below: the trainer from (type, trainer_type), the total clip from both ends
 JOINT = ("train.train_policy.type", "train.train_policy.trainer_type",
+         "train.train_policy.remote_reward.score_key",
          "train.train_policy.remote_reward.reward_clip_min",
          "train.train_policy.remote_reward.reward_clip_max")
 
@@ -208,8 +214,11 @@ LORA_DEFAULTS = {"policy.lora.r": 8, "policy.lora.lora_alpha": 8.0,
                  "policy.lora.init_lora_weights": "default"}
 TRAINERS = {("sft", None): "sft", ("sft", "sft"): "sft", ("sft", "diffusers_sft"): "sft",
             ("grpo", "diffusion_nft"): "nft"}
-HINTS = {"timestep_fraction": " (cosmos-rl's own NFT recipes carry this typo, and cosmos-rl "
-                              "ignores unknown keys, so their value never applied there)"}
+# cosmos-rl's NFT recipes misspell timesteps_fraction; pydantic drops the typo, so cosmos-rl
+# trains on every rollout step (its default 1.0): read as that, with a warning (spec §9)
+TYPO = "policy.diffusers.timestep_fraction"
+POLICY_REFUSAL = ("{source}: cosmos-policy is a robot-policy evaluation on the LIBERO simulator "
+                  "([vla] vla_type = {vla!r}), not diffusion post-training; use cosmos-rl for it")
 
 
 def _flatten(node: dict, prefix: str = "") -> dict[str, Any]:
@@ -239,7 +248,7 @@ def _check_known(path: str, source: str) -> bool:
         if part not in known:
             close = difflib.get_close_matches(part, sorted(known), n=1, cutoff=0.6)
             bad = ".".join(parts[: i + 1])
-            hint = f"; did you mean '{close[0]}'?{HINTS.get(part, '')}" if close else \
+            hint = f"; did you mean '{close[0]}'?" if close else \
                 f"; valid keys there: {', '.join(sorted(known))}"
             raise ConfigError(f"{source}: unknown cosmos-rl key '{bad}'{hint}")
         here = ".".join(parts[: i + 1])
@@ -313,8 +322,18 @@ def _joint(flat: dict, source: str, out: dict) -> None:
         out["train.train_policy.std_ddof"] = 1
 
 
-def read_recipe(path: str) -> tuple[dict[str, Any], list[str]]:
-    """A cosmos-rl TOML recipe -> ({wfm_jax dotted key: value}, [ignored cosmos-rl keys])."""
+def _reward_fn_table(table, score_key, source: str) -> list[dict]:
+    """Older recipes: remote_reward.reward_fn = {name: weight} with one score_key for all."""
+    where = "train.train_policy.remote_reward.reward_fn"
+    if not isinstance(table, dict) or not table:
+        raise ConfigError(f"{source}: '{where}' must be a table of reward name = weight")
+    return [{"name": str(name), "weight": float(weight), "score_key": str(score_key or "")}
+            for name, weight in table.items()]
+
+
+def read_recipe(path: str, notes: list[str] | None = None) -> tuple[dict[str, Any], list[str]]:
+    """A cosmos-rl TOML recipe -> ({wfm_jax dotted key: value}, [ignored cosmos-rl keys]).
+    Warnings and notes (one line each) go to `notes`, or to stderr when it is None."""
     try:
         with open(path, "rb") as f:
             tree = tomllib.load(f)
@@ -322,10 +341,30 @@ def read_recipe(path: str) -> tuple[dict[str, Any], list[str]]:
         raise ConfigError(f"config file not found: {path}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path} is not valid TOML: {exc}") from None
-    if "policy" not in tree and ("model" in tree or "trainer" in tree):
-        raise ConfigError(f"{path} is a cosmos-rl WFM-stack recipe ([model] / [trainer] sections, "
-                          f"e.g. Cosmos-Predict2.5 GRPO / DDRL); wfm_jax reads the diffusers-stack "
-                          f"recipes ([policy] with [policy.diffusers]) only")
+    said = [] if notes is None else notes
+    try:
+        return _read_tree(tree, path, said)
+    finally:
+        if notes is None:
+            for line in said:
+                print(line, file=sys.stderr)
+
+
+def _read_tree(tree: dict, path: str, notes: list[str]) -> tuple[dict[str, Any], list[str]]:
+    vla = tree.get("vla")
+    if isinstance(vla, dict):
+        raise ConfigError(POLICY_REFUSAL.format(source=path, vla=vla.get("vla_type", "?")))
+    if is_wfm_recipe(tree):
+        out, wfm_notes = read_wfm_recipe(tree, path)
+        notes.extend(f"note: {n}" for n in wfm_notes)
+        return out, []
+    diffusers = tree.get("policy", {}).get("diffusers", {})
+    if isinstance(diffusers, dict) and "timestep_fraction" in diffusers:
+        typo = diffusers.pop("timestep_fraction")
+        honoured = diffusers.get("timesteps_fraction", 1.0)
+        notes.append(f"warning: {TYPO} = {typo} is cosmos-rl's misspelling of timesteps_fraction "
+                     f"and was never applied there; training on {honoured} of the steps as "
+                     f"cosmos-rl does (write timesteps_fraction to change it)")
     flat = _flatten(tree)
     out: dict[str, Any] = dict(COSMOS_DEFAULTS)
     if "lora" in tree.get("policy", {}):  # [policy.lora] present: LoRA, with cosmos-rl's defaults
@@ -338,6 +377,9 @@ def read_recipe(path: str) -> tuple[dict[str, Any], list[str]]:
             ignored.append(key)
         elif key == "train.train_policy.remote_reward.reward_fns":
             out[key] = _reward_fns(value, path)
+        elif key == "train.train_policy.remote_reward.reward_fn":
+            out["train.train_policy.remote_reward.reward_fns"] = _reward_fn_table(
+                value, flat.get("train.train_policy.remote_reward.score_key"), path)
         elif key not in JOINT:
             try:
                 MAPPED[key](value, out)

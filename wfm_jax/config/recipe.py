@@ -133,15 +133,17 @@ def load_config(spec: str, overrides: Sequence[tuple[str, str]] = (), check: boo
     """`configs/X.py[:arg]` or a cosmos-rl `recipe.toml`, + [(dotted key, text)] -> validated,
     locked ConfigDict. Overrides use wfm_jax's keys in both cases."""
     if spec.endswith(".toml"):
-        tree, ignored = read_recipe(spec)
+        notes: list[str] = []
+        tree, ignored = read_recipe(spec, notes)
         try:
             config = from_tree(tree)
         except ConfigError as e:
             raise ConfigError(f"{spec}: {e}") from e
-        if ignored:
-            print(ignored_note(ignored), file=sys.stderr)
+        for line in notes + ([ignored_note(ignored)] if ignored else []):
+            print(line, file=sys.stderr)
         for key, text in overrides:
             apply_override(config, key, text)
+        _tiny_mock(config, [key for key, _ in overrides])
         return validate(config) if check else config
     path, arg = spec, None
     if ".py:" in spec:
@@ -155,6 +157,28 @@ def load_config(spec: str, overrides: Sequence[tuple[str, str]] = (), check: boo
         apply_override(config, key, text)
     _build_tiny_only_at_recipe_paths(config, [key for key, _ in overrides])
     return validate(config) if check else config
+
+
+def _tiny_mock(config: ConfigDict, overridden: Sequence[str]) -> None:
+    """cosmos-rl's mock-data recipe with --config.policy.build_tiny=True: the random model is
+    the tiny Cosmos twin (built under output_dir, which gains "_tiny" so a full-size run's
+    stays apart) and the mock videos shrink to its size; keys given on the command line stay
+    as given."""
+    if not (config.policy.build_tiny and config.train.train_policy.dataset.layout == "mock"):
+        return
+    from wfm_jax.families.cosmos import tiny
+    d = config.policy.diffusers
+    if "train.output_dir" not in overridden:
+        config.train.output_dir = config.train.output_dir.rstrip("/") + "_tiny"
+    shrunk = {"policy.model_name_or_path": os.path.join(config.train.output_dir, "tiny_cosmos"),
+              "policy.diffusers.inference_size": (tiny.HEIGHT, tiny.WIDTH),
+              "policy.diffusers.train_frames": tiny.FRAMES,
+              "policy.diffusers.inference_frames": tiny.FRAMES}
+    for key, value in shrunk.items():
+        if key not in overridden:
+            set_value(config, key, value)
+    print(f"note: tiny mock run: the tiny Cosmos twin at {config.policy.model_name_or_path}, mock "
+          f"videos of {d.train_frames} frames at {tuple(d.inference_size)}", file=sys.stderr)
 
 
 def _build_tiny_only_at_recipe_paths(config: ConfigDict, overridden: Sequence[str]) -> None:

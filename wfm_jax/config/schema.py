@@ -70,6 +70,11 @@ DEFAULTS = {
                 # WebDataset split layout's data keys (one tar tree each, e.g. video, metas,
                 # t5_xxl); empty: paired tars, or the key dirs found under local_dir
                 "wds_keys": (),
+                # layout "mock" (cosmos-rl's mock-data mode, wfm_jax.data.mock): random videos of
+                # the recipe's shape and random T5-like text embeddings of this width
+                # (policy.diffusers.max_prompt_length tokens); the DiT's text width wins when
+                # they differ (said in one line)
+                "mock_text_dim": 1024,
             },
             # SFT: keep each distinct prompt's text conditioning and each distinct item's VAE
             # posterior (mean, std; the per-step draw is unchanged, so losses are bit-equal) in
@@ -231,7 +236,7 @@ CHOICES = {
     "train.train_policy.type": ("sft", "nft", "grpo", "ddrl"),
     "train.train_policy.remote_reward.on_failure": ("raise", "drop"),
     "train.train_policy.remote_reward.media_type": ("pixels", "latent"),
-    "train.train_policy.dataset.layout": ("paired", "wfm", "prompts"),
+    "train.train_policy.dataset.layout": ("paired", "wfm", "prompts", "mock"),
     "policy.lora.init_lora_weights": ("gaussian", "zeros", "default"),
     "policy.diffusers.weighting_scheme": ("logit_normal", "mode", "uniform", "none", "sigma_sqrt",
                                           "cosmap"),
@@ -407,13 +412,15 @@ def check_groups(config) -> None:
 def check_reward_fns(config) -> None:
     for i, fn in enumerate(get(config, "train.train_policy.remote_reward.reward_fns") or ()):
         where = f"train.train_policy.remote_reward.reward_fns[{i}]"
-        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+        if not isinstance(fn, dict):
             raise ConfigError(f"config key '{where}' must be a dict with a non-empty 'name'")
-        for key in fn:
+        for key in fn:  # before the name check: a misspelt 'name' gets its hint too
             if key not in REWARD_FN_KEYS:
                 close = difflib.get_close_matches(key, REWARD_FN_KEYS, n=1)
                 hint = f"; did you mean '{close[0]}'?" if close else f"; valid: {list(REWARD_FN_KEYS)}"
                 raise ConfigError(f"unknown key '{where}.{key}'{hint}")
+        if not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise ConfigError(f"config key '{where}' must be a dict with a non-empty 'name'")
 
 
 GRPO_SOLVERS = ("flow", "sde", "cps", "dance")  # "flow" = the Flow-GRPO SDE

@@ -15,6 +15,11 @@ from wfm_jax.data.paired import paired_loader, paired_loader_from_config
 from wfm_jax.data.prompts import PromptRecord, prompt_splits, prompt_splits_from_config, read_prompt_file
 from wfm_jax.data.wfm import wfm_loader, wfm_loader_from_config
 
+__all__ = ["BadSample", "DataError", "GroupBatcher", "Loader", "PromptRecord", "Shard", "eval_batches",
+           "group_batcher_from_config", "local_batch_size", "paired_loader", "paired_loader_from_config",
+           "process_shard", "prompt_splits", "prompt_splits_from_config", "read_prompt_file",
+           "sft_loader_from_config", "wfm_loader", "wfm_loader_from_config"]
+
 
 def sft_loader_from_config(config, shard: Shard | None = None) -> Loader:
     layout = config.train.train_policy.dataset.layout

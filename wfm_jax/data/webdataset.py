@@ -372,6 +372,8 @@ def load_record_media(record, size_hw, num_frames: int = 1,
     size_hw = tuple(size_hw)
     if record.is_video and rng is None:
         raise ValueError("a video record needs an rng for its frame window")
+    if hasattr(record, "load"):  # generated in memory (wfm_jax.data.mock)
+        return record.load(size_hw, num_frames, rng)
     if isinstance(record, TarRecord):
         data = read_range(record.url, record.offset, record.size, record.cfg)
         if record.is_video:

@@ -43,6 +43,9 @@ def media_records(config) -> tuple[list, list]:
     from wfm_jax.data.prompts import holdout_split, read_prompt_file
     from wfm_jax.train import setup as train_setup
     ds, d = config.train.train_policy.dataset, config.policy.diffusers
+    if ds.layout == "mock":  # cosmos-rl's mock-data mode: random items, no files
+        from wfm_jax.data import mock
+        return mock.records(config)
     if os.path.isfile(ds.local_dir):
         raise DataError(f"train.train_policy.dataset.local_dir = {ds.local_dir!r} is a prompt "
                         f"file, but this recipe reads data items with media (DDRL's data term, "

@@ -465,8 +465,13 @@ def build(config) -> RLRun:
                 chunk, int(config.train.max_steps), int(config.train.train_batch_per_replica),
                 int(config.train.seed), config.train.output_dir,
                 base_key=jax.random.key(config.train.seed))
-    run.text_encoder = TextEncoder(setup.pipe, config.policy.diffusers.max_prompt_length,
-                                   out_sharding=setup.batch_sharding())
+    max_len, dataset = config.policy.diffusers.max_prompt_length, config.train.train_policy.dataset
+    if dataset.layout == "mock":  # random text embeddings per item (wfm_jax.data.mock)
+        from wfm_jax.data.mock import MockTextEncoder
+        run.text_encoder = MockTextEncoder(setup.pipe, max_len, dataset.mock_text_dim,
+                                           int(config.train.seed), setup.batch_sharding())
+    else:
+        run.text_encoder = TextEncoder(setup.pipe, max_len, out_sharding=setup.batch_sharding())
     run.mu_iterations = int(config.train.train_policy.mu_iterations)
     run.optimize_chunks = optimize_chunks
     run.row_shards = batch_shards(setup)

@@ -10,6 +10,8 @@ for joint attention add_q_proj, add_k_proj, add_v_proj, to_add_out), so LoRA tar
   "pallas"    the Pallas TPU flash kernel (pallas_attention);
   "auto"      cuDNN on a CUDA GPU where it applies, Pallas on TPU, else by sequence length:
               XLA below BLOCKWISE_MIN_SEQ tokens, blockwise from there (resolve_attention_impl);
+              the platform is that of the mesh the call is compiled for (target_device), so a
+              CPU process compiling for a TPU topology mesh gets Pallas, as a TPU run would;
   None        JAX's own default (XLA in jax 0.10).
 With the sequence split over the mesh (`context`), `context_parallel_impl` picks Ulysses or ring
 attention (context_parallel); cuDNN keeps its own Ulysses layout (split_heads_not_sequence).
@@ -25,11 +27,11 @@ from jax.sharding import PartitionSpec as P
 
 from wfm_jax.core import mesh
 from wfm_jax.models.layers import context_parallel as cp
-from wfm_jax.models.layers.context_parallel import (CONTEXT_PARALLEL_IMPLS,  # noqa: F401
-                                                    check_context_parallel_impl)
+from wfm_jax.models.layers.context_parallel import CONTEXT_PARALLEL_IMPLS as CONTEXT_PARALLEL_IMPLS
+from wfm_jax.models.layers.context_parallel import check_context_parallel_impl
 from wfm_jax.models.layers.linear import Linear
-from wfm_jax.models.layers.pallas_attention import pallas_tpu_available
 from wfm_jax.models.layers.norms import LayerNorm, RMSNorm
+from wfm_jax.models.layers.pallas_attention import pallas_tpu_available
 
 ATTENTION_IMPLS = ("auto", "xla", "cudnn", "blockwise", "pallas", None)
 QKV_AXES = ("act_batch", "act_seq", "act_heads", None)
@@ -55,24 +57,48 @@ def check_attention_impl(impl, compute_dtype) -> None:
         raise ValueError(f"attention_impl='cudnn' needs a bf16/fp16 compute dtype, got {compute_dtype}")
 
 
-def is_cuda_platform(device=None) -> bool:
-    """True on an NVIDIA (CUDA) GPU backend; ROCm GPUs and CPU/TPU have no cuDNN. (A GPU client
-    that does not say which is taken for CUDA, the common case.)"""
-    device = device or jax.devices()[0]
-    version = str(getattr(device.client, "platform_version", "")).lower()
-    return device.platform == "gpu" and "rocm" not in version
+def target_device(mesh=None):
+    """The device attention is compiled for: the first of `mesh`'s devices, else of the mesh in
+    context (jax.set_mesh, also inside jit and shard_map), else jax.devices()[0].
+
+    The mesh, not jax.devices(), is the compile target: a process planning for a TPU topology
+    (jax.experimental.topologies) has only CPU devices of its own. Returns a jax Device or, for
+    an abstract mesh, its AbstractDevice (platform and device_kind, no client)."""
+    if mesh is None:
+        mesh = jax.sharding.get_abstract_mesh()
+    if isinstance(mesh, jax.sharding.Mesh):
+        return mesh.devices.flat[0]
+    if mesh is not None and not mesh.empty and mesh.abstract_device is not None:
+        return mesh.abstract_device
+    return jax.devices()[0]
 
 
-def is_tpu_platform(device=None) -> bool:
-    return (device or jax.devices()[0]).platform == "tpu"
+def is_cuda_platform(device=None, *, mesh=None) -> bool:
+    """True when compiling for an NVIDIA (CUDA) GPU (target_device); ROCm GPUs and CPU/TPU have
+    no cuDNN. (A GPU that does not say which is taken for CUDA, the common case.)"""
+    device = device or target_device(mesh)
+    if device.platform != "gpu":
+        return False
+    client = getattr(device, "client", None)
+    if client is not None:
+        return "rocm" not in str(getattr(client, "platform_version", "")).lower()
+    return not str(getattr(device, "device_kind", "")).lower().startswith("amd")
+
+
+def is_tpu_platform(device=None, *, mesh=None) -> bool:
+    return (device or target_device(mesh)).platform == "tpu"
 
 
 def resolve_attention_impl(impl, compute_dtype, head_dim: int, *, seq_len: int | None = None,
-                           cuda: bool | None = None, tpu: bool | None = None):
+                           cuda: bool | None = None, tpu: bool | None = None, mesh=None):
     """The implementation "auto" stands for: "cudnn" on a CUDA GPU with a bf16/fp16 compute dtype
     and a head dim cuDNN takes; "pallas" on TPU; otherwise "blockwise" when seq_len >=
-    BLOCKWISE_MIN_SEQ, "xla" below, and "auto" itself when seq_len is None (a module built
-    before it sees a sequence: decided per call). Other values pass through unchanged.
+    BLOCKWISE_MIN_SEQ, "xla" below. Other values pass through unchanged.
+
+    The platform is the compile target's: `cuda` / `tpu` when given, else `mesh`'s devices, else
+    the mesh in context (target_device). Without seq_len and without a target given (a module
+    being built, which may later be traced for another mesh) it returns "auto" itself: decided
+    per call (kernel_for), under the mesh the call is compiled for.
 
     Why not JAX's None: it picks XLA, whose attention keeps every (S x S) softmax for the
     backward. For SD3.5-Medium at 512 px that is about 3.8 GB per attention layer and batch of
@@ -81,11 +107,13 @@ def resolve_attention_impl(impl, compute_dtype, head_dim: int, *, seq_len: int |
     check_attention_impl(impl, compute_dtype)
     if impl != "auto":
         return impl
-    cuda = is_cuda_platform() if cuda is None else cuda
+    if seq_len is None and cuda is None and tpu is None and mesh is None:
+        return "auto"
+    cuda = is_cuda_platform(mesh=mesh) if cuda is None else cuda
     fits = head_dim % 8 == 0 and head_dim <= CUDNN_MAX_HEAD_DIM
     if cuda and fits and jnp.dtype(compute_dtype) in CUDNN_DTYPES:
         return "cudnn"
-    tpu = is_tpu_platform() if tpu is None else tpu
+    tpu = is_tpu_platform(mesh=mesh) if tpu is None else tpu
     if tpu and pallas_tpu_available():
         return "pallas"
     if seq_len is None:
@@ -219,7 +247,7 @@ def joint_attention(sample_qkv, context_qkv, *, implementation="xla", context_pa
                                                      scheme=scheme, axes=axes)
             return out, ctx
     n = q.shape[1]
-    q, k, v = (jnp.concatenate([s, c], axis=1) for s, c in zip(sample_qkv, context_qkv))
+    q, k, v = (jnp.concatenate([s, c], axis=1) for s, c in zip(sample_qkv, context_qkv, strict=True))
     out = dot_product_attention(q, k, v, implementation=impl, context_parallel=context_parallel)
     return out[:, :n], out[:, n:]
 
@@ -255,7 +283,7 @@ class Attention(nnx.Module):
         check_context_parallel_impl(context_parallel_impl)
         self.context_parallel_impl = context_parallel_impl
         inner = heads * head_dim
-        lin = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+        lin = {"rngs": rngs, "dtype": dtype, "param_dtype": param_dtype}
         self.to_q = Linear(dim, inner, axes=("embed", "heads"), **lin)
         self.to_k = Linear(dim, inner, axes=("embed", "heads"), **lin)
         self.to_v = Linear(dim, inner, axes=("embed", "heads"), **lin)
@@ -264,7 +292,7 @@ class Attention(nnx.Module):
         self.norm_k = make_qk_norm(qk_norm, head_dim, eps=eps, param_dtype=param_dtype)
         self.joint = added_kv_proj_dim is not None
         joint, ctx_out = self.joint, self.joint and not context_pre_only
-        ctx_in = added_kv_proj_dim
+        ctx_in = added_kv_proj_dim or 0  # 0: no joint stream (the projections below are None)
         self.add_q_proj = Linear(ctx_in, inner, axes=("embed", "heads"), **lin) if joint else None
         self.add_k_proj = Linear(ctx_in, inner, axes=("embed", "heads"), **lin) if joint else None
         self.add_v_proj = Linear(ctx_in, inner, axes=("embed", "heads"), **lin) if joint else None

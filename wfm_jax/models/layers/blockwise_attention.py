@@ -89,24 +89,24 @@ def attend(q, k, v, kv_mask=None, *, block_q=DEFAULT_BLOCK_Q, block_k=DEFAULT_BL
 
     def one_query_block(qb):
         def step(carry, kvm):
-            m, l, acc = carry
+            m, denom, acc = carry
             kb, vb, mb = kvm
             sc = _scores(qb, kb, mb, scale)
             m_new = jnp.maximum(m, sc.max(-1))
             m_safe = jnp.where(jnp.isneginf(m_new), 0.0, m_new)  # all masked so far: no NaN
             p = jnp.exp(sc - m_safe[..., None])
             corr = jnp.exp(m - m_safe)
-            l = l * corr + p.sum(-1)
+            denom = denom * corr + p.sum(-1)
             pv = jnp.einsum("bnqk,bnkh->bnqh", p.astype(v.dtype), vb, preferred_element_type=F32)
-            return (m_new, l, acc * corr[..., None] + pv), None
+            return (m_new, denom, acc * corr[..., None] + pv), None
 
         shape, z = qb.shape[:-1], zero_like(qb, kbs, vbs)
         init = (jnp.full(shape, -jnp.inf, F32) + z, jnp.zeros(shape, F32) + z,
                 jnp.zeros(qb.shape, F32) + z)
-        (m, l, acc), _ = jax.lax.scan(step, init, (kbs, vbs, mbs))
-        seen = l > 0
-        out = jnp.where(seen[..., None], acc / jnp.where(seen, l, 1.0)[..., None], 0.0)
-        lse = jnp.where(seen, m + jnp.log(jnp.where(seen, l, 1.0)), -jnp.inf)
+        (m, denom, acc), _ = jax.lax.scan(step, init, (kbs, vbs, mbs))
+        seen = denom > 0
+        out = jnp.where(seen[..., None], acc / jnp.where(seen, denom, 1.0)[..., None], 0.0)
+        lse = jnp.where(seen, m + jnp.log(jnp.where(seen, denom, 1.0)), -jnp.inf)
         return out, lse
 
     out, lse = jax.lax.map(one_query_block, _blocks(q, bq))

@@ -91,6 +91,19 @@ def local_kernel(impl):
     return xla
 
 
+def shard_map(fn, *, impl, in_specs, out_specs):
+    """jax.shard_map over the active mesh; with `check_vma=False` where the kernel is Pallas.
+
+    JAX's Pallas TPU kernels (flash_attention) declare their outputs as plain ShapeDtypeStructs,
+    which carry no varying-over-mesh-axes type, and shard_map's default check refuses them at
+    trace time ("manual_axis_type on jax.ShapeDtypeStruct must not be None"). Without the check
+    shard_map's transpose sums the cotangent of an input over the mesh axes its spec leaves out
+    (replicated K/V: the psum pcast's transpose gives under the check) and `pcast` is a no-op,
+    so the same code differentiates correctly either way (tested against XLA attention)."""
+    return jax.shard_map(fn, in_specs=in_specs, out_specs=out_specs,
+                         check_vma=impl != "pallas")
+
+
 def ulysses_attention(q, k, v, kv_mask, axes, kernel):
     """Inside shard_map: local (B, t, N, H) chunks -> all-to-all to (B, n t, N / n, H), the
     kernel over the whole sequence for this device's heads, and back."""
@@ -145,10 +158,11 @@ def context_parallel_attention(parts, *, impl: str, scheme: str, axes):
         bounds = [sum(q_lens[:i]) for i in range(1, len(parts))]
         return tuple(jnp.split(out, bounds, axis=1))
 
-    fn = jax.shard_map(local, in_specs=(spec,) * len(padded) + (P(spec[1]),) * len(masks),
-                       out_specs=(spec,) * len(parts))
+    fn = shard_map(local, impl=impl if scheme == "ulysses" else "blockwise",
+                   in_specs=(spec,) * len(padded) + (P(spec[1]),) * len(masks),
+                   out_specs=(spec,) * len(parts))
     outs = fn(*padded, *masks)
-    return [o[:q.shape[0], :q.shape[1]] for o, (q, _, _) in zip(outs, parts)]
+    return [o[:q.shape[0], :q.shape[1]] for o, (q, _, _) in zip(outs, parts, strict=True)]
 
 
 def local_queries_attention(q, k, v, *, impl: str):
@@ -166,7 +180,7 @@ def local_queries_attention(q, k, v, *, impl: str):
         k, v = (jax.lax.pcast(t, seq, to="varying") for t in (k, v))
         return kernel(q, k, v, None)
 
-    fn = jax.shard_map(local, in_specs=(spec, kv_spec, kv_spec), out_specs=spec)
+    fn = shard_map(local, impl=impl, in_specs=(spec, kv_spec, kv_spec), out_specs=spec)
     nb = _batch_multiple()
     out = fn(_pad(_pad(q, n), nb, axis=0), _pad(k, nb, axis=0), _pad(v, nb, axis=0))
     return out[:q.shape[0], :q.shape[1]]
@@ -178,6 +192,6 @@ def sharded_local_attention(q, k, v, *, impl: str):
     spec = mesh.logical_to_spec(KV_REPLICATED_AXES)
     kernel = local_kernel(impl)
     nb = _batch_multiple()
-    fn = jax.shard_map(lambda q, k, v: kernel(q, k, v, None), in_specs=(spec,) * 3,
-                       out_specs=spec)
+    fn = shard_map(lambda q, k, v: kernel(q, k, v, None), impl=impl, in_specs=(spec,) * 3,
+                   out_specs=spec)
     return fn(*(_pad(x, nb, axis=0) for x in (q, k, v)))[:q.shape[0]]

@@ -3,8 +3,12 @@
 
 Kept deliberately thin: the kernel wants (B, N, S, H) and sequences in multiples of its 128-row
 blocks, so the sequences are padded and the padded keys put in another segment than every query
-(segment ids), the padded queries sliced off. Tested on CPU in Pallas' TPU interpret mode only;
-no TPU was at hand when it was written.
+(segment ids), the padded queries sliced off.
+
+Under a mesh it must run inside shard_map (Mosaic kernels are not partitioned automatically) with
+check_vma=False (context_parallel.shard_map says why). Tested on CPU in Pallas' TPU interpret mode,
+alone and under an 8-device mesh (tests/models/layers/test_pallas_sharded.py), and compiled by the
+real TPU compiler for a v5p topology (test_tpu_compile.py); not yet run on TPU hardware.
 """
 from __future__ import annotations
 

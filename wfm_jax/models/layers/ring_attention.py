@@ -21,9 +21,14 @@ import math
 import jax
 import jax.numpy as jnp
 
-from wfm_jax.models.layers.blockwise_attention import (DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q,
-                                                       attend, attend_grads, row_delta,
-                                                       zero_like)
+from wfm_jax.models.layers.blockwise_attention import (
+    DEFAULT_BLOCK_K,
+    DEFAULT_BLOCK_Q,
+    attend,
+    attend_grads,
+    row_delta,
+    zero_like,
+)
 
 
 def axes_size(axes) -> int:
