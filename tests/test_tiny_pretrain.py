@@ -1,6 +1,8 @@
 """The pretrained tiny pipeline's build and cache, at the seconds-long QUICK settings (the real
 build's quality is measured by `python -m wfm_jax.tiny_eval`, not here): a complete build is
-reused, a half-written or foreign directory is rebuilt, a build killed midway leaves nothing."""
+reused, a half-written or foreign directory is rebuilt, a build killed midway leaves no
+directory to load and is resumed by the next build (tests/test_tiny_pretrain_interrupt.py: real
+signals in child processes)."""
 import json
 import os
 
@@ -32,6 +34,16 @@ def test_complete_build_is_loadable_and_reused(built):
     assert ensure_pretrained(built, QUICK, log=said.append) == built and said == []
 
 
+def test_leftovers_beside_a_complete_build_are_removed(built):
+    parent, name = os.path.dirname(built), os.path.basename(built)
+    stale = [os.path.join(parent, f".{name}.tmp-0badc0de"), built + ".build"]
+    for path in stale:  # a build killed while another finished; one killed after its rename
+        os.makedirs(os.path.join(path, "transformer"))
+    assert ensure_pretrained(built, QUICK, log=lambda m: None) == built
+    assert not any(os.path.exists(p) for p in stale)
+    assert sorted(os.listdir(parent)) == [name]  # the lock file is gone too
+
+
 def test_half_written_cache_is_rebuilt_not_loaded(built, tmp_path):
     import shutil
     partial = str(tmp_path / "partial")
@@ -45,15 +57,25 @@ def test_half_written_cache_is_rebuilt_not_loaded(built, tmp_path):
     assert not is_built(partial, tiny_pretrain.PretrainSettings())
 
 
-def test_build_killed_midway_leaves_nothing(tmp_path, monkeypatch):
+def test_build_killed_midway_leaves_no_dir_and_resumes(tmp_path, monkeypatch):
     import wfm_jax.worlds.shapes.vae
+
+    real_fit = wfm_jax.worlds.shapes.vae.fit_vae
 
     def killed(*a, **k):
         raise KeyboardInterrupt
     monkeypatch.setattr(wfm_jax.worlds.shapes.vae, "fit_vae", killed)
     with pytest.raises(KeyboardInterrupt):
         ensure_pretrained(str(tmp_path / "dst"), QUICK, log=lambda m: None)
-    assert os.listdir(tmp_path) == []
+    # no DIR to load, no temporary: only the work dir, holding the finished dataset stage
+    assert os.listdir(tmp_path) == ["dst.build"]
+    assert sorted(os.listdir(tmp_path / "dst.build")) == ["build.json", "data"]
+    monkeypatch.setattr(wfm_jax.worlds.shapes.vae, "fit_vae", real_fit)
+    said = []
+    ensure_pretrained(str(tmp_path / "dst"), QUICK, log=said.append)
+    assert any("resuming the interrupted build" in m for m in said)
+    assert not any("shapes images written" in m for m in said)  # the dataset was kept
+    assert os.listdir(tmp_path) == ["dst"] and is_built(str(tmp_path / "dst"), QUICK)
 
 
 def test_eval_scores_every_attribute_and_chance(built):

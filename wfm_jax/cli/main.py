@@ -14,6 +14,7 @@ SIGTERM stops after the step in progress with a checkpoint (exit 143; wfm_jax.tr
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from collections.abc import Sequence
@@ -32,13 +33,15 @@ def _known_errors() -> tuple[tuple[type, ...], tuple[type, ...]]:
     from wfm_jax.config.recipe import ConfigError
     from wfm_jax.data.errors import DataError
     from wfm_jax.families.base import PipelineError
+    from wfm_jax.io.lock import LockHeldError
     from wfm_jax.io.storage.s3 import S3Error
     from wfm_jax.models.lora import LoraError
     from wfm_jax.train.checkpoint import CheckpointError
     from wfm_jax.train.metrics import NonFiniteLoss
     from wfm_jax.train.setup import SetupError
     bad_input = (ConfigError, SetupError, PipelineError, LoraError, ConversionError,
-                 UnsupportedModelError, CheckpointError, DataError, S3Error, FileNotFoundError)
+                 UnsupportedModelError, CheckpointError, DataError, S3Error, FileNotFoundError,
+                 LockHeldError)
     from wfm_jax.train.s3_sync import S3UploadError
     return bad_input, (NonFiniteLoss, RewardError, S3UploadError)
 
@@ -53,8 +56,10 @@ def train(config) -> int:
     return rl.run(config)
 
 
-def prepare(argv: Sequence[str]):
-    """Parse + validate the config (a resume against the stored one), start jax.distributed."""
+def prepare(argv: Sequence[str], held: contextlib.ExitStack | None = None):
+    """Parse + validate the config (a resume against the stored one), start jax.distributed.
+    With `held`, process 0 locks train.output_dir into it (released when `held` closes): a
+    second run on the same folder is refused here, before any build or training."""
     from wfm_jax.config.recipe import config_from_argv
     from wfm_jax.config.resume import check_resumed_config
     from wfm_jax.train.s3_sync import fetch_resume_checkpoint
@@ -62,11 +67,25 @@ def prepare(argv: Sequence[str]):
     config = config_from_argv(argv)
     check_fresh_output(config)
     init_distributed(config)  # before anything touches a JAX backend
+    if held is not None:
+        hold_output_dir(config, held)
     fetch_resume_checkpoint(config)  # resume with nothing local: the newest S3 checkpoint
     if config.train.resume and checkpoint_steps(config):  # no checkpoint: nothing to keep true to
         check_resumed_config(config, os.path.join(config.train.output_dir, "config.json"))
     build_pretrained(config)
     return config
+
+
+def hold_output_dir(config, held: contextlib.ExitStack) -> None:
+    """Lock train.output_dir (a sibling lock file naming the owner's pid) for the run."""
+    import jax
+
+    from wfm_jax.io.lock import exclusive_lock
+    if jax.process_index() != 0:  # one lock per run, not per process
+        return
+    out = os.path.abspath(config.train.output_dir)
+    lock = os.path.join(os.path.dirname(out), f".{os.path.basename(out)}.lock")
+    held.enter_context(exclusive_lock(lock, f"train.output_dir {out}"))
 
 
 def build_pretrained(config) -> None:
@@ -78,9 +97,11 @@ def build_pretrained(config) -> None:
     import jax
 
     from wfm_jax.core.console import say
+    from wfm_jax.train.preempt import sigterm_stops_after_step
     from wfm_jax.train.pretrain import ensure_pretrained
     if jax.process_index() == 0:  # checks the cache's marker: an incomplete one is rebuilt
-        ensure_pretrained(path, log=say)
+        with sigterm_stops_after_step():  # SIGTERM: BuildStopped, the work kept for a rerun
+            ensure_pretrained(path, log=say)
     if jax.process_count() > 1:
         from jax.experimental import multihost_utils
         multihost_utils.sync_global_devices(f"build {path}")
@@ -99,6 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ImportError as e:  # a broken install: still one line
         print(f"error: cannot import wfm_jax: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    held = contextlib.ExitStack()  # the output dir's lock, for the whole run
     try:
         from wfm_jax.cli.launch import check_launcher, dry_run, split_launcher_args
         from wfm_jax.config.base import parse_overrides
@@ -107,7 +129,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if dry:  # resolve and report only: no distributed start, weights, data or outputs
             from wfm_jax.config.recipe import config_from_argv
             return dry_run(config_from_argv(argv))
-        config = prepare(argv)
+        config = prepare(argv, held)
         from wfm_jax.plan import check_fits
         check_fits(config)  # on accelerators: refuse what cannot fit before loading weights
         from wfm_jax.train.preempt import sigterm_stops_after_step
@@ -124,12 +146,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_TRAINING_FAILED
     except KeyboardInterrupt as e:
         from wfm_jax.train.preempt import Stopped
+        from wfm_jax.train.pretrain import BuildStopped
+        if isinstance(e, BuildStopped):
+            print(f"error: {e}", file=sys.stderr)
+            return EXIT_PREEMPTED
         if isinstance(e, Stopped):
             print(f"error: stopped by SIGTERM after step {e.step}, its checkpoint is saved; "
                   f"resume with --config.train.resume=True", file=sys.stderr)
             return EXIT_PREEMPTED
         print("error: interrupted; the last finished checkpoint is kept", file=sys.stderr)
         return EXIT_INTERRUPTED
+    finally:
+        held.close()
     print(f"done: trained to step {step}; outputs in {config.train.output_dir}")
     return 0
 

@@ -21,7 +21,7 @@ import json
 import sys
 
 from wfm_jax.families.tiny import FAMILIES, build_tiny_pipeline
-from wfm_jax.train.pretrain import PretrainSettings, ensure_pretrained
+from wfm_jax.train.pretrain import BuildStopped, PretrainSettings, ensure_pretrained
 from wfm_jax.train.pretrain_eval import SPLIT_SCENES, score_directory
 
 
@@ -42,7 +42,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.pretrained:
         if args.family != "sd3":
             parser.error("--pretrained builds the SD3 shapes-world pipeline only")
-        print(ensure_pretrained(args.pretrained, PretrainSettings(seed=args.seed)))
+        from wfm_jax.io.lock import LockHeldError
+        from wfm_jax.train.preempt import sigterm_stops_after_step
+        try:
+            with sigterm_stops_after_step():  # SIGTERM: the build's work is kept for a rerun
+                print(ensure_pretrained(args.pretrained, PretrainSettings(seed=args.seed)))
+        except LockHeldError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        except BuildStopped as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 143
         return 0
     if not args.directory:
         parser.error("give DIR (a random pipeline) or --pretrained DIR")

@@ -36,3 +36,22 @@ def atomic_directory(dst: str) -> Iterator[str]:
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.remove(old)
+
+
+def remove_stale_temporaries(dst: str) -> list[str]:
+    """Delete the `.NAME.tmp-*` / `.NAME.old-*` siblings of `dst` that an atomic_directory killed
+    midway (kill -9, SIGTERM without a handler) left behind. Only call it while no other process
+    can be writing `dst` (e.g. under wfm_jax.io.lock). Returns the names removed."""
+    dst = os.path.abspath(dst)
+    parent, name = os.path.dirname(dst), os.path.basename(dst)
+    if not os.path.isdir(parent):
+        return []
+    stale = sorted(n for n in os.listdir(parent)
+                   if n.startswith((f".{name}.tmp-", f".{name}.old-")))
+    for n in stale:
+        path = os.path.join(parent, n)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            os.remove(path)
+    return stale

@@ -2,18 +2,20 @@
 
     python -m wfm_jax.tiny --pretrained DIR      (or ensure_pretrained(DIR) from code)
 
-Stages, all inside a temporary sibling of DIR renamed into place at the end (so a build killed
-midway leaves no DIR to load): (1) a base pipeline (tiny.write_pipeline: a wider 4-layer MMDiT
-with DiT's adaLN-Zero init, a VAE that halves the resolution, tokenizers that keep the grammar's
-words whole); (2) its VAE
-fitted as an autoencoder on shapes images (tiny_vae.py); (3) the shapes dataset's train split
+Stages, in a work directory DIR.build that outlives an interruption (SIGTERM, kill -9) and is
+resumed by the next build, each stage written atomically there: (1) a base pipeline
+(tiny.write_pipeline: a wider 4-layer MMDiT with DiT's adaLN-Zero init, a VAE that halves the
+resolution, tokenizers that keep the grammar's words whole) with (2) its VAE fitted as an
+autoencoder on shapes images (worlds/shapes/vae.py); (3) the shapes dataset's train split
 (held-out scenes excluded); (4) SFT of the transformer with wfm_jax's own trainer
-(configs/tiny_pretrain.py); (5) the export, scored with shapes_alignment on the held-out
-prompts, and a marker file `wfm_pretrain.json` (settings + scores) written last. A DIR without a
+(pretrain_recipe), resumed from its checkpoint; (5) the export, scored with shapes_alignment on
+the held-out prompts, and a marker file `wfm_pretrain.json` (settings + scores) written last,
+renamed into place as DIR, so a build stopped midway leaves no DIR to load. A DIR without a
 complete marker, or with other settings, is rebuilt, never loaded.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import glob
 import json
@@ -151,35 +153,125 @@ def _sft_config(s: PretrainSettings, base: str, data: str, out: str):
     c.train.output_dir, c.train.max_steps, c.train.seed = out, s.sft_steps, s.seed
     c.train.train_batch_per_replica = s.batch
     c.train.optm_warmup_steps = min(20, s.sft_steps // 10)
+    c.train.resume = True  # an interrupted build resumes its SFT (no checkpoint: from step 0)
     c.policy.diffusers.inference_size = (s.size, s.size)
     return validate(c)
 
 
+class BuildStopped(KeyboardInterrupt):
+    """SIGTERM stopped the build between stages or after an SFT step; `work` keeps what is done
+    and the next build of the same directory resumes from it."""
+
+    def __init__(self, directory: str, work: str, where: str):
+        super().__init__(f"stopped by SIGTERM during the pretrained build of {directory} ({where}); "
+                         f"what is done is kept in {work}: run the same command again to resume "
+                         f"the build")
+
+
+def work_dir(directory: str) -> str:
+    """The build's work directory: it survives an interruption and the next build resumes it."""
+    return os.path.abspath(directory) + ".build"
+
+
+def lock_file(directory: str) -> str:
+    directory = os.path.abspath(directory)
+    return os.path.join(os.path.dirname(directory), f".{os.path.basename(directory)}.lock")
+
+
 def build_pretrained(directory: str, settings: PretrainSettings = PretrainSettings(),
                      log=print) -> str:
-    """Build the pretrained pipeline at `directory` (replacing whatever is there)."""
+    """Build the pretrained pipeline at `directory` (replacing whatever is there), resuming an
+    interrupted build's work directory. A second build of the same directory while this one
+    runs is refused at once (wfm_jax.io.lock.LockHeldError)."""
+    from wfm_jax.io.atomic import remove_stale_temporaries
+    from wfm_jax.io.lock import exclusive_lock
+
+    start = time.perf_counter()
+    directory = os.path.abspath(directory)
+    with exclusive_lock(lock_file(directory), f"the pretrained pipeline {directory}"):
+        if is_built(directory, settings):  # another run built it while this one waited to start
+            return directory
+        if os.path.exists(directory):
+            log(f"pretrain: {directory} is not a complete build with these settings; rebuilding it")
+        else:
+            log(f"pretrain: building the pretrained tiny shapes pipeline at {directory} "
+                "(about 4 minutes on 2 idle CPU cores, once)")
+        stale = remove_stale_temporaries(directory)
+        if stale:
+            log(f"pretrain: removed {len(stale)} temporary folder(s) a killed build left: "
+                f"{', '.join(stale)}")
+        _build(directory, settings, log, start)
+    log(f"pretrain: built {directory} in {time.perf_counter() - start:.0f} s")
+    return directory
+
+
+def _open_work(directory: str, s: PretrainSettings, log) -> str:
+    """The work directory for settings `s`: an interrupted build's (resumed) or a fresh one."""
+    work, want = work_dir(directory), {"format": FORMAT, "settings": dataclasses.asdict(s)}
+    try:
+        with open(os.path.join(work, "build.json")) as f:
+            have = json.load(f)
+    except (OSError, ValueError):
+        have = None
+    if have == want:
+        log(f"pretrain: resuming the interrupted build in {work}")
+        return work
+    if os.path.lexists(work):
+        log(f"pretrain: discarding {work} (another build format or settings)")
+        shutil.rmtree(work)
+    os.makedirs(work)
+    with open(os.path.join(work, "build.json"), "w") as f:
+        json.dump(want, f)
+    return work
+
+
+def _build(directory: str, s: PretrainSettings, log, start: float) -> None:
+    """The stages, each skipped when an interrupted build finished it: the dataset and the base
+    pipeline with its fitted VAE are written atomically into the work directory, the SFT resumes
+    from its checkpoint, and the export, scored and marked, is renamed into place last."""
     from wfm_jax.families import tiny
-    from wfm_jax.io.atomic import atomic_directory
-    from wfm_jax.train import sft
+    from wfm_jax.io.atomic import atomic_directory, remove_stale_temporaries
+    from wfm_jax.train import preempt, sft
+    from wfm_jax.train.export import step_dir
     from wfm_jax.worlds.shapes.dataset import build_shapes_dataset
     from wfm_jax.worlds.shapes.vae import fit_vae
 
-    s, start = settings, time.perf_counter()
-    directory = os.path.abspath(directory)
-    with atomic_directory(directory) as tmp:
-        work = os.path.join(tmp, ".work")
-        base, data, out = (os.path.join(work, n) for n in ("base", "data", "sft"))
-        os.makedirs(base)
-        tiny.write_pipeline(base, s.seed, **base_configs(s))
-        zero_init_transformer(base)
+    work = _open_work(directory, s, log)
+    base, data, out = (os.path.join(work, n) for n in ("base", "data", "sft"))
+
+    def check_stop(where: str) -> None:
+        if preempt.requested():
+            raise BuildStopped(directory, work, where)
+
+    for path in (base, data):
+        remove_stale_temporaries(path)
+    if not os.path.isdir(data):
         build_shapes_dataset(data, count=s.dataset_count, size=s.size, seed=s.seed, split="train")
-        log(f"pretrain: base pipeline and {s.dataset_count} shapes images written; fitting the VAE")
-        vae = fit_vae(base, _images(data), steps=s.vae_steps, seed=s.seed, log=log)
+        log(f"pretrain: {s.dataset_count} shapes images written")
+    check_stop("after the dataset")
+    if not os.path.isdir(base):
+        with atomic_directory(base) as tmp:
+            tiny.write_pipeline(tmp, s.seed, **base_configs(s))
+            zero_init_transformer(tmp)
+            log("pretrain: base pipeline written; fitting the VAE")
+            vae = fit_vae(tmp, _images(data), steps=s.vae_steps, seed=s.seed, log=log)
+            with open(os.path.join(tmp, "vae_fit.json"), "w") as f:
+                json.dump(vae, f)
+    with open(os.path.join(base, "vae_fit.json")) as f:
+        vae = json.load(f)
+    check_stop("after the VAE fit")
+    exported = step_dir(out, s.sft_steps)
+    if not os.path.isdir(exported):  # an export is renamed into place complete
         log(f"pretrain: VAE reconstruction MSE {vae['mse']:.4f}; SFT for {s.sft_steps} steps")
-        sft.run(_sft_config(s, base, data, out))
-        exported = os.path.join(out, "safetensors", f"step_{s.sft_steps}")
-        for name in os.listdir(exported):
-            os.replace(os.path.join(exported, name), os.path.join(tmp, name))
+        try:
+            sft.run(_sft_config(s, base, data, out))
+        except preempt.Stopped as e:
+            raise BuildStopped(directory, work, f"SFT step {e.step} of {s.sft_steps}") from None
+    check_stop("after the SFT")
+    with atomic_directory(directory) as tmp:
+        for name in os.listdir(exported):  # copies: the export stays for a resumed build
+            src, dst = os.path.join(exported, name), os.path.join(tmp, name)
+            (shutil.copytree if os.path.isdir(src) else shutil.copy2)(src, dst)
         marker = {"format": FORMAT, "settings": dataclasses.asdict(s), "vae": vae,
                   "sft_final_loss": _final_loss(out)}
         if s.eval_per_prompt:
@@ -187,12 +279,10 @@ def build_pretrained(directory: str, settings: PretrainSettings = PretrainSettin
             marker["heldout"] = score_directory(tmp, "heldout", per_prompt=s.eval_per_prompt,
                                                 size=s.size)
             log(f"pretrain: held-out shapes_alignment {marker['heldout']['shapes_alignment']:.3f}")
-        shutil.rmtree(work)
         marker.update(complete=True, build_seconds=round(time.perf_counter() - start, 1))
         with open(os.path.join(tmp, MARKER), "w") as f:
             json.dump(marker, f, indent=2)
-    log(f"pretrain: built {directory} in {time.perf_counter() - start:.0f} s")
-    return directory
+    shutil.rmtree(work)
 
 
 def _final_loss(out: str) -> float | None:
@@ -204,17 +294,29 @@ def _final_loss(out: str) -> float | None:
         return None
 
 
+def _remove_leftovers(directory: str) -> None:
+    """Next to a complete build: a work dir (killed between the rename and its removal) or the
+    temporaries of a build killed while another one finished; removed unless a build runs."""
+    from wfm_jax.io.atomic import remove_stale_temporaries
+    from wfm_jax.io.lock import LockHeldError, exclusive_lock
+    directory = os.path.abspath(directory)
+    name = os.path.basename(directory)
+    if not (os.path.isdir(work_dir(directory)) or any(
+            n.startswith((f".{name}.tmp-", f".{name}.old-"))
+            for n in os.listdir(os.path.dirname(directory)))):
+        return
+    with contextlib.suppress(LockHeldError), exclusive_lock(lock_file(directory), directory):
+        shutil.rmtree(work_dir(directory), ignore_errors=True)
+        remove_stale_temporaries(directory)
+
+
 def ensure_pretrained(directory: str, settings: PretrainSettings = PretrainSettings(),
                       log=print) -> str:
     """The cached pipeline at `directory`, built first unless a complete build with these
     settings is there."""
     if is_built(directory, settings):
+        _remove_leftovers(directory)
         return os.path.abspath(directory)
-    if os.path.exists(directory):
-        log(f"pretrain: {directory} is not a complete build with these settings; rebuilding it")
-    else:
-        log(f"pretrain: building the pretrained tiny shapes pipeline at {directory} "
-            "(about 4 minutes on 2 idle CPU cores, once)")
     return build_pretrained(directory, settings, log=log)
 
 
