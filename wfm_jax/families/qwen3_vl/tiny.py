@@ -26,6 +26,7 @@ from collections.abc import Iterable
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
                   "<|image_pad|>", "<|video_pad|>")  # ids 0..6, as in the §3 config
 PAD, IM_START, IM_END, VISION_START, VISION_END, IMAGE, VIDEO = range(7)
+ROLE_WORDS = ("system", "user", "assistant")  # the chat template's headers, always whole
 TAG_TOKENS = ("<think>", "</think>", "<answer>", "</answer>")  # added (not special): decode keeps them
 
 # Qwen3-VL Instruct's layout (reason2.md §2.3): no default system prompt, media items become
@@ -78,7 +79,7 @@ def build_tokenizer(words: Iterable[str] = ()):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    words = [w for w in dict.fromkeys(words) if w]
+    words = [w for w in dict.fromkeys([*ROLE_WORDS, *words]) if w]
     bad = [w for w in words if not w.isascii() or not w.isalnum()]
     if bad:
         raise ValueError(f"tokenizer words must be ASCII letters/digits, got {bad}")
