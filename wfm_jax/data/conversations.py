@@ -2,7 +2,8 @@
 
 Input (specs/reason2.md §4.1): a JSON list (or JSON lines) of records
     {"id": ..., "image": "a.png" | ["a.png", ...], "video": "v.mp4" | [...],
-     "conversations": [{"from": "human", "value": "<image>\\nQuestion"}, {"from": "gpt", "value": "Answer"}, ...]}
+     "conversations": [{"from": "human", "value": "<image>\\nQuestion"},
+                       {"from": "gpt", "value": "Answer"}, ...]}
 media paths relative to the annotation file's directory (or `media_root`). As cosmos-reason2's
 `create_conversation`: the first human turn holds the media (its `<image>` / `<video>` tags and the
 newlines next to them are stripped; images first, then videos, then the text), later turns
@@ -178,8 +179,8 @@ def collate(examples: Sequence[Example], pad_id: int, image_token_id: int, video
     attention, loss = np.zeros((b, length), np.int64), np.zeros((b, length), bool)
     for i, e in enumerate(examples):
         ids[i, :len(e)], attention[i, :len(e)], loss[i, :len(e)] = e.input_ids, 1, e.loss_mask
-    out = {"input_ids": ids, "attention_mask": attention, "loss_mask": loss,
-           "mm_token_type_ids": np.where(ids == image_token_id, 1, np.where(ids == video_token_id, 2, 0)) * attention}
+    types = np.where(ids == image_token_id, 1, np.where(ids == video_token_id, 2, 0)) * attention
+    out = {"input_ids": ids, "attention_mask": attention, "loss_mask": loss, "mm_token_type_ids": types}
     for key, grid_key in (("pixel_values", "image_grid_thw"), ("pixel_values_videos", "video_grid_thw")):
         parts = [(getattr(e, key), getattr(e, grid_key)) for e in examples if getattr(e, key) is not None]
         if parts:

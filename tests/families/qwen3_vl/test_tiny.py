@@ -30,7 +30,8 @@ def test_files_and_tokenizer(model_dir):
     assert {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
             "chat_template.jinja", "preprocessor_config.json", "video_preprocessor_config.json"} <= names
     assert not [n for n in os.listdir(os.path.dirname(model_dir)) if n.startswith(".")]  # no temp left
-    config = json.loads(open(os.path.join(model_dir, "config.json")).read())
+    with open(os.path.join(model_dir, "config.json")) as f:
+        config = json.load(f)
     proc = Qwen3VLProcessor.from_pretrained(model_dir)
     tok = proc.tokenizer
     assert tok.convert_tokens_to_ids(list(SPECIAL_TOKENS)) == list(range(7))
@@ -60,11 +61,12 @@ def test_transformers_logits_match_flax(model_dir):
     from transformers import Qwen3VLForConditionalGeneration
 
     proc = Qwen3VLProcessor.from_pretrained(model_dir)
-    scene, question, image = sample(0, 0, "heldout")
+    _, question, image = sample(0, 0, "heldout")
     messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question.prompt}]},
                 {"role": "assistant", "content": question.target}]
     inputs = proc(proc.apply_chat_template(messages, add_generation_prompt=False), images=[image])
-    assert inputs["image_grid_thw"].tolist() == [[1, 6, 6]] and (inputs["input_ids"] == proc.image_token_id).sum() == 9
+    assert inputs["image_grid_thw"].tolist() == [[1, 6, 6]]
+    assert (inputs["input_ids"] == proc.image_token_id).sum() == 9
 
     tm = Qwen3VLForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32,
                                                          attn_implementation="eager").eval()
@@ -72,8 +74,9 @@ def test_transformers_logits_match_flax(model_dir):
         ref = tm(**{k: torch.tensor(v) for k, v in inputs.items()}).logits.numpy()
 
     fm, config = load_model(model_dir)
-    pos, _ = position_ids(inputs["input_ids"], inputs["attention_mask"], image_grid_thw=inputs["image_grid_thw"],
-                          image_token_id=config["image_token_id"], video_token_id=config["video_token_id"])
+    pos, _ = position_ids(inputs["input_ids"], inputs["attention_mask"],
+                          image_grid_thw=inputs["image_grid_thw"], image_token_id=config["image_token_id"],
+                          video_token_id=config["video_token_id"])
     out = fm(jnp.asarray(inputs["input_ids"]), jnp.asarray(inputs["attention_mask"]), pos,
              inputs["pixel_values"], inputs["image_grid_thw"])
     got = np.asarray(out["logits"])

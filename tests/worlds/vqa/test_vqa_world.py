@@ -18,7 +18,8 @@ from wfm_jax.worlds.vqa.scenes import Scene, split_of
 from wfm_jax.worlds.vqa.score import accuracy, extract_answer
 
 # cosmos-rl's `format` reward pattern (specs/reason2.md §4.3)
-FORMAT = re.compile(r"^<think>([^<]*(?:<(?!/?think>)[^<]*)*)<\/think>\n\n<answer>([\s\S]*?)<\/answer>$", re.DOTALL)
+FORMAT = re.compile(r"^<think>([^<]*(?:<(?!/?think>)[^<]*)*)<\/think>\n\n<answer>([\s\S]*?)<\/answer>$",
+                    re.DOTALL)
 ROWS, COLS = ["top", "middle", "bottom"], ["left", "centre", "right"]
 
 
@@ -29,7 +30,8 @@ def train_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def heldout_dir(tmp_path_factory):
-    return build_vqa_dataset(str(tmp_path_factory.mktemp("vqa") / "heldout"), count=60, split="heldout", seed=3)
+    directory = tmp_path_factory.mktemp("vqa") / "heldout"
+    return build_vqa_dataset(str(directory), count=60, split="heldout", seed=3)
 
 
 def _expected(rec: dict) -> str:
@@ -97,7 +99,8 @@ def test_deterministic_in_the_seed(tmp_path, train_dir):
     first = load_records(train_dir)[:20]
     assert load_records(again) == first
     for rec in first:
-        with open(os.path.join(train_dir, rec["image"]), "rb") as a, open(os.path.join(again, rec["image"]), "rb") as b:
+        with open(os.path.join(train_dir, rec["image"]), "rb") as a, \
+                open(os.path.join(again, rec["image"]), "rb") as b:
             assert a.read() == b.read()
     other = [sample(i, 4, "train") for i in range(20)]
     assert [s.key for s, _, _ in other] != [Scene.from_json(r["scene"]).key for r in first]

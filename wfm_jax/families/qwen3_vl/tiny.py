@@ -11,9 +11,9 @@ space, and `<think>`, `</think>`, `<answer>`, `</answer>` as single tokens, so a
 and answers stay short. Images: min 64x64, max 96x96 pixels, so a 96x96 picture keeps its size
 (grid 1x6x6, 9 visual tokens) and larger ones shrink to at most that.
 
-Default size (`VQA_TEXT`, `VQA_VISION`, 1.1 M parameters, 4.4 MB in fp32): twice the width of the CPU-test config
-of specs/reason2.md §3 with four decoder layers, so that SFT can learn the VQA world on two
-CPU cores; `size="spec"` gives §3's config (hidden 64, two layers).
+Default size (`VQA_TEXT`, `VQA_VISION`, 1.1 M parameters, 4.4 MB in fp32): twice the width of
+the CPU-test config of specs/reason2.md §3 with four decoder layers, so that SFT can learn the
+VQA world on two CPU cores; `size="spec"` gives §3's config (hidden 64, two layers).
 """
 from __future__ import annotations
 
@@ -168,7 +168,8 @@ def build_tiny_qwen3_vl(directory: str, words: Iterable[str] = (), *, seed: int 
     from converters.qwen3_vl import export
 
     directory = os.path.abspath(directory)
-    if os.path.exists(directory) and (not os.path.isdir(directory) or os.listdir(directory)) and not overwrite:
+    full = os.path.exists(directory) and (not os.path.isdir(directory) or os.listdir(directory))
+    if full and not overwrite:
         raise FileExistsError(f"{directory} exists and is not empty")
     parent = os.path.dirname(directory)
     os.makedirs(parent, exist_ok=True)

@@ -153,7 +153,8 @@ def ask(scene: Scene, kind: str, rng: np.random.Generator) -> Question:
     if kind == "shape":
         i = int(rng.integers(GRID * GRID))
         answer = EMPTY if scene.cells[i] is None else scene.cells[i][1]
-        return Question(kind, f"What is in the {CELL_NAMES[i]} cell?", _shuffled([*SHAPES, EMPTY], rng), answer)
+        options = _shuffled([*SHAPES, EMPTY], rng)
+        return Question(kind, f"What is in the {CELL_NAMES[i]} cell?", options, answer)
     if kind == "background":
         return Question(kind, "What colour is the background?", _shuffled(list(BACKGROUND_OPTIONS), rng),
                         scene.background)
