@@ -10,8 +10,8 @@ newlines next to them are stripped; images first, then videos, then the text), l
 alternate; an optional system prompt comes first.
 
 Each example: the token ids of the templated, placeholder-expanded conversation (exactly what
-`Qwen3VLProcessor` gives for that text), the SFT loss mask (by default assistant content and its
-`<|im_end|>`, never visual tokens: `assistant_mask`; pass `mask_fn` to use another rule), the
+`Qwen3VLProcessor` gives for that text), the SFT loss mask (by default cosmos-rl's: assistant content
+and its `<|im_end|>`, never visual tokens, `assistant_mask`; `mask_fn` swaps the rule), the
 patchified pixels and grids. `batches` groups examples of similar length (length bucketing, as no
 packing is cosmos-rl's default) so that right padding stays small.
 """
@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from wfm_jax.families.qwen3_vl import sft_mask
 from wfm_jax.families.qwen3_vl.preprocess import Qwen3VLProcessor, read_video
 from wfm_jax.models.qwen3_vl.rope_index import position_ids
 
@@ -88,23 +89,10 @@ def to_messages(record: dict, system_prompt: str | None = None) -> tuple[list[di
 
 
 def assistant_mask(ids: np.ndarray, tokenizer) -> np.ndarray:
-    """True on each assistant turn's content and its closing `<|im_end|>` (cosmos-rl's labels),
-    False elsewhere: system and user turns, the `<|im_start|>assistant\\n` header, the newline after
-    `<|im_end|>`, visual tokens."""
-    header = tokenizer.encode("<|im_start|>assistant\n", add_special_tokens=False)
-    im_start, im_end = tokenizer.convert_tokens_to_ids(["<|im_start|>", "<|im_end|>"])
-    ids = np.asarray(ids)
-    mask = np.zeros(len(ids), bool)
-    i = 0
-    while i < len(ids):
-        if ids[i] == im_start and list(ids[i:i + len(header)]) == header:
-            j = i + len(header)
-            while j < len(ids) and ids[j] != im_end:
-                j += 1
-            mask[i + len(header):min(j + 1, len(ids))] = True  # content + <|im_end|>
-            i = j
-        i += 1
-    return mask
+    """cosmos-rl's labels (families.qwen3_vl.sft_mask): each assistant turn's content and its
+    closing `<|im_end|>`; never the system / user turns, the `<|im_start|>assistant\\n` header, the
+    newline after `<|im_end|>` or visual tokens."""
+    return sft_mask.assistant_mask(ids, sft_mask.ChatTokens.from_tokenizer(tokenizer))
 
 
 @dataclass
