@@ -136,3 +136,23 @@ def test_dataset_batches(processor, tmp_path):
     assert seen == 24
     ends = ds[0].input_ids[ds[0].loss_mask][-1]
     assert ends == processor.tokenizer.convert_tokens_to_ids("<|im_end|>")
+
+
+def test_video_record(processor, tmp_path):
+    from wfm_jax.families.qwen3_vl.preprocess import read_video
+    from wfm_jax.io.media import write_mp4
+
+    frames = np.random.default_rng(1).integers(0, 256, (8, 64, 64, 3), dtype=np.uint8)
+    write_mp4(str(tmp_path / "v.mp4"), frames)
+    record = {"video": "v.mp4", "conversations": [{"from": "human", "value": "<video>\nWhat?"},
+                                                  {"from": "gpt", "value": "red"}]}
+    ex = encode(record, processor, str(tmp_path))
+    messages = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": "What?"}]},
+                {"role": "assistant", "content": "red"}]
+    direct = processor(processor.apply_chat_template(messages, add_generation_prompt=False),
+                       videos=[read_video(tmp_path / "v.mp4")])
+    np.testing.assert_array_equal(ex.input_ids, direct["input_ids"][0])
+    np.testing.assert_array_equal(ex.pixel_values_videos, direct["pixel_values_videos"])
+    assert ex.pixel_values is None and (ex.input_ids == processor.video_token_id).sum() > 0
+    red = processor.tokenizer.encode("red") + processor.tokenizer.encode("<|im_end|>")
+    assert ex.input_ids[ex.loss_mask].tolist() == red
