@@ -156,3 +156,27 @@ def test_video_record(processor, tmp_path):
     assert ex.pixel_values is None and (ex.input_ids == processor.video_token_id).sum() > 0
     red = processor.tokenizer.encode("red") + processor.tokenizer.encode("<|im_end|>")
     assert ex.input_ids[ex.loss_mask].tolist() == red
+
+
+def test_webdataset_shards_give_the_same_examples(processor, tmp_path):
+    import io
+    import tarfile
+
+    directory = build_vqa_dataset(str(tmp_path / "vqa"), count=6, split="heldout", seed=1)
+    local = ConversationDataset(directory, processor)
+    (tmp_path / "shards").mkdir()
+    for shard in range(2):  # records 0-2 in shard 0, 3-5 in shard 1
+        with tarfile.open(tmp_path / "shards" / f"{shard:03d}.tar", "w") as tar:
+            for i in range(3 * shard, 3 * shard + 3):
+                rec = local.records[i]
+                png = (tmp_path / "vqa" / rec["image"]).read_bytes()
+                for ext, data in (("json", json.dumps(rec).encode()), ("png", png)):
+                    info = tarfile.TarInfo(f"{i:06d}.{ext}")
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+    shards = ConversationDataset.from_webdataset(str(tmp_path / "shards"), processor)
+    assert len(shards) == 6
+    for i in range(6):
+        np.testing.assert_array_equal(shards[i].input_ids, local[i].input_ids)
+        np.testing.assert_array_equal(shards[i].loss_mask, local[i].loss_mask)
+        np.testing.assert_array_equal(shards[i].pixel_values, local[i].pixel_values)

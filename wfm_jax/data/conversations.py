@@ -17,6 +17,7 @@ packing is cosmos-rl's default) so that right padding stays small.
 """
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -109,12 +110,19 @@ class Example:
         return len(self.input_ids)
 
 
-def encode(record: dict, processor: Qwen3VLProcessor, media_root: str, *, mask_fn: MaskFn = assistant_mask,
-           system_prompt: str | None = None, max_length: int | None = None) -> Example:
-    """One record -> Example. Longer than `max_length`: truncated at the end, unless that would cut
-    visual tokens (an error: their pixels could no longer be matched)."""
+def encode(record: dict, processor: Qwen3VLProcessor, media_root: str = "", *,
+           mask_fn: MaskFn = assistant_mask, system_prompt: str | None = None, max_length: int | None = None,
+           images: Sequence[np.ndarray] | None = None) -> Example:
+    """One record -> Example; its images read from `media_root`, or given decoded (`images`, e.g.
+    from a tar shard). Longer than `max_length`: truncated at the end, unless that would cut visual
+    tokens (an error: their pixels could no longer be matched)."""
     messages, image_paths, video_paths = to_messages(record, system_prompt)
-    images = []
+    if images is not None:
+        if len(images) != len(image_paths):
+            raise ValueError(f"record {record.get('id', '?')} names {len(image_paths)} images, "
+                             f"{len(images)} were given")
+        image_paths = []
+    images = list(images or [])
     for p in image_paths:
         path = os.path.join(media_root, p)
         try:
@@ -183,24 +191,53 @@ def collate(examples: Sequence[Example], pad_id: int, image_token_id: int, video
 class ConversationDataset:
     """The records of one annotation file, encoded on first use (cached: small SFT sets)."""
 
-    def __init__(self, path: str, processor: Qwen3VLProcessor, *, media_root: str | None = None,
+    def __init__(self, path: str | None, processor: Qwen3VLProcessor, *, media_root: str | None = None,
                  mask_fn: MaskFn = assistant_mask, system_prompt: str | None = None,
-                 max_length: int | None = None):
-        self.records = read_records(path)
+                 max_length: int | None = None, records: list[dict] | None = None,
+                 images: list[list[np.ndarray]] | None = None):
+        self.records = read_records(path) if records is None else records
         if not self.records:
             raise ValueError(f"{path}: no conversation records")
-        base = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
+        base = "" if path is None else path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
         self.media_root = media_root or base
         self.processor = processor
         self.options = dict(mask_fn=mask_fn, system_prompt=system_prompt, max_length=max_length)
+        self._images = images  # decoded per record (WebDataset), else read from media_root
         self._cache: dict[int, Example] = {}
+
+    @classmethod
+    def from_webdataset(cls, location: str, processor: Qwen3VLProcessor, *, s3_config=None,
+                        **options) -> ConversationDataset:
+        """Tar shards (a local directory or s3://bucket/prefix, as data.webdataset resolves them),
+        each sample `X.json` (one LLaVA record) + `X.png|jpg|...` (its image): read once, kept
+        in memory (SFT sets for this model are small)."""
+        from wfm_jax.data import media
+        from wfm_jax.data.tar_stream import TarShardIterator
+        from wfm_jax.data.webdataset import resolve_shards
+
+        shards = resolve_shards(location, (), s3_config)
+        records, images = [], []
+        for path in shards.paths:
+            for sample in TarShardIterator(shards.url(path), shards.cfg):
+                where = f"shard {sample['__url__']} sample '{sample['__key__']}'"
+                if "json" not in sample:
+                    raise ValueError(f"{where}: no .json conversation record")
+                found = sorted(e for e in sample if "." + e in media.IMAGE_EXTS)
+                if len(found) != 1:
+                    raise ValueError(f"{where}: expected one image (.jpg|.jpeg|.png|.webp), got {found}")
+                with Image.open(io.BytesIO(sample[found[0]])) as im:
+                    images.append([np.asarray(im.convert("RGB"))])
+                records.append(json.loads(sample["json"]))
+        return cls(None, processor, records=records, images=images, **options)
 
     def __len__(self) -> int:
         return len(self.records)
 
     def __getitem__(self, i: int) -> Example:
         if i not in self._cache:
-            self._cache[i] = encode(self.records[i], self.processor, self.media_root, **self.options)
+            images = None if self._images is None else self._images[i]
+            self._cache[i] = encode(self.records[i], self.processor, self.media_root, images=images,
+                                    **self.options)
         return self._cache[i]
 
     def lengths(self) -> list[int]:
