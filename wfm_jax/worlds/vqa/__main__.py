@@ -1,0 +1,31 @@
+"""python -m wfm_jax.worlds.vqa DIR --count N --split train|heldout [--seed S] [--types a,b]"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from wfm_jax.worlds.vqa.dataset import SPLITS, build_vqa_dataset
+from wfm_jax.worlds.vqa.scenes import QUESTION_TYPES
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m wfm_jax.worlds.vqa",
+                                description="Write the tiny VQA world as LLaVA JSON conversations + PNGs.")
+    p.add_argument("directory")
+    p.add_argument("--count", type=int, default=256)
+    p.add_argument("--split", default="train", choices=SPLITS)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--types", default=",".join(QUESTION_TYPES), help="comma-separated question types")
+    p.add_argument("--overwrite", action="store_true")
+    args = p.parse_args(argv)
+    try:
+        print(build_vqa_dataset(args.directory, args.count, args.split, args.seed,
+                                tuple(t for t in args.types.split(",") if t), args.overwrite))
+    except (ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

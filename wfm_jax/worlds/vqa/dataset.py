@@ -1,0 +1,100 @@
+"""The VQA world as an SFT data set in LLaVA's layout (specs/reason2.md §4.1), deterministic in the seed:
+
+    DIR/annotations.json   a list of records, one per question
+    DIR/images/000000.png  one 96x96 picture per record
+
+Each record: {"id", "image" (relative to DIR), "conversations": [{"from": "human", "value":
+"<image>\\n<question, options A-D, instruction>"}, {"from": "gpt", "value": "<think>\\n...\\n</think>\\n\\n
+<answer>B</answer>"}]}, plus the ground truth for scoring: "answer" (the letter), "answer_text",
+"question_type", "options" and "scene" (background and the nine cells).
+
+Splits: `train` and `heldout` draw from disjoint sets of scenes (a content hash puts one scene in
+five into `heldout`), so no held-out picture, nor any of its questions, is ever seen in training.
+
+    python -m wfm_jax.worlds.vqa DIR [--count 256] [--split train|heldout] [--seed 0]
+                                     [--types colour,shape,background,count,most_frequent]
+"""
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+
+import numpy as np
+
+from wfm_jax.io.atomic import atomic_directory
+from wfm_jax.worlds.vqa.scenes import QUESTION_TYPES, Question, Scene, ask, draw, random_scene, split_of
+
+SPLITS = ("train", "heldout")
+ANNOTATIONS = "annotations.json"
+_SPLIT_STREAM = {"train": 1, "heldout": 2}  # separate random streams per split
+
+
+def sample(index: int, seed: int, split: str, types: Sequence[str] = QUESTION_TYPES):
+    """(scene, question, image) of sample `index`: its own generator, so sample i is the same
+    whatever the count; question types cycle through `types` so any count covers them evenly."""
+    if split not in SPLITS:
+        raise ValueError(f"split {split!r}: expected one of {', '.join(SPLITS)}")
+    if not types:
+        raise ValueError("at least one question type is needed")
+    rng = np.random.default_rng([seed, _SPLIT_STREAM[split], index])
+    scene = random_scene(rng)
+    while split_of(scene) != split:
+        scene = random_scene(rng)
+    question = ask(scene, types[index % len(types)], rng)
+    return scene, question, draw(scene, rng)
+
+
+def record(sample_id: str, image: str, scene: Scene, question: Question) -> dict:
+    return {"id": sample_id, "image": image,
+            "conversations": [{"from": "human", "value": "<image>\n" + question.prompt},
+                              {"from": "gpt", "value": question.target}],
+            "answer": question.letter, "answer_text": question.answer, "question_type": question.kind,
+            "options": list(question.options), "scene": scene.to_json()}
+
+
+def build_vqa_dataset(directory: str, count: int = 256, split: str = "train", seed: int = 0,
+                      types: Sequence[str] = QUESTION_TYPES, overwrite: bool = False) -> str:
+    """Write `count` records of `split` into `directory`, all or nothing (a temporary sibling
+    renamed into place). An existing non-empty directory is an error unless `overwrite`."""
+    if count < 1:
+        raise ValueError(f"count must be >= 1, got {count}")
+    if seed < 0:
+        raise ValueError(f"seed must be >= 0, got {seed}")
+    unknown = [t for t in types if t not in QUESTION_TYPES]
+    if unknown:
+        raise ValueError(f"unknown question types {unknown} (known: {', '.join(QUESTION_TYPES)})")
+    directory = os.path.abspath(directory)
+    if os.path.isdir(directory) and os.listdir(directory) and not overwrite:
+        raise FileExistsError(f"{directory} exists and is not empty")
+    with atomic_directory(directory) as tmp:
+        os.makedirs(os.path.join(tmp, "images"))
+        records = []
+        for i in range(count):
+            scene, question, image = sample(i, seed, split, tuple(types))
+            name = f"images/{i:06d}.png"
+            image.save(os.path.join(tmp, name))
+            records.append(record(f"{split}-{seed}-{i:06d}", name, scene, question))
+        with open(os.path.join(tmp, ANNOTATIONS), "w") as f:
+            json.dump(records, f, indent=1)
+    return directory
+
+
+def ensure_vqa_dataset(directory: str, **kwargs) -> str:
+    """Build the data set unless `directory` already holds one (safe if another process races)."""
+    if os.path.isfile(os.path.join(directory, ANNOTATIONS)):
+        return os.path.abspath(directory)
+    try:
+        return build_vqa_dataset(directory, **kwargs)
+    except (FileExistsError, OSError):
+        if os.path.isfile(os.path.join(directory, ANNOTATIONS)):
+            return os.path.abspath(directory)
+        raise
+
+
+def load_records(directory: str) -> list[dict]:
+    path = os.path.join(directory, ANNOTATIONS)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{directory}: no {ANNOTATIONS} (build it with python -m wfm_jax.worlds.vqa)")
+    with open(path) as f:
+        return json.load(f)
