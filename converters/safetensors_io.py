@@ -40,7 +40,7 @@ def open_checkpoint(path: str) -> dict[str, Callable[[], np.ndarray]]:
     loaders: dict[str, Callable[[], np.ndarray]] = {}
     for file in files:
         with safe_open(file, framework="numpy") as f:
-            for key in f:
+            for key in f.keys():
                 if key in loaders:
                     raise ValueError(f"tensor {key} appears in more than one shard of {path}")
                 loaders[key] = (lambda file=file, key=key: _read(file, key))
@@ -62,7 +62,7 @@ def open_checkpoint_slices(path: str) -> Iterator[dict[str, Callable[[tuple], np
     with contextlib.ExitStack() as stack:
         for file in files:
             handle = stack.enter_context(safe_open(file, framework="numpy"))
-            for key in handle:
+            for key in handle.keys():
                 if key in readers:
                     raise ValueError(f"tensor {key} appears in more than one shard of {path}")
                 readers[key] = functools.partial(_read_slice, handle, key)
@@ -107,7 +107,7 @@ def checkpoint_meta(path: str) -> dict[str, tuple[tuple[int, ...], str]]:
     meta: dict[str, tuple[tuple[int, ...], str]] = {}
     for file in files:
         with safe_open(file, framework="numpy") as f:
-            for key in f:
+            for key in f.keys():
                 piece = f.get_slice(key)
                 meta[key] = (tuple(piece.get_shape()), piece.get_dtype())
     return meta

@@ -77,7 +77,7 @@ def torch_forward(model, inputs: dict):
 def raw_safetensors(directory):
     out = {}
     with safe_open(os.path.join(directory, "diffusion_pytorch_model.safetensors"), "numpy") as f:
-        for key in f:
+        for key in f.keys():
             piece = f.get_slice(key)
             out[key] = (piece.get_dtype(), tuple(piece.get_shape()), f.get_tensor(key).tobytes())
     return out

@@ -21,7 +21,7 @@ def _raw(directory):
     """key -> (dtype name, raw bytes, shape): compares tensors bit for bit, bf16 included."""
     out = {}
     with safe_open(os.path.join(directory, WEIGHTS), framework="numpy") as f:
-        for key in f:
+        for key in f.keys():
             piece = f.get_slice(key)
             t = f.get_tensor(key)
             out[key] = (piece.get_dtype(), tuple(piece.get_shape()), t.tobytes())

@@ -273,7 +273,7 @@ def test_unsupported_configs_are_refused():
 def _raw(directory):
     with safe_open(os.path.join(directory, "diffusion_pytorch_model.safetensors"),
                    framework="numpy") as f:
-        return {k: (f.get_slice(k).get_dtype(), f.get_tensor(k).tobytes()) for k in f}
+        return {k: (f.get_slice(k).get_dtype(), f.get_tensor(k).tobytes()) for k in f.keys()}
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

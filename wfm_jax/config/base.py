@@ -17,7 +17,7 @@ class ConfigError(ValueError):
     """A bad config: the message is one line naming the offending key or file."""
 
 def _leaf_paths(node: ConfigDict, prefix: str = "") -> Iterable[str]:
-    for key in node:
+    for key in node.keys():
         path = f"{prefix}{key}"
         yield path
         value = node[key]
@@ -199,7 +199,7 @@ def parse_overrides(argv: Sequence[str], flag: str = "config") -> tuple[str | No
 def _path_of(root: ConfigDict, target: ConfigDict, prefix: str = "") -> str | None:
     if root is target:
         return prefix.rstrip(".")
-    for key in root:
+    for key in root.keys():
         child = root[key]
         if isinstance(child, ConfigDict):
             found = _path_of(child, target, f"{prefix}{key}.")

@@ -126,7 +126,7 @@ def load_embedding(path: str, allow_pickle: bool = False):
         if ext == ".safetensors":
             from safetensors import safe_open
             with safe_open(path, framework="numpy") as f:
-                tensors = {k: f.get_tensor(k) for k in f}
+                tensors = {k: f.get_tensor(k) for k in f.keys()}
             if not tensors:
                 raise DataError(f"{path} holds no tensors")
             return next(iter(tensors.values())) if len(tensors) == 1 else tensors
