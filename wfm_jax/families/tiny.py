@@ -1,11 +1,7 @@
-"""A complete tiny StableDiffusion3Pipeline directory with random weights, built offline in seconds.
-
-    python -m wfm_jax.tiny DIR [--seed S] [--overwrite]
-    python -m wfm_jax.tiny --family wan DIR   (a tiny WanPipeline instead: wfm_jax.families.wan.tiny)
-    python -m wfm_jax.tiny --family cosmos DIR   (Cosmos2_5_PredictBasePipeline: tiny_cosmos)
-    python -m wfm_jax.tiny --family sana|sana_video DIR   (SanaPipeline / SanaVideoPipeline:
-                                                           wfm_jax.families.sana.tiny)
-    python -m wfm_jax.tiny --pretrained DIR   (trained on the shapes world: tiny_pretrain.py)
+"""A complete tiny StableDiffusion3Pipeline directory with random weights, built offline in
+seconds, and `build_tiny_pipeline`, which builds any family's tiny twin (the other families'
+writers live in their own `tiny` modules). Its command line is `python -m wfm_jax.tiny`
+(wfm_jax/cli/tiny.py, which lists the forms).
 
 Tests and the embedded recipe defaults use it in place of a downloaded model. It needs no torch:
 tokenizers are built from a byte-level vocab and saved by transformers, configs are written as
