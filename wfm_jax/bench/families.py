@@ -12,7 +12,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from wfm_jax.bench.suites import COSMOS_LORA_TARGETS, COSMOS_SIGMAS, LORA_TARGETS
+# = wfm_jax.config.schema.SD3_LORA_TARGETS (not imported: it needs ml_collections, which GPU
+# machines lack; tests/test_bench.py checks the two agree).
+LORA_TARGETS = ("attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0",
+                "attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj", "attn.to_add_out")
+# = wfm_jax.config.schema.COSMOS_LORA_TARGETS (configs/cosmos25_2b_nft.py: attn1 and attn2, the
+# MLP; crossattn_proj frozen).
+COSMOS_LORA_TARGETS = ("to_q", "to_k", "to_v", "to_out.0", "ff.net.0.proj", "ff.net.2")
+
+# Cosmos' scheduler (Cosmos2_5_PredictBasePipeline's UniPC on Karras sigmas, flow-mapped).
+COSMOS_SIGMAS = dict(sigma_min=0.01, sigma_max=200.0)
 
 
 class BenchFamily:

@@ -51,8 +51,9 @@ def compile_step(suite, mode: str, options, *, devices: int = 8, scan: bool = Tr
 
     from wfm_jax.core import mesh as wmesh
     from wfm_jax.bench.train_step import TRAINABLE_FULL, optimizer, resolved_attention, step_fn
-    from wfm_jax.plan.abstract import per_device_bytes, with_shardings
-    from wfm_jax.train.setup import batch_sharding, replicated
+    from wfm_jax.programs.abstract import with_shardings
+    from wfm_jax.programs.setup import batch_sharding, replicated
+    from wfm_jax.programs.stats import per_device_bytes
 
     if len(jax.devices()) < devices:
         raise ValueError(f"--xla-memory needs {devices} devices, the backend has "

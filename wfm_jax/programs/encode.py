@@ -6,15 +6,15 @@ whether the batch was assembled by one process or by many.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from wfm_jax.data.media import SIGNED_UNIT_TABLE
 from wfm_jax.core.mesh import mesh_jit
+from wfm_jax.data.media import SIGNED_UNIT_TABLE
 from wfm_jax.families.base import PipelineFamily
 
 

@@ -10,7 +10,8 @@ once per `grad_accum_steps` micro-steps, so `lr_at(count)` is the rate of the (c
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp

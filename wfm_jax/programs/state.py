@@ -31,7 +31,7 @@ class TrainState(struct.PyTreeNode):
 
     @classmethod
     def create(cls, params: Any, tx: optax.GradientTransformation, rng: jax.Array,
-               ema: bool = False, aux: dict | None = None) -> "TrainState":
+               ema: bool = False, aux: dict | None = None) -> TrainState:
         return cls(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
                    ema=ema_init(params) if ema else None, rng=rng, aux=dict(aux or {}))
 

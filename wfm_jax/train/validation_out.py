@@ -4,7 +4,7 @@ loop calls `write_validation` whatever the model family."""
 from __future__ import annotations
 
 import os
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

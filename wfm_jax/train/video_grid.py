@@ -2,7 +2,7 @@
 prompt and reward captioned under each tile (the layout of image_grid.captioned_grid)."""
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
