@@ -319,14 +319,14 @@ def test_nft_rolls_out_with_unipc():
     from wfm_jax.config.schema import default_config
     from wfm_jax.sampling.samplers import sample
     from wfm_jax.sampling.schedule import unipc_flow_schedule
-    from wfm_jax.train.rl_nft import NFT
+    from wfm_jax.algorithms.nft.algorithm import NFT
     config = default_config()
     config.train.train_policy.type = "nft"
     config.policy.diffusers.sample.solver = "unipc"
     config.policy.diffusers.sample.num_steps = 4
     config.rollout.n_generation = 8
     validate(config)
-    algo = NFT(config, 3.0)
+    algo = NFT.from_recipe(config, 3.0)
     seen = []
 
     def velocity(params, x, t, cond):

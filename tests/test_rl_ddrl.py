@@ -25,7 +25,7 @@ from wfm_jax.algorithms.ddrl import draw_data_sigma
 from wfm_jax.config.schema import default_config
 from wfm_jax.sampling.samplers import sample
 from wfm_jax.sampling.schedule import edm_churn_eta, edm_sigmas
-from wfm_jax.train.rl_ddrl import DDRL
+from wfm_jax.algorithms.ddrl.algorithm import DDRL
 from wfm_jax.programs.state import TrainState
 
 AXES = (1, 2, 3)
@@ -80,7 +80,7 @@ def stored_np(f, j):
 
 @pytest.fixture(scope="module")
 def rollout():
-    algo = DDRL(ddrl_config(), 3.0)
+    algo = DDRL.from_recipe(ddrl_config(), 3.0)
     params, cond = toy.params(0), toy.cond(1)
     latents = jax.random.normal(jax.random.key(3), (toy.B, toy.C, toy.H, toy.W))
     data_x0 = jax.random.normal(jax.random.key(5), latents.shape)

@@ -114,7 +114,8 @@ def advantages_for(run, rollout: dict, batch: dict) -> tuple[np.ndarray, dict]:
     groups = gather_host(np.asarray(batch["group"]))
     adv = np.zeros_like(rewards, dtype=np.float32)
     if keep.any():  # the algorithm's (default group-normalised; DDRL's exp-mapped)
-        adv[keep] = run.advantages(rewards[keep], groups[keep])
+        adv[keep] = run.algo.advantages(rewards[keep], groups[keep], global_std=run.global_std,
+                                        ddof=run.std_ddof)
     low, high = run.adv_range
     adv = clip_advantages(adv, high, low)  # the one clip, both bounds, every algorithm
     lo = jax.process_index() * len(rollout["reward"])

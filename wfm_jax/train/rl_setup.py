@@ -158,12 +158,6 @@ class RLRun:
         """The algorithm's extra per-row rollout inputs for rows lo:hi (e.g. DDRL's data)."""
         return self.algo.chunk_inputs(self, batch, lo, hi)
 
-    def advantages(self, rewards, groups):
-        """The algorithm's advantages (default: group-normalised with the recipe's std)."""
-        tp = self.config.train.train_policy
-        return self.algo.advantages(rewards, groups, global_std=bool(tp.global_std),
-                                    ddof=int(tp.std_ddof))
-
     def evaluate(self, state, latents, cond):
         """-> (final latents, pixels in [0, 1])."""
         return self.programs.evaluate(state, self.setup.frozen, self.setup.vae_state(), latents,
