@@ -140,7 +140,8 @@ def main(argv=None) -> int:
 
 
 def _run_xla_memory(suite, options, devices: int, out: str, command: str) -> int:
-    from wfm_jax.bench import devices as device_info, report, xla_memory
+    from wfm_jax.bench import devices as device_info
+    from wfm_jax.bench import report, xla_memory
     result = {"schema_version": report.SCHEMA_VERSION, "suite": suite.name,
               "shapes": suite.shapes(), "options": dataclasses.asdict(options),
               "command": command, "environment": device_info.environment(),

@@ -25,8 +25,7 @@ once more; that is counted separately (`recompute`) and never in MFU.
 """
 from __future__ import annotations
 
-import math
-from typing import Iterable
+from collections.abc import Iterable
 
 from wfm_jax.models.sd3.transformer import sd3_config
 from wfm_jax.programs.stats import count_jaxpr_flops  # noqa: F401 -- the bench's check of the formulas

@@ -152,14 +152,15 @@ def frozen_component_bytes(configs: list[dict], mesh, rules, dtype) -> int:
 
 
 def abstract_setup(config, mesh, rules, remat: str | None = None, scan: bool | None = None,
-                   aux_fn=None) -> AbstractSetup:
+                   aux_fn=None, configs: dict | None = None) -> AbstractSetup:
     """The recipe's Setup with its abstract TrainState (aux_fn: the RL algorithm's aux copies,
-    RLAlgorithm.aux_fn); remat / scan override policy.remat / policy.scan_layers."""
+    RLAlgorithm.aux_fn); remat / scan override policy.remat / policy.scan_layers; configs:
+    the pipeline's component configs (pipeline_configs' form; default: pipeline_configs)."""
     import jax
     from flax import nnx
     remat = config.policy.remat if remat is None else remat
     scan = bool(config.policy.scan_layers) if scan is None else scan
-    configs, source = pipeline_configs(config)
+    configs, source = pipeline_configs(config) if configs is None else (configs, "given")
     model = abstract_transformer(config, configs["transformer"], remat, scan)
     use_lora = bool(config.policy.lora.enable)
     trainable = placed(model, mesh, rules, setup_lib.trainable_filter(use_lora))

@@ -137,7 +137,8 @@ def build(setup: setup_lib.Setup, algorithm: RLAlgorithm | None = None, *,
     size = tuple(int(v) for v in (size or d.inference_size))
     frames = int(frames or d.train_frames)
     batch = int(batch or setup.config.train.train_batch_per_replica)
-    sampler = sample_program(setup)
+    # a setup without a VAE (the benchmark's train steps) has no sampler
+    sampler = sample_program(setup) if setup.pipe.vae is not None else None
 
     def sample_args(n: int):
         latents = rows(setup, {"x": latent_shape(setup.pipe, n, size, frames)})["x"]
@@ -153,7 +154,7 @@ def build(setup: setup_lib.Setup, algorithm: RLAlgorithm | None = None, *,
             return (abstract(setup.state), abstract(setup.frozen), x,
                     rows(setup, text_shapes(setup, batch)), ids)
         return Programs(sft_step=Program("sft_step", sft_step(setup), sft_args),
-                        sample=Program("sample", sampler, lambda: sample_args(batch)))
+                        sample=sampler and Program("sample", sampler, lambda: sample_args(batch)))
 
     layout = rl_layout(setup.config, setup)
     fns = rl_programs(setup, algorithm, layout)
@@ -194,7 +195,7 @@ def build(setup: setup_lib.Setup, algorithm: RLAlgorithm | None = None, *,
         return (state, frozen, data, key, jax.ShapeDtypeStruct((), jnp.float32),
                 cache["shared"])
 
-    evaluate = Program("evaluate", sampler, lambda: sample_args(layout.rollout_chunk))
+    evaluate = sampler and Program("evaluate", sampler, lambda: sample_args(layout.rollout_chunk))
     return Programs(rollout=Program("rollout", fns["rollout"], rollout_args),
                     update=Program("update", fns["update"], update_args),
                     evaluate=evaluate, sample=evaluate, layout=layout)

@@ -31,6 +31,16 @@ def sample_timesteps(key, ids, table_t, table_s, scheme: str, **density):
     return jax.vmap(one)(ids)
 
 
+def step_draws(key, ids, shape, table_t, table_s, scheme: str, **density):
+    """(timesteps, sigmas, noise) of one SFT step for rows `ids` (x0 rows of `shape`), from the
+    step's key (the second half of split(state.rng)): the benchmark's torch side gets exactly
+    the inputs this step trains on."""
+    timesteps, sigmas = sample_timesteps(jax.random.fold_in(key, KEY_T), ids, table_t, table_s,
+                                         scheme, **density)
+    noise = per_sample_normal(jax.random.fold_in(key, KEY_NOISE), ids, shape)
+    return timesteps, sigmas, noise
+
+
 def loss_args(setup: setup_lib.Setup) -> tuple:
     """(shift, weighting scheme, logit mean, logit std, mode scale, conditional frames (lo, hi))
     of the recipe: what the step's loss depends on besides the state."""
@@ -85,9 +95,8 @@ def _build(setup, shift, scheme, logit_mean, logit_std, mode_scale, cond_frames)
 
     def step(state, frozen, x0, cond, ids):
         rng, key = jax.random.split(state.rng)
-        timesteps, sigmas = sample_timesteps(jax.random.fold_in(key, KEY_T), ids, table_t,
-                                             table_s, scheme, **density)
-        noise = per_sample_normal(jax.random.fold_in(key, KEY_NOISE), ids, x0.shape[1:])
+        timesteps, sigmas, noise = step_draws(key, ids, x0.shape[1:], table_t, table_s, scheme,
+                                              **density)
         x_t = sft_loss.noisy_latents(x0, noise, sigmas)
         if cond_frames[1] > 0:  # the conditioned frames' loss is zero: their velocity is exact
             k_cond = jax.random.fold_in(key, KEY_COND)
