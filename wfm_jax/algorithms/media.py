@@ -45,7 +45,7 @@ class ItemMedia:
         from wfm_jax.data.webdataset import load_record_media
         records, index = batch["records"][lo:hi], np.asarray(batch["index"][lo:hi])
         step, loaded = int(batch["step"]), {}
-        for i, r in zip(index.tolist(), records):
+        for i, r in zip(index.tolist(), records, strict=True):
             if i not in loaded:  # a clip's window: fixed by (seed, step, item), so resumable
                 rng = np.random.default_rng((self.seed, step, i)) if r.is_video else None
                 loaded[i] = load_record_media(r, self.size_hw, self.frames, rng)

@@ -8,9 +8,9 @@ steps in order, or, with `sde_window_size` > 0 (Flow-GRPO-Fast), the stochastic 
 start is drawn per rollout chunk in `sde_window_range`; outside the window the sampler is Euler.
 
 Update: each trained step is recomputed with the training numerics (CFG with the unconditional
-branch detached unless train_policy.cfg_detach_uncond is False); PPO-clipped ratio + closed-form KL to the reference; gradients averaged over
-the trained steps and the micro-batches (one optimizer step per inner epoch, or per chunk of
-train_policy.batch_size_per_optimize rows).
+branch detached unless train_policy.cfg_detach_uncond is False); PPO-clipped ratio + closed-form
+KL to the reference; gradients averaged over the trained steps and the micro-batches (one
+optimizer step per inner epoch, or per chunk of train_policy.batch_size_per_optimize rows).
 
 Exact ratio 1 at the first inner epoch, by construction: there the "old" log-prob IS the
 log-prob just computed in the same forward (under stop_gradient), i.e. the policy that rolled
@@ -40,7 +40,13 @@ from typing import ClassVar
 import jax
 import jax.numpy as jnp
 
-from wfm_jax.algorithms.base import AlgorithmConfig, RLAlgorithm, RolloutContext, Velocity, as_velocity
+from wfm_jax.algorithms.base import (
+    AlgorithmConfig,
+    RLAlgorithm,
+    RolloutContext,
+    Velocity,
+    as_velocity,
+)
 from wfm_jax.algorithms.grpo.loss import grpo_loss
 from wfm_jax.sampling import steps as S
 from wfm_jax.sampling.guidance import cfg_combine, uses_cfg
