@@ -45,7 +45,9 @@ def bench_recipe(suite, mode: str, options) -> Any:
     c.policy.family = suite.family
     c.policy.lora.enable = lora
     c.policy.lora.target_modules = tuple(suite.workload.lora_targets)
-    c.policy.lora.r, c.policy.lora.lora_alpha = suite.lora_rank, suite.lora_alpha
+    c.policy.lora.r = suite.lora_rank
+    with c.ignore_type():  # the suites' alphas are floats (the schema's int is peft's usual)
+        c.policy.lora.lora_alpha = suite.lora_alpha
     c.policy.attention_impl, c.policy.remat = options.attention_impl, options.remat
     c.policy.diffusers.weighting_scheme = "logit_normal"  # inputs.train_batch's density
     return c
