@@ -49,7 +49,7 @@ def test_a_recipe_reaches_every_field():
 
 
 def test_name_table_and_typed_errors():
-    assert {k: v for k, v in ALGORITHMS.items()} == {"nft": NFT, "grpo": GRPO, "ddrl": DDRL}
+    assert dict(ALGORITHMS) == {"nft": NFT, "grpo": GRPO, "ddrl": DDRL}
     for name, cls in ALGORITHMS.items():
         assert algorithm_named(name) is cls and cls.name == name
         assert issubclass(cls, RLAlgorithm) and issubclass(cls.Config, AlgorithmConfig)

@@ -49,7 +49,7 @@ from wfm_jax.algorithms.ddrl.loss import (
     unscaled_log_ratio,
 )
 from wfm_jax.algorithms.grpo.algorithm import cfg_velocity, full_uncond, guide_of
-from wfm_jax.sampling import steps as S
+from wfm_jax.sampling import steps as S  # noqa: N812 -- the math reads as S.edm_x0
 from wfm_jax.sampling.samplers import sample
 from wfm_jax.sampling.schedule import edm_churn_eta, edm_sigmas
 

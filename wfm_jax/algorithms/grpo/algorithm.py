@@ -48,7 +48,7 @@ from wfm_jax.algorithms.base import (
     as_velocity,
 )
 from wfm_jax.algorithms.grpo.loss import grpo_loss
-from wfm_jax.sampling import steps as S
+from wfm_jax.sampling import steps as S  # noqa: N812 -- the math reads as S.edm_x0
 from wfm_jax.sampling.guidance import cfg_combine, uses_cfg
 from wfm_jax.sampling.samplers import draw_window_start, sample
 from wfm_jax.sampling.schedule import flow_schedule_of
