@@ -59,7 +59,8 @@ def draw_data_sigma(key, batch_size: int, p_mean: float, p_std: float):
     return jnp.exp(p_mean + p_std * jax.random.normal(key, (batch_size,), F32))
 
 
-def ddrl_loss(x_next, mean_theta, mean_old, advantages, *, clip_ratio: float = 1e-4, kl_beta: float = 0.0, mean_ref=None, data_beta: float = 0.0, data_loss=None, loss_scale: float = 10.0):
+def ddrl_loss(x_next, mean_theta, mean_old, advantages, *, clip_ratio: float = 1e-4, kl_beta: float = 0.0,
+              mean_ref=None, data_beta: float = 0.0, data_loss=None, loss_scale: float = 10.0):
     """Total DDRL loss for one trained step. data_loss: the value of `ddrl_data_loss` (or None when
     this step has none, e.g. data_on_first_only). Returns (loss, metrics)."""
     policy_loss, ratio, log_ratio = ddrl_policy_loss(x_next, mean_theta, mean_old, advantages, clip_ratio)
