@@ -48,7 +48,9 @@ def ppo_clipped_loss(log_prob, old_log_prob, advantages, clip_range: float = 1e-
     return weighted_mean(jnp.maximum(unclipped, clipped), weight), ratio
 
 
-def grpo_loss(log_prob, old_log_prob, advantages, *, clip_range: float = 1e-4, adv_clip_max: float = 5.0, adv_clip_min: float | None = None, kl_beta: float = 0.0, mean=None, ref_mean=None, std_dev_t=None, weight=None):
+def grpo_loss(log_prob, old_log_prob, advantages, *, clip_range: float = 1e-4, adv_clip_max: float = 5.0,
+              adv_clip_min: float | None = None, kl_beta: float = 0.0, mean=None, ref_mean=None,
+              std_dev_t=None, weight=None):
     """Flow-GRPO loss for one trained step. The KL term needs mean, ref_mean and std_dev_t (the
     values `steps.sde_log_prob` returns) and is skipped when kl_beta == 0. weight (B,) in {0, 1}
     (optional) restricts both terms to the weighted rows (the zero-advantage filter).
