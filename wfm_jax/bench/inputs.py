@@ -27,9 +27,9 @@ def train_batch(suite, seed: int = SEED) -> dict[str, np.ndarray]:
     key = jax.random.split(jax.random.key(seed))[1]  # as the step splits its state's rng
     timesteps, sigmas, noise = jax.device_get(step_draws(
         key, ids, latent[1:], np.asarray(table_t), np.asarray(table_s), "logit_normal"))
-    return {"x0": x0, "noise": np.asarray(noise, np.float32),
-            "sigmas": np.asarray(sigmas, np.float32),
-            "timesteps": np.asarray(timesteps, np.float32), "ids": ids, **text}
+    # writable copies: torch.from_numpy refuses read-only device_get buffers
+    return {"x0": x0, "noise": np.array(noise, np.float32), "sigmas": np.array(sigmas, np.float32),
+            "timesteps": np.array(timesteps, np.float32), "ids": ids, **text}
 
 
 def text_of(batch: dict) -> dict[str, np.ndarray]:
