@@ -22,6 +22,7 @@ CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "config
 def tiny():
     """(pipe shell, velocity(params, x, t, cond) with the family's guide, params, text, uncond,
     video condition on 1 latent frame for row 0 and 2 for row 1, initial noise)."""
+    from wfm_jax.algorithms.base import Velocity
     from wfm_jax.families.cosmos.pipeline import CosmosPipeline
     from wfm_jax.models.cosmos.transformer import CosmosTransformer
     from wfm_jax.families.cosmos.tiny import scheduler_config, transformer_config
@@ -30,9 +31,9 @@ def tiny():
                           scheduler_config())
     graphdef, params = nnx.split(CosmosTransformer(transformer_config(), rngs=nnx.Rngs(0)))
 
-    def velocity(p, x, t, cond):
+    def fn(p, x, t, cond):
         return pipe.velocity_with(nnx.merge(graphdef, p), x, t, cond)
-    velocity.guide = pipe.guide
+    velocity = Velocity(fn, pipe.guide)  # as programs.setup.make_velocity builds it
 
     shape = pipe.latent_shape(2, 32, 32, 9)
     k = jax.random.split(jax.random.key(3), 4)
