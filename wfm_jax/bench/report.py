@@ -65,7 +65,7 @@ def assemble(suite, options, isolate: bool, ctx: dict, records: dict, descriptio
         r = ratios(stacks.get("wfm_jax"), stacks.get("torch"))
         workloads[name] = {"description": descriptions[name], "flops": workload_flops(suite, name),
                            "stacks": stacks,
-                           "ratio_wfm_jax_over_torch": dict.fromkeys(r) if busy else r}
+                           "ratio_wfm_jax_over_torch": {k: None for k in r} if busy else r}
     return {"schema_version": SCHEMA_VERSION, "suite": suite.name, "shapes": suite.shapes(),
             "warmup": suite.warmup, "repeats": suite.repeats,
             "options": dataclasses.asdict(options), "isolated_processes": isolate,

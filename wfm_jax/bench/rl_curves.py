@@ -207,7 +207,7 @@ def environment() -> dict:
     try:
         from importlib.metadata import version
         jax_version = version("jax")
-    except Exception:
+    except Exception:  # noqa: BLE001 - the table just says n/a
         jax_version = "n/a"
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     return {"date": time.strftime("%Y-%m-%d"), "jax": jax_version,

@@ -5,8 +5,7 @@ import math
 import statistics
 import sys
 import time
-from collections.abc import Callable
-from typing import Any
+from typing import Any, Callable
 
 # Figures every stack record carries (a number, or None with a note saying why).
 FIGURES = ("step_time_s", "samples_per_s", "flops_per_step", "tflops_per_s", "mfu",
@@ -86,7 +85,7 @@ def failed(stack: str, impl: str, error: BaseException) -> dict:
     """A stack that could not run this workload (e.g. out of memory): recorded, not fatal."""
     message = f"{type(error).__name__}: {error}".splitlines()[0][:500]
     return {"stack": stack, "impl": impl, "status": "error", "error": message,
-            **dict.fromkeys(FIGURES), "notes": dict.fromkeys(FIGURES, message)}
+            **{k: None for k in FIGURES}, "notes": {k: message for k in FIGURES}}
 
 
 def finite(x) -> bool:

@@ -49,10 +49,10 @@ class ProcessJsonHandler(ocp.CheckpointHandler):
     def _file(directory: epath.Path) -> epath.Path:
         return directory / f"process_{jax.process_index()}-of-{jax.process_count()}.json"
 
-    def save(self, directory: epath.Path, args: ProcessJsonSave):
+    def save(self, directory: epath.Path, args: "ProcessJsonSave"):
         self._file(epath.Path(directory)).write_text(json.dumps(args.item))
 
-    def restore(self, directory: epath.Path, args: ProcessJsonRestore = None):
+    def restore(self, directory: epath.Path, args: "ProcessJsonRestore" = None):
         path = self._file(epath.Path(directory))
         if not path.exists():
             found = sorted(p.name for p in epath.Path(directory).iterdir())

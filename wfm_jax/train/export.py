@@ -18,17 +18,16 @@ import json
 import os
 import re
 import shutil
-from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 import jax
 import numpy as np
 
-from converters.loading import export_diffusers, host_array
-from wfm_jax.core.console import say
-from wfm_jax.core.tree import path_str
-from wfm_jax.families.base import family_class
 from wfm_jax.io.atomic import atomic_directory
+from wfm_jax.core.console import say
+from wfm_jax.families.base import family_class
+from converters.loading import export_diffusers, host_array
+from wfm_jax.core.tree import path_str
 from wfm_jax.models import lora as lora_lib
 
 LORA_WEIGHT_NAME = "model.safetensors"

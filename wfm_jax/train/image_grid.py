@@ -5,7 +5,7 @@ import dataclasses
 import math
 import os
 import textwrap
-from collections.abc import Sequence
+from typing import Sequence
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont

@@ -9,8 +9,7 @@ import json
 import os
 import time
 import warnings
-from collections.abc import Mapping
-from typing import Any
+from typing import Any, Mapping
 
 import jax
 import numpy as np

@@ -7,7 +7,7 @@ import contextlib
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from typing import Iterator
 
 import jax
 
@@ -51,6 +51,6 @@ def requested() -> bool:
     local = _received["count"] > 0
     if jax.process_count() == 1:
         return local
-    import numpy as np
     from jax.experimental import multihost_utils
+    import numpy as np
     return bool(np.any(multihost_utils.process_allgather(np.array([local]))))

@@ -158,11 +158,11 @@ def _sft_config(s: PretrainSettings, base: str, data: str, out: str):
 def build_pretrained(directory: str, settings: PretrainSettings = PretrainSettings(),
                      log=print) -> str:
     """Build the pretrained pipeline at `directory` (replacing whatever is there)."""
-    from wfm_jax.families import tiny
     from wfm_jax.io.atomic import atomic_directory
-    from wfm_jax.train import sft
+    from wfm_jax.families import tiny
     from wfm_jax.worlds.shapes.dataset import build_shapes_dataset
     from wfm_jax.worlds.shapes.vae import fit_vae
+    from wfm_jax.train import sft
 
     s, start = settings, time.perf_counter()
     directory = os.path.abspath(directory)

@@ -6,6 +6,7 @@ its figure, by tests, and by README numbers.
 """
 from __future__ import annotations
 
+
 import numpy as np
 
 from wfm_jax.worlds.shapes.grammar import SPLIT_SCENES

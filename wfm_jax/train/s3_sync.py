@@ -22,8 +22,7 @@ import time
 import jax
 
 from wfm_jax.core.console import say
-from wfm_jax.io.storage import mirror
-from wfm_jax.io.storage import s3 as s3lib
+from wfm_jax.io.storage import mirror, s3 as s3lib
 
 _SIDE_FILES = ("config.json", "metrics.jsonl")
 
@@ -98,7 +97,7 @@ class S3Sync:
     """The background uploader of one run (process 0 only; other processes get None)."""
 
     @classmethod
-    def from_config(cls, config) -> S3Sync | None:
+    def from_config(cls, config) -> "S3Sync | None":
         if not config.train.ckpt.upload_s3 or jax.process_index() != 0:
             return None
         return cls(config)

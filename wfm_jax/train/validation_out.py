@@ -4,7 +4,7 @@ loop calls `write_validation` whatever the model family."""
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from typing import Sequence
 
 import numpy as np
 

@@ -2,7 +2,7 @@
 prompt and reward captioned under each tile (the layout of image_grid.captioned_grid)."""
 from __future__ import annotations
 
-from collections.abc import Sequence
+from typing import Sequence
 
 import numpy as np
 
