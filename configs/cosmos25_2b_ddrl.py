@@ -24,56 +24,33 @@ def ddrl_720(model: str, output_dir: str, fsdp: int, context: int):
     c.train.output_dir = output_dir
     c.train.train_policy.type = "ddrl"
     c.train.max_steps = 2001
-    c.train.param_dtype = "float32"
-    c.train.compute_dtype = "bfloat16"
     c.train.train_batch_per_replica = 64  # 8 data items x 8 rollouts
-    c.train.train_policy.mini_batch = 1
     c.train.optm_lr = 1e-5
-    c.train.optm_weight_decay = 1e-4
     c.train.optm_betas = (0.9, 0.99)
     c.train.optm_warmup_steps = 50
-    c.train.optm_grad_norm_clip = 1.0
     c.train.ema_enable = True
-    c.train.ema_decay = 0.9
     c.train.ckpt.save_freq = 100
     tp = c.train.train_policy
     tp.dataset.layout = "wfm"
-    tp.train_on = tuple(range(0, 20, 2))
-    tp.clip_range = 1e-4
     tp.kl_beta = 0.0
-    tp.data_beta = 0.01
-    tp.loss_scale = 10.0
-    tp.exp_reward = False
-    tp.use_rl_sigma_and_noise = True
-    tp.data_on_first_only = False
     tp.update_ref_every_iter = 0
-    tp.advantage_low = -5.0
-    tp.advantage_high = 5.0
     tp.use_remote_reward = True
     tp.remote_reward.reward_fns = [
         {"name": "dance_grpo", "weight": 1.0, "score_key": "overall_reward"}]
     c.rollout.n_generation = 8
     c.policy.model_name_or_path = model
     c.policy.family = "cosmos"
-    c.policy.lora.enable = False
     d = c.policy.diffusers
     d.is_video = True
     d.inference_size = (720, 1280)
     d.train_frames = 93
     d.inference_frames = 93
     d.max_prompt_length = 512
-    d.min_num_conditional_frames = 0
     d.max_num_conditional_frames = 1
     s = d.sample
     s.solver = "edm"
     s.num_steps = 20
     s.eval_num_steps = 36
-    s.guidance_scale = 1.0
-    s.s_churn = 1.0
-    s.s_noise = 1.0
-    s.edm_sigma_min = 0.01
-    s.edm_sigma_max = 200.0
-    s.edm_rho = 7.0
     s.deterministic_sampling = False
     # cosmos-rl's fsdp shard size and context-parallel size; data replicas over the rest (HSDP)
     c.policy.parallelism.data = -1
@@ -82,7 +59,6 @@ def ddrl_720(model: str, output_dir: str, fsdp: int, context: int):
     c.policy.remat = "full"
     c.validation.enable = True
     c.validation.freq = 100
-    c.validation.batch_size = 8
     c.validation.dataset.holdout_fraction = 0.01
     return c
 

@@ -18,37 +18,25 @@ from wfm_jax.config.schema import default_config
 def get_config():
     c = default_config()
     c.train.output_dir = "./outputs/cosmos25_2b_sft"
-    c.train.train_policy.type = "sft"
     c.train.max_steps = 2000
-    c.train.param_dtype = "float32"
-    c.train.compute_dtype = "bfloat16"
     c.train.train_batch_per_replica = 8  # one clip per device on 8 GPUs
     c.train.optm_lr = 1e-5
-    c.train.optm_weight_decay = 1e-4
-    c.train.optm_betas = (0.9, 0.999)
     c.train.optm_warmup_steps = 100
-    c.train.optm_grad_norm_clip = 1.0
     c.train.ema_enable = True
     c.train.ema_decay = 0.999
     c.train.ckpt.save_freq = 200
     c.train.ckpt.max_keep = 3
-    c.train.train_policy.dataset.layout = "paired"
     c.policy.model_name_or_path = "nvidia/Cosmos-Predict2.5-2B"
     c.policy.family = "cosmos"
-    c.policy.lora.enable = False
     d = c.policy.diffusers
     d.is_video = True
     d.inference_size = (704, 1280)
     d.train_frames = 93
     d.inference_frames = 93
     d.max_prompt_length = 512
-    d.weighting_scheme = "logit_normal"
-    d.logit_mean = 0.0
-    d.logit_std = 1.0
     d.sample.eval_num_steps = 36      # Cosmos2_5_PredictBasePipeline's defaults
     d.sample.guidance_scale = 7.0     # Cosmos' CFG form v_c + w (v_c - v_u)
     c.policy.parallelism.data = 1
     c.policy.parallelism.fsdp = -1
-    c.policy.parallelism.context = 1
     c.policy.remat = "full"
     return c

@@ -30,23 +30,9 @@ def get_config():
     c.train.train_policy.type = "nft"
     c.train.max_steps = 2000
     c.train.param_dtype = "bfloat16"
-    c.train.compute_dtype = "bfloat16"
     c.train.train_batch_per_replica = 384  # 6 x 8 x 8
     c.train.train_policy.mini_batch = 4
-    c.train.optm_lr = 3e-4
-    c.train.optm_weight_decay = 1e-4
-    c.train.optm_betas = (0.9, 0.999)
-    c.train.optm_eps = 1e-8
-    c.train.optm_warmup_steps = 0
-    c.train.optm_grad_norm_clip = 1.0
     c.train.ema_enable = True
-    c.train.ema_decay = 0.9
-    c.train.ema_update_step_interval = 1
-    c.train.ckpt.save_freq = 20
-    c.train.train_policy.kl_beta = 1e-4
-    c.train.train_policy.timesteps_fraction = 0.99
-    c.train.train_policy.advantage_low = -5.0
-    c.train.train_policy.advantage_high = 5.0
     # cosmos-rl's remote-reward advantages: per-prompt mean and unbiased std (as sd35_nft)
     c.train.train_policy.global_std = False
     c.train.train_policy.std_ddof = 1
@@ -59,7 +45,6 @@ def get_config():
     c.policy.lora.enable = True
     c.policy.lora.r = 4
     c.policy.lora.lora_alpha = 4
-    c.policy.lora.init_lora_weights = "gaussian"
     c.policy.lora.target_modules = SANA_LORA_TARGETS
     d = c.policy.diffusers
     d.is_video = True
@@ -67,19 +52,10 @@ def get_config():
     d.train_frames = 81  # SanaVideoPipeline's default (4k + 1: 21 latent frames)
     d.inference_frames = 81
     d.max_prompt_length = 300
-    d.nft_beta = 1.0
-    d.weight_copy_decay_type = 1
-    d.sample.num_steps = 10
-    d.sample.eval_num_steps = 40
-    d.sample.guidance_scale = 1.0
     d.sample.noise_level = 1.0  # unused by a deterministic rollout (as in cosmos-rl)
     d.sample.solver = "dpm_solver"
-    d.sample.deterministic_sampling = True
     c.policy.parallelism.data = 1
     c.policy.parallelism.fsdp = -1  # dp_shard_size 8
-    c.policy.parallelism.context = 1
     c.policy.remat = "full"
     c.validation.enable = False  # as the toml; point validation.dataset.local_dir to turn it on
-    c.validation.freq = 20
-    c.validation.batch_size = 8
     return c

@@ -19,24 +19,16 @@ from wfm_jax.config.schema import default_config
 def get_config():
     c = default_config()
     c.train.output_dir = "./outputs/sana_video_sft"
-    c.train.train_policy.type = "sft"
     c.train.max_steps = 2000
-    c.train.param_dtype = "float32"
-    c.train.compute_dtype = "bfloat16"
     c.train.train_batch_per_replica = 8  # global: 1 per replica x dp_shard_size 8
-    c.train.train_policy.mini_batch = 1
     c.train.optm_lr = 1e-6
     c.train.optm_weight_decay = 0.01
-    c.train.optm_betas = (0.9, 0.999)
     c.train.optm_eps = 1e-6
     c.train.optm_warmup_steps = 20
-    c.train.optm_grad_norm_clip = 1.0
     c.train.ckpt.save_freq = 30
     c.train.ckpt.max_keep = 3
-    c.train.train_policy.dataset.layout = "paired"
     c.policy.model_name_or_path = "Efficient-Large-Model/SANA-Video_2B_480p_diffusers"
     c.policy.family = "sana_video"
-    c.policy.lora.enable = False
     d = c.policy.diffusers
     d.is_video = True
     d.inference_size = (480, 832)
@@ -45,15 +37,11 @@ def get_config():
     d.train_frames = 81
     d.inference_frames = 81
     d.max_prompt_length = 300  # SanaVideoPipeline's max_sequence_length
-    d.weighting_scheme = "logit_normal"
-    d.logit_mean = 0.0
-    d.logit_std = 1.0
     d.sample.eval_num_steps = 50
     d.sample.guidance_scale = 4.5
     # dp_shard_size 8: parameters sharded over every device, blocks rematerialised
     # (model_gradient_checkpointing)
     c.policy.parallelism.data = 1
     c.policy.parallelism.fsdp = -1
-    c.policy.parallelism.context = 1
     c.policy.remat = "full"
     return c

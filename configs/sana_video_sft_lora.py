@@ -16,27 +16,20 @@ from wfm_jax.config.schema import SANA_LORA_TARGETS, default_config
 def get_config():
     c = default_config()
     c.train.output_dir = "./outputs/sana_video_sft_lora"
-    c.train.train_policy.type = "sft"
     c.train.max_steps = 2000
     c.train.param_dtype = "bfloat16"  # the frozen base; LoRA weights and moments are fp32
-    c.train.compute_dtype = "bfloat16"
     c.train.train_batch_per_replica = 8  # global: 1 per replica x dp_shard_size 8
-    c.train.train_policy.mini_batch = 1
     c.train.optm_lr = 1e-6
     c.train.optm_weight_decay = 0.01
-    c.train.optm_betas = (0.9, 0.999)
     c.train.optm_eps = 1e-6
     c.train.optm_warmup_steps = 20
-    c.train.optm_grad_norm_clip = 1.0
     c.train.ckpt.save_freq = 30
     c.train.ckpt.max_keep = 3
-    c.train.train_policy.dataset.layout = "paired"
     c.policy.model_name_or_path = "Efficient-Large-Model/SANA-Video_2B_480p_diffusers"
     c.policy.family = "sana_video"
     c.policy.lora.enable = True
     c.policy.lora.r = 4
     c.policy.lora.lora_alpha = 4
-    c.policy.lora.init_lora_weights = "gaussian"
     c.policy.lora.target_modules = SANA_LORA_TARGETS
     d = c.policy.diffusers
     d.is_video = True
@@ -46,14 +39,9 @@ def get_config():
     d.train_frames = 81
     d.inference_frames = 81
     d.max_prompt_length = 300  # SanaVideoPipeline's max_sequence_length
-    d.weighting_scheme = "logit_normal"
-    d.logit_mean = 0.0
-    d.logit_std = 1.0
     d.sample.eval_num_steps = 50
     d.sample.guidance_scale = 4.5
     # the bf16 base (4 GB) fits on every device: replicated, the batch split over all of them
     c.policy.parallelism.data = -1
-    c.policy.parallelism.fsdp = 1
-    c.policy.parallelism.context = 1
     c.policy.remat = "full"
     return c

@@ -25,49 +25,26 @@ def get_config():
     c.train.train_policy.type = "grpo"
     c.train.max_steps = 4000
     c.train.param_dtype = "bfloat16"
-    c.train.compute_dtype = "bfloat16"
     c.train.train_batch_per_replica = 576  # 24 prompts x 24 images
     c.train.train_policy.mini_batch = 9
     c.train.train_policy.mu_iterations = 1  # num_inner_epochs
-    c.train.optm_lr = 3e-4
-    c.train.optm_weight_decay = 1e-4
-    c.train.optm_betas = (0.9, 0.999)
-    c.train.optm_grad_norm_clip = 1.0
     c.train.ema_enable = True
-    c.train.ema_decay = 0.9
-    c.train.ema_update_step_interval = 1
-    c.train.ckpt.save_freq = 20
     c.train.train_policy.kl_beta = 0.01  # PickScore; 0.04 for GenEval / OCR
-    c.train.train_policy.clip_range = 1e-4
-    c.train.train_policy.advantage_low = -5.0
-    c.train.train_policy.advantage_high = 5.0
     c.train.train_policy.global_std = True  # flow_grpo: per-prompt mean, batch population std
-    c.train.train_policy.std_ddof = 0
     # CFG's unconditional branch detached in the update, as flow_grpo's SD3 script did when its
     # results were published (it saves a backward pass); its later code does not detach: False.
     c.train.train_policy.cfg_detach_uncond = True
     # flow_grpo drops zero-advantage samples before batching; wfm_jax keeps them (their policy
     # term is 0) unless this is True (then both loss means skip them)
     c.train.train_policy.filter_zero_advantage = False
-    c.train.train_policy.timesteps_fraction = 0.99
     c.train.train_policy.use_remote_reward = True
     c.train.train_policy.remote_reward.reward_fns = [
         {"name": "pickscore", "weight": 1.0, "score_key": ""}]
-    c.rollout.n_generation = 24
     c.policy.lora.enable = True
-    c.policy.lora.r = 32
-    c.policy.lora.lora_alpha = 64
-    c.policy.lora.init_lora_weights = "gaussian"
     d = c.policy.diffusers
-    d.inference_size = (512, 512)
-    d.max_prompt_length = 128
-    d.sample.num_steps = 10
-    d.sample.eval_num_steps = 40
     d.sample.guidance_scale = 4.5
-    d.sample.noise_level = 0.7
     d.sample.solver = "sde"
     d.sample.deterministic_sampling = False
     c.validation.enable = True
-    c.validation.freq = 20
     c.validation.batch_size = 16
     return c

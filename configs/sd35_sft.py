@@ -14,28 +14,15 @@ from wfm_jax.config.schema import default_config
 def get_config():
     c = default_config()
     c.train.output_dir = "./outputs/sd35_sft"
-    c.train.train_policy.type = "sft"
     c.train.max_steps = 2000
-    c.train.param_dtype = "float32"
-    c.train.compute_dtype = "bfloat16"
     c.train.train_batch_per_replica = 32  # global batch
     c.train.optm_lr = 1e-5
-    c.train.optm_weight_decay = 1e-4
-    c.train.optm_betas = (0.9, 0.999)
     c.train.optm_warmup_steps = 100
-    c.train.optm_grad_norm_clip = 1.0
     c.train.ema_enable = True
     c.train.ema_decay = 0.999
     c.train.ckpt.save_freq = 200
     c.train.ckpt.max_keep = 3
-    c.train.train_policy.dataset.layout = "paired"
-    c.policy.lora.enable = False
     d = c.policy.diffusers
-    d.inference_size = (512, 512)
-    d.max_prompt_length = 128
-    d.weighting_scheme = "logit_normal"
-    d.logit_mean = 0.0
-    d.logit_std = 1.0
     # FSDP over every device: replicated, the fp32 weights, moments, EMA and grads alone are
     # ~37 GB per device. Several hosts: --config.policy.parallelism.data=HOSTS with fsdp=-1.
     c.policy.parallelism.data = 1

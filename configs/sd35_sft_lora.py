@@ -14,30 +14,15 @@ from wfm_jax.config.schema import SD3_LORA_TARGETS, default_config
 def get_config():
     c = default_config()
     c.train.output_dir = "./outputs/sd35_sft_lora"
-    c.train.train_policy.type = "sft"
     c.train.max_steps = 2000
     c.train.param_dtype = "bfloat16"
-    c.train.compute_dtype = "bfloat16"
     c.train.train_batch_per_replica = 32  # global batch
     c.train.optm_lr = 1e-4
-    c.train.optm_weight_decay = 1e-4
-    c.train.optm_betas = (0.9, 0.999)
     c.train.optm_warmup_steps = 50
-    c.train.optm_grad_norm_clip = 1.0
     c.train.ema_enable = True
     c.train.ema_decay = 0.99
     c.train.ckpt.save_freq = 200
     c.train.ckpt.max_keep = 3
-    c.train.train_policy.dataset.layout = "paired"
     c.policy.lora.enable = True
-    c.policy.lora.r = 32
-    c.policy.lora.lora_alpha = 64
-    c.policy.lora.init_lora_weights = "gaussian"
-    c.policy.lora.target_modules = SD3_LORA_TARGETS
     d = c.policy.diffusers
-    d.inference_size = (512, 512)
-    d.max_prompt_length = 128
-    d.weighting_scheme = "logit_normal"
-    c.policy.parallelism.data = -1
-    c.policy.parallelism.fsdp = 1
     return c

@@ -23,22 +23,14 @@ def get_config():
     c.train.train_policy.type = "nft"
     c.train.max_steps = 20
     c.train.seed = 0
-    c.train.param_dtype = "float32"
     c.train.compute_dtype = "float32"
     c.train.train_batch_per_replica = 16  # 4 prompts x 4 videos
     c.train.train_policy.mini_batch = 2  # per device: 8 devices take the 16 rows at once
     c.train.optm_lr = 3e-3  # the random tiny models' NFT value (tiny_wan_nft)
-    c.train.optm_weight_decay = 1e-4
-    c.train.optm_grad_norm_clip = 1.0
     c.train.ema_enable = True
-    c.train.ema_decay = 0.9
     c.train.ckpt.save_freq = 10
     c.train.ckpt.max_keep = 2
-    c.train.train_policy.kl_beta = 1e-4
     c.train.train_policy.dataset.local_dir = os.path.join(HERE, "prompts", "tiny.txt")
-    c.train.train_policy.use_remote_reward = False
-    c.train.train_policy.remote_reward.reward_fns = [
-        {"name": "jpeg_compressibility", "weight": 1.0, "score_key": ""}]
     c.rollout.n_generation = 4
     c.policy.model_name_or_path = "./outputs/tiny_cosmos"
     c.policy.family = "cosmos"
@@ -55,14 +47,7 @@ def get_config():
     d.train_frames = 9
     d.inference_frames = 9
     d.max_prompt_length = 16
-    d.nft_beta = 1.0
-    d.sample.num_steps = 10
     d.sample.eval_num_steps = 10
-    d.sample.guidance_scale = 1.0
-    d.sample.noise_level = 0.7
-    d.sample.solver = "dpm2"
-    d.sample.deterministic_sampling = True
-    c.policy.parallelism.data = -1
     c.validation.enable = True
     c.validation.freq = 10
     c.validation.batch_size = 4

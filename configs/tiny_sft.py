@@ -12,31 +12,19 @@ from wfm_jax.config.schema import default_config
 def get_config():
     c = default_config()
     c.train.output_dir = "./outputs/tiny_sft"
-    c.train.train_policy.type = "sft"
     c.train.max_steps = 60
     c.train.seed = 0
-    c.train.param_dtype = "float32"
     c.train.compute_dtype = "float32"
-    c.train.train_batch_per_replica = 8
     c.train.optm_lr = 1e-3
-    c.train.optm_weight_decay = 1e-4
     c.train.optm_warmup_steps = 5
-    c.train.optm_grad_norm_clip = 1.0
     c.train.ema_enable = True
-    c.train.ema_decay = 0.9
-    c.train.log_freq = 1
-    c.train.ckpt.save_freq = 20
     c.train.ckpt.max_keep = 2
     ds = c.train.train_policy.dataset
     ds.local_dir = "./outputs/tiny_shapes"
-    ds.layout = "paired"
     ds.build_tiny = True
     c.policy.model_name_or_path = "./outputs/tiny_sd3"
     c.policy.build_tiny = True
-    c.policy.lora.enable = False
     d = c.policy.diffusers
     d.inference_size = (32, 32)
     d.max_prompt_length = 16
-    d.weighting_scheme = "logit_normal"
-    c.policy.parallelism.data = -1
     return c

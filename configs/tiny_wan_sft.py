@@ -14,37 +14,25 @@ from wfm_jax.config.schema import default_config
 def get_config():
     c = default_config()
     c.train.output_dir = "./outputs/tiny_wan_sft"
-    c.train.train_policy.type = "sft"
     c.train.max_steps = 60
     c.train.seed = 0
-    c.train.param_dtype = "float32"
     c.train.compute_dtype = "float32"
-    c.train.train_batch_per_replica = 8
     c.train.optm_lr = 1e-3  # as tiny_sft: the random 2-layer model moves quickly
-    c.train.optm_weight_decay = 1e-4
     c.train.optm_warmup_steps = 5
-    c.train.optm_grad_norm_clip = 1.0
     c.train.ema_enable = True
-    c.train.ema_decay = 0.9
-    c.train.log_freq = 1
-    c.train.ckpt.save_freq = 20
     c.train.ckpt.max_keep = 2
     ds = c.train.train_policy.dataset
     ds.local_dir = "./outputs/tiny_shapes_video"
-    ds.layout = "paired"
     ds.build_tiny = True  # clips of train_frames frames, as the recipe is a video one
     c.policy.model_name_or_path = "./outputs/tiny_wan"
     c.policy.family = "wan"
     c.policy.build_tiny = True
-    c.policy.lora.enable = False
     d = c.policy.diffusers
     d.is_video = True
     d.inference_size = (32, 32)
     d.train_frames = 9       # 4k + 1, the tiny VAE's x4 time compression: 3 latent frames
     d.inference_frames = 9
     d.max_prompt_length = 16
-    d.weighting_scheme = "logit_normal"
     d.sample.eval_num_steps = 10
     d.sample.guidance_scale = 5.0  # WanPipeline's CFG
-    c.policy.parallelism.data = -1
     return c

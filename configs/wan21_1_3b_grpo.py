@@ -20,26 +20,12 @@ def get_config():
     c.train.train_policy.type = "grpo"
     c.train.max_steps = 2000
     c.train.param_dtype = "bfloat16"
-    c.train.compute_dtype = "bfloat16"
     c.train.train_batch_per_replica = 384  # 48 prompts x 8 videos, as the video NFT recipe
     c.train.train_policy.mini_batch = 4
-    c.train.train_policy.mu_iterations = 1
-    c.train.optm_lr = 3e-4
-    c.train.optm_weight_decay = 1e-4
-    c.train.optm_betas = (0.9, 0.999)
-    c.train.optm_grad_norm_clip = 1.0
     c.train.ema_enable = True
-    c.train.ema_decay = 0.9
-    c.train.ema_update_step_interval = 1
-    c.train.ckpt.save_freq = 20
     c.train.train_policy.kl_beta = 0.01  # flow_grpo's PickScore value (sd35_grpo)
-    c.train.train_policy.clip_range = 1e-4
-    c.train.train_policy.advantage_low = -5.0
-    c.train.train_policy.advantage_high = 5.0
     c.train.train_policy.global_std = True  # flow_grpo: per-prompt mean, batch population std
-    c.train.train_policy.std_ddof = 0
     c.train.train_policy.cfg_detach_uncond = True  # as sd35_grpo (flow_grpo's published runs)
-    c.train.train_policy.timesteps_fraction = 0.99
     c.train.train_policy.use_remote_reward = True
     c.train.train_policy.remote_reward.reward_fns = [
         {"name": "dance_grpo", "weight": 1.0, "score_key": "overall_reward"}]
@@ -47,9 +33,6 @@ def get_config():
     c.policy.model_name_or_path = "Wan-AI/Wan2.1-T2V-1.3B-Diffusers"
     c.policy.family = "wan"
     c.policy.lora.enable = True
-    c.policy.lora.r = 32
-    c.policy.lora.lora_alpha = 64
-    c.policy.lora.init_lora_weights = "gaussian"
     c.policy.lora.target_modules = WAN_LORA_TARGETS
     d = c.policy.diffusers
     d.is_video = True
@@ -57,17 +40,10 @@ def get_config():
     d.train_frames = 81
     d.inference_frames = 81
     d.max_prompt_length = 512
-    d.sample.num_steps = 10
     d.sample.eval_num_steps = 50
     d.sample.guidance_scale = 5.0  # WanPipeline's default
-    d.sample.noise_level = 0.7
     d.sample.solver = "sde"
     d.sample.deterministic_sampling = False
-    c.policy.parallelism.data = -1
-    c.policy.parallelism.fsdp = 1
-    c.policy.parallelism.context = 1
     c.policy.remat = "full"
     c.validation.enable = True
-    c.validation.freq = 20
-    c.validation.batch_size = 8
     return c

@@ -20,22 +20,11 @@ def get_config():
     c.train.train_policy.type = "nft"
     c.train.max_steps = 2000
     c.train.param_dtype = "bfloat16"
-    c.train.compute_dtype = "bfloat16"
     c.train.train_batch_per_replica = 384  # 48 prompts x 8 videos (sana-video-nft: 6*8*8)
     c.train.train_policy.mini_batch = 4    # sana-video-nft
-    c.train.optm_lr = 3e-4
-    c.train.optm_weight_decay = 1e-4
-    c.train.optm_betas = (0.9, 0.999)
-    c.train.optm_grad_norm_clip = 1.0
     c.train.ema_enable = True
-    c.train.ema_decay = 0.9
-    c.train.ema_update_step_interval = 1
-    c.train.ckpt.save_freq = 20
     # sana-video-nft (cosmos-predict2-5-2b-720-nft uses 1.0 with its larger LoRA)
     c.train.train_policy.kl_beta = 1e-4
-    c.train.train_policy.timesteps_fraction = 0.99
-    c.train.train_policy.advantage_low = -5.0
-    c.train.train_policy.advantage_high = 5.0
     # cosmos-rl's remote-reward advantages: per-prompt mean and unbiased std (as sd35_nft)
     c.train.train_policy.global_std = False
     c.train.train_policy.std_ddof = 1
@@ -46,9 +35,6 @@ def get_config():
     c.policy.model_name_or_path = "Wan-AI/Wan2.1-T2V-1.3B-Diffusers"
     c.policy.family = "wan"
     c.policy.lora.enable = True  # the "default" and "old" adapters
-    c.policy.lora.r = 32
-    c.policy.lora.lora_alpha = 64
-    c.policy.lora.init_lora_weights = "gaussian"
     c.policy.lora.target_modules = WAN_LORA_TARGETS
     d = c.policy.diffusers
     d.is_video = True
@@ -56,20 +42,8 @@ def get_config():
     d.train_frames = 81
     d.inference_frames = 81
     d.max_prompt_length = 512
-    d.nft_beta = 1.0
-    d.weight_copy_decay_type = 1
     # cosmos-predict2-5-2b-720-nft: 10 deterministic dpm2 steps without CFG, 40 for evaluation
     d.sample.num_steps = 10
-    d.sample.eval_num_steps = 40
-    d.sample.guidance_scale = 1.0
-    d.sample.noise_level = 0.7
-    d.sample.solver = "dpm2"
-    d.sample.deterministic_sampling = True
-    c.policy.parallelism.data = -1
-    c.policy.parallelism.fsdp = 1
-    c.policy.parallelism.context = 1
     c.policy.remat = "full"
     c.validation.enable = True
-    c.validation.freq = 20
-    c.validation.batch_size = 8
     return c

@@ -16,26 +16,18 @@ from wfm_jax.config.schema import default_config
 def get_config():
     c = default_config()
     c.train.output_dir = "./outputs/wan21_1_3b_sft"
-    c.train.train_policy.type = "sft"
     c.train.max_steps = 2000
-    c.train.param_dtype = "float32"
-    c.train.compute_dtype = "bfloat16"
     # global batch: one 81-frame clip per device on 8 GPUs (cosmos-rl's SANA-Video SFT trains one
     # clip per replica, sana-video-sft.toml)
     c.train.train_batch_per_replica = 8
     c.train.optm_lr = 1e-5  # as sd35_sft (cosmos-rl's SANA-Video SFT: 1e-6 at batch 1)
-    c.train.optm_weight_decay = 1e-4
-    c.train.optm_betas = (0.9, 0.999)
     c.train.optm_warmup_steps = 100
-    c.train.optm_grad_norm_clip = 1.0
     c.train.ema_enable = True
     c.train.ema_decay = 0.999
     c.train.ckpt.save_freq = 200
     c.train.ckpt.max_keep = 3
-    c.train.train_policy.dataset.layout = "paired"
     c.policy.model_name_or_path = "Wan-AI/Wan2.1-T2V-1.3B-Diffusers"
     c.policy.family = "wan"
-    c.policy.lora.enable = False
     d = c.policy.diffusers
     d.is_video = True
     d.inference_size = (480, 832)  # WanPipeline's default (H, W)
@@ -43,8 +35,6 @@ def get_config():
     d.inference_frames = 81
     d.max_prompt_length = 512      # WanPipeline's UMT5 max_sequence_length
     d.weighting_scheme = "logit_normal"  # cosmos-rl's SANA-Video SFT
-    d.logit_mean = 0.0
-    d.logit_std = 1.0
     # validation samples as WanPipeline does: 50 steps, CFG 5 (v_u + 5 (v_c - v_u))
     d.sample.eval_num_steps = 50
     d.sample.guidance_scale = 5.0
@@ -53,6 +43,5 @@ def get_config():
     # --config.policy.parallelism.data=HOSTS; longer clips: --config.policy.parallelism.context=2
     c.policy.parallelism.data = 1
     c.policy.parallelism.fsdp = -1
-    c.policy.parallelism.context = 1
     c.policy.remat = "full"
     return c

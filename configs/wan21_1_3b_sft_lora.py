@@ -16,28 +16,19 @@ from wfm_jax.config.schema import WAN_LORA_TARGETS, default_config
 def get_config():
     c = default_config()
     c.train.output_dir = "./outputs/wan21_1_3b_sft_lora"
-    c.train.train_policy.type = "sft"
     c.train.max_steps = 2000
     c.train.param_dtype = "bfloat16"
-    c.train.compute_dtype = "bfloat16"
     c.train.train_batch_per_replica = 8  # global batch: one clip per device on 8 GPUs
     c.train.optm_lr = 1e-4               # as sd35_sft_lora
-    c.train.optm_weight_decay = 1e-4
-    c.train.optm_betas = (0.9, 0.999)
     c.train.optm_warmup_steps = 50
-    c.train.optm_grad_norm_clip = 1.0
     c.train.ema_enable = True
     c.train.ema_decay = 0.99
     c.train.ckpt.save_freq = 200
     c.train.ckpt.max_keep = 3
-    c.train.train_policy.dataset.layout = "paired"
     c.policy.model_name_or_path = "Wan-AI/Wan2.1-T2V-1.3B-Diffusers"
     c.policy.family = "wan"
     # r / alpha / init as cosmos-rl's Cosmos-Predict2.5 NFT LoRA (cosmos-predict2-5-2b-720-nft.toml)
     c.policy.lora.enable = True
-    c.policy.lora.r = 32
-    c.policy.lora.lora_alpha = 64
-    c.policy.lora.init_lora_weights = "gaussian"
     c.policy.lora.target_modules = WAN_LORA_TARGETS
     d = c.policy.diffusers
     d.is_video = True
@@ -45,12 +36,9 @@ def get_config():
     d.train_frames = 81
     d.inference_frames = 81
     d.max_prompt_length = 512
-    d.weighting_scheme = "logit_normal"
     d.sample.eval_num_steps = 50
     d.sample.guidance_scale = 5.0
     # the bf16 base (2.8 GB) is replicated, the batch split over devices; blocks rematerialised
     c.policy.parallelism.data = -1
-    c.policy.parallelism.fsdp = 1
-    c.policy.parallelism.context = 1
     c.policy.remat = "full"
     return c

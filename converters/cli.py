@@ -1,7 +1,10 @@
-"""`python -m converters to-jax SRC DST` / `python -m converters to-diffusers SRC DST`.
+"""`python -m converters to-jax | to-diffusers | to-cosmos-native SRC DST`.
 
-to-jax:       diffusers model dir or pipeline dir (its transformer/) -> wfm_jax state dir (orbax)
-to-diffusers: wfm_jax state dir -> diffusers model dir (`<Class>.from_pretrained` loads it)
+to-jax:           diffusers model dir or pipeline dir (its transformer/) -> wfm_jax state dir (orbax)
+to-diffusers:     wfm_jax state dir -> diffusers model dir (`<Class>.from_pretrained` loads it);
+                  a cosmos-rl native `.pt` file -> diffusers CosmosTransformer3DModel dir
+                  (converters.cosmos_native; needs torch)
+to-cosmos-native: diffusers CosmosTransformer3DModel dir -> cosmos-rl native `net.*` `.pt`
 
 Both stream: one group of tensors in host memory at a time, stored dtype kept (bf16 stays bf16)
 unless --dtype says otherwise. Everything a header can reveal (class, keys, shapes) is checked
@@ -100,20 +103,54 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("dst")
     b.add_argument("--dtype", choices=DTYPES, help="cast while converting (default: keep)")
     b.add_argument("--max-shard-gb", type=float, default=2.0, help="safetensors shard size")
+    b.add_argument("--config", help="native .pt only: a diffusers transformer config.json for what "
+                                    "the tensor shapes cannot tell (patch size, RoPE scale, ...)")
+    b.add_argument("--weights", choices=("ema", "net", "ref"),
+                   help="native .pt only: which net of a training checkpoint (default: ema)")
+    c = sub.add_parser("to-cosmos-native",
+                       help="diffusers CosmosTransformer3DModel dir -> cosmos-rl native .pt")
+    c.add_argument("src")
+    c.add_argument("dst")
+    c.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16",
+                   help="parameter dtype (default bfloat16, as cosmos-rl releases them)")
     return parser
+
+
+def _run(args) -> None:
+    if args.command == "to-jax":
+        to_jax(args.src, args.dst, args.dtype)
+    elif args.command == "to-cosmos-native":
+        from converters import cosmos_native
+        cosmos_native.diffusers_to_native(args.src, args.dst, args.dtype)
+    elif os.path.isfile(args.src) or _is_dcp(args.src):
+        from converters import cosmos_native
+        cosmos_native.native_to_diffusers_dir(args.src, args.dst, args.config,
+                                              weights=args.weights or "ema", dtype=args.dtype,
+                                              max_shard_bytes=int(args.max_shard_gb * (1 << 30)))
+        if args.config is None:
+            print(f"note: {', '.join(cosmos_native.NOT_IN_SHAPES)} are not in a native checkpoint: "
+                  "used the released Cosmos-Predict2.5 values (--config CONFIG.json sets them)",
+                  file=sys.stderr)
+    elif args.config is not None or args.weights is not None:
+        raise ValueError("--config and --weights apply to a cosmos-rl native .pt source only")
+    else:
+        to_diffusers(args.src, args.dst, args.dtype, int(args.max_shard_gb * (1 << 30)))
+
+
+def _is_dcp(path: str) -> bool:
+    from converters.cosmos_native import is_dcp_dir
+    return is_dcp_dir(path)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    from converters.cosmos_native import MissingTorchError
     try:
-        if args.command == "to-jax":
-            to_jax(args.src, args.dst, args.dtype)
-        else:
-            to_diffusers(args.src, args.dst, args.dtype, int(args.max_shard_gb * (1 << 30)))
+        _run(args)
     except registry.UnsupportedModelError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except (ConversionError, ValueError, KeyError, OSError) as e:
+    except (ConversionError, ValueError, KeyError, OSError, MissingTorchError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     print(f"wrote {args.dst}")

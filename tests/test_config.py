@@ -137,6 +137,8 @@ def test_validation_checks(tmp_path):
         cfg.load_config(path, [("train.ema_update_step_interval", "-1")])
     with pytest.raises(ConfigError, match=r"reward_fns\[0\].wieght'; did you mean 'weight'"):
         cfg.load_config(path, [("train.train_policy.remote_reward.reward_fns", "[{'name': 'a', 'wieght': 1}]")])
+    with pytest.raises(ConfigError, match=r"reward_fns\[0\].nmae'; did you mean 'name'"):  # the name itself
+        cfg.load_config(path, [("train.train_policy.remote_reward.reward_fns", "[{'nmae': 'a'}]")])
     # EMA interval 0 is legal (means off)
     assert cfg.load_config(path, [("train.ema_update_step_interval", "0")]).train.ema_update_step_interval == 0
 

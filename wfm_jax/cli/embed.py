@@ -1,7 +1,7 @@
 """Cache the text embeddings of prompts, so training need not run the text encoder (for Cosmos
 the 7B Reason1 tower).
 
-    python -m wfm_jax.cli.embed --model DIR --prompts FILE_OR_DATASET --out DIR
+    python -m wfm_jax.embed --model DIR --prompts FILE_OR_DATASET --out DIR
         [--max-sequence-length N] [--batch-size B] [--dtype float32|float16]
 
 --prompts is a text file (one prompt a line: names 000000, 000001, ...) or a WFM dataset dir (its

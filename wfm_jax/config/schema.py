@@ -407,13 +407,15 @@ def check_groups(config) -> None:
 def check_reward_fns(config) -> None:
     for i, fn in enumerate(get(config, "train.train_policy.remote_reward.reward_fns") or ()):
         where = f"train.train_policy.remote_reward.reward_fns[{i}]"
-        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+        if not isinstance(fn, dict):
             raise ConfigError(f"config key '{where}' must be a dict with a non-empty 'name'")
-        for key in fn:
+        for key in fn:  # before the name check: a misspelt 'name' gets its hint too
             if key not in REWARD_FN_KEYS:
                 close = difflib.get_close_matches(key, REWARD_FN_KEYS, n=1)
                 hint = f"; did you mean '{close[0]}'?" if close else f"; valid: {list(REWARD_FN_KEYS)}"
                 raise ConfigError(f"unknown key '{where}.{key}'{hint}")
+        if not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise ConfigError(f"config key '{where}' must be a dict with a non-empty 'name'")
 
 
 GRPO_SOLVERS = ("flow", "sde", "cps", "dance")  # "flow" = the Flow-GRPO SDE

@@ -11,7 +11,7 @@ import contextlib
 import dataclasses
 import math
 import os
-from typing import Iterator, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import jax
 from flax import nnx
@@ -21,7 +21,7 @@ from wfm_jax.core.tree import path_str
 
 MESH_AXES = ("data", "fsdp", "context")
 
-Rules = Sequence[tuple[str, object]]
+Rules = Sequence[tuple[str, Any]]
 
 # logical name -> mesh axis (or tuple of axes, or None = replicated)
 DEFAULT_RULES: tuple[tuple[str, object], ...] = (
@@ -232,7 +232,7 @@ class MeshJit:
         """Entries in jit's dispatch cache: at least one per program compiled, but an entry can
         be added without a compile (count XLA compiles with jax.monitoring's
         /jax/core/compile/backend_compile_duration events, as tests/test_no_recompile.py)."""
-        return self.jitted._cache_size()
+        return self.jitted._cache_size()  # type: ignore[attr-defined]  # jax's own counter
 
 
 def mesh_of(tree) -> jax.sharding.Mesh:
@@ -240,7 +240,7 @@ def mesh_of(tree) -> jax.sharding.Mesh:
     the first array's device: a model loaded without a mesh still runs under one."""
     leaves = [x for x in jax.tree.leaves(tree) if isinstance(x, jax.Array)]
     for x in leaves:
-        if isinstance(x.sharding, NamedSharding):
+        if isinstance(x.sharding, NamedSharding) and isinstance(x.sharding.mesh, jax.sharding.Mesh):
             return x.sharding.mesh
     device = next(iter(leaves[0].devices())) if leaves else jax.devices()[0]
     return make_mesh(devices=[device])

@@ -1,7 +1,7 @@
 """Flat views of an NNX model's parameters: dotted path -> array (the converters' key space)."""
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Any, Mapping
 
 import jax
 import numpy as np
@@ -34,7 +34,7 @@ def flat_arrays(model: nnx.Module) -> dict[str, np.ndarray]:
     return {k: np.asarray(jax.device_get(v[...])) for k, v in flat_params(model).items()}
 
 
-def assign(model: nnx.Module, flat: Mapping[str, object]) -> None:
+def assign(model: nnx.Module, flat: Mapping[str, Any]) -> None:
     """Set base parameters from dotted path -> array; every parameter must be given exactly once."""
     params = flat_params(model)
     missing = set(params) - set(flat)

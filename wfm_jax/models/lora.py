@@ -73,6 +73,7 @@ def attach_lora(model: nnx.Module, target_modules: Sequence[str], r: int, lora_a
         if init == "default":
             bound = 1.0 / math.sqrt(layer.in_features)
             a = jax.random.uniform(key, (layer.in_features, int(r)), jnp.float32, -bound, bound)
+            assert layer.lora_a is not None  # add_lora made it
             layer.lora_a[...] = a
     return sorted(layers)
 

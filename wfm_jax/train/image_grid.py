@@ -24,7 +24,8 @@ def captioned_grid(images: np.ndarray, captions: Sequence[str], *, min_cell: int
     (nearest: tiny test images stay legible) with each caption wrapped below its image."""
     b, h, w, _ = images.shape
     geo = GridGeometry.of(b, h, w, min_cell=min_cell, caption_lines=caption_lines)
-    font = ImageFont.load_default()
+    font = ImageFont.load_default_imagefont()  # the bitmap font: load_default() is a FreeType
+    # face whose 2-pixel spaces ran the words of a caption together
     grid = Image.new("RGB", geo.size, "white")
     draw = ImageDraw.Draw(grid)
     chars = max(8, geo.cell_w // 6)

@@ -125,6 +125,7 @@ class Encoder(nnx.Module):
         kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
         chans, layers = cfg.encoder_block_out_channels, cfg.encoder_layers_per_block
         unshuffle = cfg.downsample_block_type == "pixel_unshuffle"
+        self.conv_in: Conv2d | DCDownBlock2d
         if layers[0] > 0:
             self.conv_in = Conv2d(cfg.in_channels, chans[0], 3, padding=1, **kw)
         else:  # the first stage is skipped: its downsampling moves into conv_in
@@ -175,6 +176,7 @@ class Decoder(nnx.Module):
         channels = chans[0] if layers[0] > 0 else chans[1]
         self.norm_out = RMSNorm(channels, param_dtype=param_dtype)
         self.conv_act = activation(cfg.decoder_conv_act_fn)
+        self.conv_out: Conv2d | DCUpBlock2d
         if layers[0] > 0:
             self.conv_out = Conv2d(channels, cfg.in_channels, 3, padding=1, **kw)
         else:

@@ -264,7 +264,7 @@ class Attention(nnx.Module):
         self.norm_k = make_qk_norm(qk_norm, head_dim, eps=eps, param_dtype=param_dtype)
         self.joint = added_kv_proj_dim is not None
         joint, ctx_out = self.joint, self.joint and not context_pre_only
-        ctx_in = added_kv_proj_dim
+        ctx_in = added_kv_proj_dim or 0  # 0: no joint stream (the projections below are None)
         self.add_q_proj = Linear(ctx_in, inner, axes=("embed", "heads"), **lin) if joint else None
         self.add_k_proj = Linear(ctx_in, inner, axes=("embed", "heads"), **lin) if joint else None
         self.add_v_proj = Linear(ctx_in, inner, axes=("embed", "heads"), **lin) if joint else None

@@ -95,7 +95,8 @@ _LINEAR_WEIGHTS = ("kernel", "bias", "lora_a", "lora_b")
 def block_groups(blocks, scan_layers: bool) -> list[list[int]]:
     """Runs of consecutive blocks with one structure (one graphdef): each run of two or more is
     one lax.scan when scan_layers, else every block is its own group."""
-    groups, last = [], None
+    groups: list[list[int]] = []
+    last = None
     for i, block in enumerate(blocks):
         graphdef = nnx.graphdef(block)
         if groups and scan_layers and graphdef == last:
@@ -131,5 +132,8 @@ def run_blocks(blocks, carry, apply, *, remat: str, scan_layers: bool):
         fn = checkpointed(pure, remat, prevent_cse=False)
         stacked = jax.tree.map(lambda *xs: jnp.stack(xs),
                                *[compute_state(blocks[i]) for i in group])
-        carry, _ = jax.lax.scan(lambda c, s, fn=fn: (fn(s, c), None), carry, stacked)
+        def body(c, s, fn=fn):
+            return fn(s, c), None
+
+        carry, _ = jax.lax.scan(body, carry, stacked)
     return carry

@@ -141,7 +141,7 @@ class CLIPTextEncoder(nnx.Module):
         last = self.final_layer_norm(x)
 
         pooled = last[jnp.arange(b), self.eos_positions(input_ids)]
-        out = dict(last_hidden_state=last, penultimate=hidden_states[-2],
+        out: dict[str, Any] = dict(last_hidden_state=last, penultimate=hidden_states[-2],
                    text_embeds=self.text_projection(pooled))
         if output_hidden_states:
             out["hidden_states"] = tuple(hidden_states)

@@ -54,7 +54,7 @@ class Gemma2Config:
         """From a config.json dict (rope_theta at the top level, or in transformers 5's
         rope_parameters)."""
         names = {f.name for f in dataclasses.fields(cls)}
-        kw = {k: (tuple(v) if isinstance(v, list) else v) for k, v in config.items()
+        kw: dict[str, Any] = {k: (tuple(v) if isinstance(v, list) else v) for k, v in config.items()
               if k in names and k != "rope_theta"}
         rope = dict(config.get("rope_parameters") or {})
         if rope.get("rope_type", "default") != "default":
@@ -67,13 +67,14 @@ class Gemma2Config:
             raise ValueError("Gemma2 use_bidirectional_attention is not supported; "
                              "Gemma2Model is causal")
         cfg = cls(**kw)
-        if cfg.layer_types is None:
-            cfg = dataclasses.replace(cfg, layer_types=tuple(
-                LAYER_TYPES[i % 2] for i in range(cfg.num_hidden_layers)))
-        bad = [t for t in cfg.layer_types if t not in LAYER_TYPES]
-        if bad or len(cfg.layer_types) != cfg.num_hidden_layers:
+        layer_types = cfg.layer_types
+        if layer_types is None:
+            layer_types = tuple(LAYER_TYPES[i % 2] for i in range(cfg.num_hidden_layers))
+            cfg = dataclasses.replace(cfg, layer_types=layer_types)
+        bad = [t for t in layer_types if t not in LAYER_TYPES]
+        if bad or len(layer_types) != cfg.num_hidden_layers:
             raise ValueError(f"Gemma2 layer_types must hold {cfg.num_hidden_layers} entries of "
-                             f"{LAYER_TYPES}, got {list(cfg.layer_types)}")
+                             f"{LAYER_TYPES}, got {list(layer_types)}")
         if cfg.num_attention_heads % cfg.num_key_value_heads:
             raise ValueError(f"Gemma2: {cfg.num_attention_heads} attention heads do not split "
                              f"into {cfg.num_key_value_heads} key/value heads")
@@ -203,6 +204,7 @@ class Gemma2Model(nnx.Module):
         self.embed_tokens = param(nnx.initializers.normal(0.02)(
             rngs.params(), (cfg.vocab_size, cfg.hidden_size), param_dtype), ("vocab", "embed"))
         kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
+        assert cfg.layer_types is not None  # from_dict fills it
         self.layers = nnx.List([Gemma2Layer(cfg, t, **kw) for t in cfg.layer_types])
         self.norm = GemmaRMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps, param_dtype=param_dtype)
 

@@ -203,13 +203,13 @@ class QwenTextModel(nnx.Module):
         dtype = self.dtype or self.embed_tokens[...].dtype
         x = constrain(jnp.take(self.embed_tokens[...], input_ids, axis=0).astype(dtype), ACT_AXES)
         cos, sin = rope_tables(s, self.cfg.head_dim, self.cfg.rope_theta)
-        cos, sin = jnp.asarray(cos).astype(dtype), jnp.asarray(sin).astype(dtype)
+        cos_t, sin_t = jnp.asarray(cos).astype(dtype), jnp.asarray(sin).astype(dtype)
         allowed = jnp.tril(jnp.ones((s, s), bool))[None, None]
         if attention_mask is not None:
             allowed = allowed & attention_mask.astype(bool)[:, None, None, :]
         hidden_states = [x]
         for layer in self.layers:
-            x = layer(x, cos, sin, allowed)
+            x = layer(x, cos_t, sin_t, allowed)
             hidden_states.append(x)
         hidden_states[-1] = self.norm(x)
         return tuple(hidden_states)
@@ -232,7 +232,7 @@ def passthrough_shapes(config: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
     tied, `lm_head.weight` (save_pretrained writes no lm_head when tied)."""
     v = _vision_dict(config)
     h, f, m = v["hidden_size"], v["intermediate_size"], v["spatial_merge_size"]
-    shapes = {"visual.patch_embed.proj.weight": (h, v["in_channels"], v["temporal_patch_size"],
+    shapes: dict[str, tuple[int, ...]] = {"visual.patch_embed.proj.weight": (h, v["in_channels"], v["temporal_patch_size"],
                                                  v["patch_size"], v["patch_size"])}
     for i in range(v["depth"]):
         p = f"visual.blocks.{i}"
@@ -263,8 +263,9 @@ def _nested(flat: Mapping[str, nnx.Variable]) -> nnx.Dict:
         for part in parents:
             node = node.setdefault(part, {})
         node[leaf] = value
-    wrap = lambda node: nnx.Dict({k: wrap(v) if isinstance(v, dict) else v
-                                  for k, v in node.items()})
+    def wrap(node: dict) -> nnx.Dict:
+        return nnx.Dict({k: wrap(v) if isinstance(v, dict) else v for k, v in node.items()})
+
     return wrap(tree)
 
 

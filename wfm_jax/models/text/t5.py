@@ -167,21 +167,25 @@ class T5Encoder(nnx.Module):
 
     def position_bias(self, seq_len: int) -> jax.Array:
         """(1, H, S, S) fp32 shared bias (T5 only; UMT5 blocks hold their own tables)."""
-        return _position_bias(self.relative_attention_bias[...], self.cfg, seq_len)
+        table = self.relative_attention_bias
+        assert table is not None  # UMT5 encoders hold one table per block instead
+        return _position_bias(table[...], self.cfg, seq_len)
 
     def __call__(self, input_ids: jax.Array, attention_mask: jax.Array | None = None) -> jax.Array:
         """input_ids (B, S) int; attention_mask (B, S) (1 = token, 0 = padding) or None."""
         dtype = self.dtype or self.shared[...].dtype
         x = constrain(jnp.take(self.shared[...], input_ids, axis=0).astype(dtype), ACT_AXES)
         seq = input_ids.shape[1]
-        mask = 0.0
+        mask: jax.Array | float = 0.0
         if attention_mask is not None:  # padded keys get the most negative fp32, as transformers
             keep = attention_mask.astype(bool)[:, None, None, :]
             mask = jnp.where(keep, 0.0, jnp.finfo(jnp.float32).min)
         shared = None if self.relative_attention_bias is None else self.position_bias(seq) + mask
         for block in self.blocks:
             own = block.relative_attention_bias
-            x = block(x, shared if own is None else _position_bias(own[...], self.cfg, seq) + mask)
+            bias = shared if own is None else _position_bias(own[...], self.cfg, seq) + mask
+            assert bias is not None  # T5: the shared table; UMT5: each block's own
+            x = block(x, bias)
         return self.final_layer_norm(x)
 
 

@@ -6,6 +6,7 @@ Outputs (moments and pixels) are fp32 whatever the compute dtype.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -40,7 +41,8 @@ class VAEConfig:
     @classmethod
     def from_dict(cls, config: dict) -> "VAEConfig":
         names = {f.name for f in dataclasses.fields(cls)}
-        kw = {k: (tuple(v) if isinstance(v, list) else v) for k, v in config.items() if k in names}
+        kw: dict[str, Any] = {k: (tuple(v) if isinstance(v, list) else v)
+                              for k, v in config.items() if k in names}
         cfg = cls(**kw)
         n = len(cfg.block_out_channels)
         for field, types, supported in (("down_block_types", cfg.down_block_types, "DownEncoderBlock2D"),

@@ -12,6 +12,7 @@ to [-1, 1]. Chunks after the first share their cache shapes and run as one `lax.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -55,7 +56,8 @@ class WanVAEConfig:
     @classmethod
     def from_dict(cls, config: dict) -> "WanVAEConfig":
         names = {f.name for f in dataclasses.fields(cls)}
-        kw = {k: (tuple(v) if isinstance(v, list) else v) for k, v in config.items() if k in names}
+        kw: dict[str, Any] = {k: (tuple(v) if isinstance(v, list) else v)
+                              for k, v in config.items() if k in names}
         cfg = cls(**kw)
         if cfg.is_residual or cfg.patch_size is not None:
             raise ValueError("AutoencoderKLWan with is_residual or patch_size (the Wan2.2 VAE) is "
@@ -122,7 +124,7 @@ class Encoder3d(nnx.Module):
         kw = dict(rngs=rngs, dtype=dtype, param_dtype=param_dtype)
         dims = [cfg.base_dim * m for m in (1, *cfg.dim_mult)]
         self.conv_in = CausalConv3d(cfg.in_channels, dims[0], 3, padding=1, **kw)
-        blocks = []
+        blocks: list[ResidualBlock | Resample] = []
         for i, (c_in, c_out) in enumerate(zip(dims[:-1], dims[1:])):
             for j in range(cfg.num_res_blocks):
                 blocks.append(ResidualBlock(c_in if j == 0 else c_out, c_out, **kw))

@@ -149,7 +149,7 @@ class Resample(nnx.Module):
         elif mode == "downsample3d":
             self.time_conv = CausalConv3d(channels, channels, (3, 1, 1), stride=(2, 1, 1), **kw)
         else:
-            self.time_conv = None
+            self.time_conv = None  # type: ignore[assignment]  # resample modes without a time conv
 
     def _spatial(self, x: jax.Array) -> jax.Array:
         if self.up:  # "nearest-exact" at an integer factor of 2 is plain repetition

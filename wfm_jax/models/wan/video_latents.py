@@ -14,6 +14,7 @@ class WanVideoLatents:
     `self.display_name` (for messages)."""
 
     vae_config: dict
+    display_name: str | None
 
     def posterior_with(self, vae, pixels) -> tuple[jax.Array, jax.Array]:
         """(B, T, H, W, 3) in [-1, 1], T = 4k+1 -> posterior (mean, std), (B, z, k+1, h, w)."""
