@@ -37,7 +37,8 @@ class MediaConfig:
     @classmethod
     def from_recipe(cls, config) -> MediaConfig:
         d = config.policy.diffusers
-        return cls(seed=int(config.train.seed), size=tuple(int(v) for v in d.inference_size),
+        h, w = (int(v) for v in d.inference_size)
+        return cls(seed=int(config.train.seed), size=(h, w),
                    frames=int(d.train_frames),
                    cond_frames=(int(d.min_num_conditional_frames),
                                 int(d.max_num_conditional_frames)))
@@ -116,7 +117,8 @@ class RLAlgorithm(abc.ABC, Generic[C]):
     @classmethod
     def from_recipe(cls, config, schedule: Any) -> RLAlgorithm:
         """The algorithm with its Config read from a recipe."""
-        return cls(cls.Config.from_recipe(config), schedule)
+        typed: Any = cls.Config.from_recipe(config)  # this class's own Config: a C
+        return cls(typed, schedule)
 
     # -- the train state --
     @classmethod

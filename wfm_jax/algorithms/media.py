@@ -21,7 +21,7 @@ class ItemMedia:
         self.frames = int(config.frames)  # video data: the window's length
         self.cond_frames = tuple(int(v) for v in config.cond_frames)
         self.vae_key = jax.random.key(self.seed + 7)
-        self._encoder = None
+        self._encoder: Any = None  # ctx.visual_encoder(), set by prepare
 
     @property
     def conditions(self) -> bool:

@@ -28,7 +28,7 @@ exp_reward; the loop clips them once).
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -152,7 +152,7 @@ class DDRL(RLAlgorithm[DDRLConfig]):
         self.sigmas = jnp.asarray(edm_sigmas(self.num_steps, c.edm_sigma_min, c.edm_sigma_max,
                                              c.edm_rho), F32)
         self.sigma_max = float(c.edm_sigma_max)
-        self.churn = dict(s_churn=float(c.s_churn), s_noise=float(c.s_noise),
+        self.churn: dict[str, Any] = dict(s_churn=float(c.s_churn), s_noise=float(c.s_noise),
                           s_tmin=float(c.s_tmin), s_tmax=float(c.s_tmax))
         self.eta = edm_churn_eta(float(c.s_churn), self.num_steps)
         self.explicit, self.candidates, self.n_random = resolve_train_on(c.train_on,
@@ -220,12 +220,14 @@ class DDRL(RLAlgorithm[DDRLConfig]):
         return jnp.sort(steps)
 
     def rollout(self, velocity: Velocity, state, latents, cond, key, uncond=None,
-                data_x0=None) -> dict:
+                data_x0=None, **inputs) -> dict:
         k_steps, k_sde = jax.random.split(key)
         out = sample(lambda x, t, c: velocity(state.params, x, t, c), latents * self.sigma_max,
                      self.sigmas, k_sde, method="edm", cond=cond, uncond=full_uncond(cond, uncond),
                      cfg_scale=self.guidance, guide=guide_of(velocity), return_trajectory=True,
                      **self.churn)
+        assert out.trajectory is not None and out.x0 is not None  # return_trajectory, "edm"
+        assert out.sigmas_hat is not None
         steps = self.draw_steps(k_steps)
         prev = jnp.maximum(steps - 1, 0)
         b = latents.shape[0]

@@ -81,7 +81,7 @@ class GRPOConfig(AlgorithmConfig):
                    timesteps_fraction=float(tp.timesteps_fraction),
                    noise_level=float(s.noise_level), guidance_scale=float(s.guidance_scale),
                    window_size=int(s.sde_window_size),
-                   window_range=tuple(int(v) for v in s.sde_window_range),
+                   window_range=(int(s.sde_window_range[0]), int(s.sde_window_range[1])),
                    clip_range=float(tp.clip_range), cfg_detach_uncond=bool(tp.cfg_detach_uncond),
                    filter_zero_advantage=bool(tp.filter_zero_advantage))
 
@@ -183,7 +183,8 @@ class GRPO(RLAlgorithm[GRPOConfig]):
         return {"uncond": ctx.encode([""] * ctx.rollout_chunk, negative=True)}
 
     # -- rollout --
-    def rollout(self, velocity: Velocity, state, latents, cond, key, uncond=None) -> dict:
+    def rollout(self, velocity: Velocity, state, latents, cond, key, uncond=None,
+                **inputs) -> dict:
         k_window, k_sde = jax.random.split(key)
         start = (draw_window_start(k_window, self.window_range, self.window)
                  if self.window is not None else jnp.int32(0))
@@ -193,6 +194,7 @@ class GRPO(RLAlgorithm[GRPOConfig]):
                      guide=guide_of(velocity), noise_level=self.noise_level,
                      sde_window_start=start if self.window is not None else None,
                      sde_window_size=self.window, return_trajectory=True)
+        assert out.trajectory is not None and out.log_probs is not None  # return_trajectory
         k, b = self.num_train, latents.shape[0]
         traj = jax.lax.dynamic_slice_in_dim(out.trajectory, start, k + 1, axis=0)
         sig = jax.lax.dynamic_slice_in_dim(self.sigmas, start, k + 1)
