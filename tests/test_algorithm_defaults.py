@@ -11,11 +11,12 @@ import numpy as np
 import pytest
 
 from wfm_jax.algorithms import advantages as A
+from wfm_jax.algorithms.base import RLAlgorithm
 from wfm_jax.algorithms.grpo import grpo_loss
+from wfm_jax.algorithms.grpo.algorithm import cfg_velocity
 from wfm_jax.config.recipe import load_config
 from wfm_jax.config.schema import default_config
 from wfm_jax.train import rl
-from wfm_jax.train.rl_grpo import cfg_velocity
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -54,6 +55,11 @@ def test_zero_std_ratio_matches_flow_grpo():
     assert A.zero_std_ratio(rewards, groups) == want == 0.5
 
 
+class _GroupNormalised:
+    """An algorithm with RLAlgorithm's default advantages."""
+    advantages = RLAlgorithm.advantages
+
+
 def _fake_run(algo, low, high, global_std=True, ddof=0):
     return types.SimpleNamespace(algo=algo, global_std=global_std, std_ddof=ddof,
                                  adv_range=(low, high))
@@ -68,7 +74,7 @@ def _advantages(run, rewards, groups):
 def test_loop_clips_once_to_both_bounds():
     groups = [0] * 4 + [1] * 4
     rewards = np.array([0.0, 0.0, 0.0, 10.0, 1.0, 2.0, 3.0, 4.0])
-    adv, metrics = _advantages(_fake_run(object(), -0.5, 1.0), rewards, groups)
+    adv, metrics = _advantages(_fake_run(_GroupNormalised(), -0.5, 1.0), rewards, groups)
     raw = A.group_advantages(rewards, groups)
     np.testing.assert_allclose(adv, np.clip(raw, -0.5, 1.0), rtol=1e-6)
     assert adv.min() == pytest.approx(-0.5) and adv.max() == pytest.approx(1.0)
@@ -76,7 +82,7 @@ def test_loop_clips_once_to_both_bounds():
 
 
 class _DDRLLike:
-    def advantages(self, rewards, groups):
+    def advantages(self, rewards, groups, *, global_std=True, ddof=0):
         return A.ddrl_advantages(rewards, groups, exp_reward=True, clip_min=None, clip_max=None)
 
 

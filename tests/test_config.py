@@ -285,11 +285,11 @@ def test_tiny_recipes_build_only_at_their_own_paths():
 def test_nft_solvers_are_the_deterministic_ones_and_ddim_is_the_euler_step():
     """cosmos-rl's NFT recipes name "flow", "ddim", "dpm1" or "dpm2"; a stochastic sampler
     (which would need a key the NFT rollout does not draw) is one config line, not a trace error."""
-    from wfm_jax.train.rl_nft import NFT
+    from wfm_jax.algorithms.nft.algorithm import NFT
     recipe = os.path.join(os.path.dirname(__file__), "..", "configs", "sd35_nft.py")
     for solver, runs in (("ddim", "euler"), ("flow", "euler"), ("dpm1", "euler"), ("dpm2", "dpm2")):
         config = cfg.load_config(recipe, [("policy.diffusers.sample.solver", solver)])
-        assert NFT(config, 3.0).solver == runs, solver
+        assert NFT.from_recipe(config, 3.0).solver == runs, solver
     for solver in ("sde", "cps", "dance", "edm"):
         with pytest.raises(ConfigError, match="DiffusionNFT rolls out with a deterministic"):
             cfg.load_config(recipe, [("policy.diffusers.sample.solver", solver)])

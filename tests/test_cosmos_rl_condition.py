@@ -22,6 +22,7 @@ CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "config
 def tiny():
     """(pipe shell, velocity(params, x, t, cond) with the family's guide, params, text, uncond,
     video condition on 1 latent frame for row 0 and 2 for row 1, initial noise)."""
+    from wfm_jax.algorithms.base import Velocity
     from wfm_jax.families.cosmos.pipeline import CosmosPipeline
     from wfm_jax.families.cosmos.tiny import scheduler_config, transformer_config
     from wfm_jax.families.wan.tiny import vae_config
@@ -30,9 +31,9 @@ def tiny():
                           scheduler_config())
     graphdef, params = nnx.split(CosmosTransformer(transformer_config(), rngs=nnx.Rngs(0)))
 
-    def velocity(p, x, t, cond):
+    def fn(p, x, t, cond):
         return pipe.velocity_with(nnx.merge(graphdef, p), x, t, cond)
-    velocity.guide = pipe.guide
+    velocity = Velocity(fn, pipe.guide)  # as programs.setup.make_velocity builds it
 
     shape = pipe.latent_shape(2, 32, 32, 9)
     k = jax.random.split(jax.random.key(3), 4)
@@ -49,12 +50,12 @@ def _config(recipe, *overrides):
 
 
 def test_grpo_update_recomputes_the_rollout_log_probs_under_its_video_condition(tiny):
-    from wfm_jax.train.rl_grpo import GRPO
+    from wfm_jax.algorithms.grpo.algorithm import GRPO
     c = _config("cosmos25_2b_grpo.py", ("policy.diffusers.sample.num_steps", "2"),
                 ("policy.diffusers.sample.guidance_scale", "3.0"),
                 ("policy.diffusers.max_num_conditional_frames", "2"),
                 ("train.train_policy.timesteps_fraction", "1.0"))
-    algo = GRPO(c, tiny.pipe)
+    algo = GRPO.from_recipe(c, tiny.pipe)
     state = types.SimpleNamespace(params=tiny.params)
     cond = {**tiny.text, **tiny.video}
     fields = jax.jit(lambda p, x, cnd, u: algo.rollout(
@@ -80,10 +81,10 @@ def test_grpo_update_recomputes_the_rollout_log_probs_under_its_video_condition(
 
 def test_nft_rollout_keeps_the_conditioned_frames_and_the_loss_ignores_them(tiny):
     from wfm_jax.algorithms.nft import nft_loss, train_timesteps
-    from wfm_jax.train.rl_nft import NFT, nft_grads
+    from wfm_jax.algorithms.nft.algorithm import NFT, nft_grads
     c = _config("tiny_cosmos_nft.py", ("policy.diffusers.sample.num_steps", "3"),
                 ("policy.diffusers.max_num_conditional_frames", "2"))
-    algo = NFT(c, tiny.pipe)
+    algo = NFT.from_recipe(c, tiny.pipe)
     cond = {**tiny.text, **tiny.video}
     x0 = jax.jit(lambda p, x, cnd: algo.rollout(tiny.velocity, types.SimpleNamespace(
         aux={"old": p}), x, cnd, jax.random.key(0))["x0"])(tiny.params, tiny.noise, cond)
@@ -125,12 +126,12 @@ def test_ddrl_rollout_with_cfg_conditions_both_branches_on_the_frames(tiny):
     by the family's own calls (each branch through velocity_with with the frames, combined by
     its guide), as diffusers' Cosmos pipeline conditions its negative branch; leaving the frames
     out of the negative branch changes it."""
+    from wfm_jax.algorithms.ddrl.algorithm import DDRL
     from wfm_jax.sampling.samplers import sample
-    from wfm_jax.train.rl_ddrl import DDRL
     c = _config("tiny_cosmos_ddrl.py", ("policy.diffusers.sample.num_steps", "3"),
                 ("policy.diffusers.sample.guidance_scale", "3.0"),
                 ("train.train_policy.train_on", "(0, 1)"))
-    algo = DDRL(c, tiny.pipe)
+    algo = DDRL.from_recipe(c, tiny.pipe)
     cond = {**tiny.text, **tiny.video}
     key = jax.random.key(4)
     got = jax.jit(lambda p, x, cnd, u: algo.rollout(
@@ -165,14 +166,15 @@ def test_a_clip_shorter_than_its_conditioning_window_is_one_line(tmp_path):
     """video2world reads the first latent frames of a train_frames window: a clip shorter than
     the window (5 frames, train_frames 9) stops the run with one DataError line naming it."""
     from tests.test_data_wfm import make_wfm
+    from wfm_jax.algorithms.base import MediaConfig
+    from wfm_jax.algorithms.media import ItemMedia
+    from wfm_jax.algorithms.nft.algorithm import NFT
     from wfm_jax.data.errors import DataError
-    from wfm_jax.train.rl_data import ItemMedia
-    from wfm_jax.train.rl_nft import NFT
     make_wfm(tmp_path / "wfm", embedding=None)
     c = _config("tiny_cosmos_nft.py", ("policy.diffusers.max_num_conditional_frames", "1"),
                 ("train.train_policy.dataset.local_dir", str(tmp_path / "wfm")),
                 ("validation.dataset.holdout_fraction", "0.0"))
-    records, _ = NFT.records(c)
+    records, _ = NFT.records(NFT.Config.from_recipe(c), c)
     batch = {"records": records, "index": np.arange(len(records)), "step": 0}
     with pytest.raises(DataError, match=r"a\.mp4 has 5 frames, fewer than train_frames=9"):
-        ItemMedia(c).latents(None, batch, 0, 1)
+        ItemMedia(MediaConfig.from_recipe(c)).latents(None, batch, 0, 1)

@@ -30,11 +30,11 @@ def _shell(scheduler_config):
 
 
 def test_rl_rollouts_step_on_the_family_sigma_range():
+    from wfm_jax.algorithms.grpo.algorithm import GRPO
+    from wfm_jax.algorithms.nft.algorithm import NFT
     from wfm_jax.families.cosmos.pipeline import karras_flow_sigmas
     from wfm_jax.families.cosmos.tiny import scheduler_config
     from wfm_jax.sampling.schedule import flow_sigmas, unipc_flow_schedule
-    from wfm_jax.train.rl_grpo import GRPO
-    from wfm_jax.train.rl_nft import NFT
 
     pipe = _shell(scheduler_config())
     want = karras_flow_sigmas(10, 0.01, 200.0)
@@ -42,18 +42,18 @@ def test_rl_rollouts_step_on_the_family_sigma_range():
     for solver in ("dpm2", "unipc", "euler"):
         c = cfg.load_config(os.path.join(CONFIGS, "tiny_cosmos_nft.py"),
                             [("policy.diffusers.sample.solver", solver)])
-        nft = NFT(c, pipe)
+        nft = NFT.from_recipe(c, pipe)
         np.testing.assert_array_equal(np.asarray(nft.sigmas), want)
         np.testing.assert_array_equal(np.asarray(nft.rollout_sigmas), want)
     c = cfg.load_config(os.path.join(CONFIGS, "cosmos25_2b_grpo.py"))
-    np.testing.assert_array_equal(np.asarray(GRPO(c, pipe).sigmas), want)
+    np.testing.assert_array_equal(np.asarray(GRPO.from_recipe(c, pipe).sigmas), want)
     # a bare shift (and every family that does not override flow_schedule) keeps the
     # flow-matching schedulers' grids
     c = cfg.load_config(os.path.join(CONFIGS, "tiny_nft.py"))
-    np.testing.assert_array_equal(np.asarray(NFT(c, 3.0).sigmas), flow_sigmas(10, 3.0)[0])
+    np.testing.assert_array_equal(np.asarray(NFT.from_recipe(c, 3.0).sigmas), flow_sigmas(10, 3.0)[0])
     c = cfg.load_config(os.path.join(CONFIGS, "tiny_cosmos_nft.py"),
                         [("policy.diffusers.sample.solver", "unipc")])
-    unipc = NFT(c, 3.0)
+    unipc = NFT.from_recipe(c, 3.0)
     np.testing.assert_array_equal(np.asarray(unipc.rollout_timesteps),
                                   unipc_flow_schedule(10, 3.0)[1])
 
@@ -98,13 +98,13 @@ def test_video_condition_masks_each_row_on_its_first_frames():
 
 
 def test_conditional_frame_settings():
+    from wfm_jax.algorithms.ddrl.algorithm import DDRL
+    from wfm_jax.algorithms.nft.algorithm import NFT
     from wfm_jax.data.errors import DataError
-    from wfm_jax.train.rl_ddrl import DDRL
-    from wfm_jax.train.rl_nft import NFT
 
     c = cfg.load_config(os.path.join(CONFIGS, "tiny_cosmos_ddrl.py"),
                         [("policy.diffusers.max_num_conditional_frames", "2")])
-    algo = DDRL(c, None).media  # rl_data.ItemMedia: the same for NFT and Flow-GRPO
+    algo = DDRL.from_recipe(c, None).media  # algorithms.media.ItemMedia: as NFT and Flow-GRPO
     counts = algo.conditional_frame_counts(3, [0, 0, 1, 5, 7, 7])
     assert counts.dtype == np.int32 and set(counts.tolist()) <= {0, 1, 2}
     assert counts[0] == counts[1] and counts[4] == counts[5]  # one draw per data item
@@ -120,7 +120,7 @@ def test_conditional_frame_settings():
     nft = cfg.load_config(os.path.join(CONFIGS, "tiny_cosmos_nft.py"),
                           [("policy.diffusers.max_num_conditional_frames", "1")])
     with pytest.raises(DataError, match="is a prompt file, but this recipe reads data items"):
-        NFT.records(nft)
+        NFT.records(NFT.Config.from_recipe(nft), nft)
     with pytest.raises(cfg.ConfigError, match="cannot condition on video"):
         cfg.load_config(os.path.join(CONFIGS, "tiny_ddrl.py"),
                         [("policy.diffusers.max_num_conditional_frames", "1")])
@@ -323,8 +323,8 @@ def test_cosmos_sft_sigmas_stay_in_its_karras_range():
 
     from wfm_jax.families.cosmos.tiny import scheduler_config
     from wfm_jax.families.wan.pipeline import WanPipeline
+    from wfm_jax.programs.sft import sample_timesteps
     from wfm_jax.sampling.schedule import training_table
-    from wfm_jax.train.sft import sample_timesteps
 
     pipe = _shell(scheduler_config())
     lo, hi = 0.01 / 1.01, 200.0 / 201.0

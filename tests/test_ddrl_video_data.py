@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 
 from tests.test_data_wfm import make_wfm, write_video
+from wfm_jax.algorithms.ddrl.algorithm import DDRL
 from wfm_jax.config.recipe import load_config
 from wfm_jax.data import DataError
 from wfm_jax.data.media import load_video_window
+from wfm_jax.data.records import scan_records
 from wfm_jax.data.webdataset import index_records, load_record_media
-from wfm_jax.train.rl_data import scan_records
-from wfm_jax.train.rl_ddrl import DDRL
 
 SIZE = (8, 8)
 
@@ -82,12 +82,12 @@ def test_video_records_in_shards_equal_the_files(paired_videos, tmp_path):
 
 
 def test_ddrl_records_take_videos_for_video_recipes_only(paired_videos, tmp_path):
-    train, val = DDRL.records(_config(paired_videos))
+    train, val = DDRL.records(DDRL.Config(), _config(paired_videos))
     assert len(train) == 2 and val == []
     with pytest.raises(DataError, match=r"holds videos but the recipe's sd3 model takes images"):
-        DDRL.records(_config(paired_videos, is_video=False, family="sd3"))
+        DDRL.records(DDRL.Config(), _config(paired_videos, is_video=False, family="sd3"))
     (tmp_path / "img.json").write_text('{"prompt": "x"}')
     from PIL import Image
     Image.new("RGB", (8, 8)).save(tmp_path / "img.png")
     with pytest.raises(DataError, match=r"holds images but the recipe's wan model takes videos"):
-        DDRL.records(_config(tmp_path))
+        DDRL.records(DDRL.Config(), _config(tmp_path))

@@ -318,18 +318,18 @@ def test_generate_cli_matches_diffusers_wan(tmp_path, guidance):
 
 def test_nft_rolls_out_with_unipc():
     # Wan's scheduler as NFT's rollout solver: its own sigmas, diffusers' truncated timesteps
+    from wfm_jax.algorithms.nft.algorithm import NFT
     from wfm_jax.config.recipe import validate
     from wfm_jax.config.schema import default_config
     from wfm_jax.sampling.samplers import sample
     from wfm_jax.sampling.schedule import unipc_flow_schedule
-    from wfm_jax.train.rl_nft import NFT
     config = default_config()
     config.train.train_policy.type = "nft"
     config.policy.diffusers.sample.solver = "unipc"
     config.policy.diffusers.sample.num_steps = 4
     config.rollout.n_generation = 8
     validate(config)
-    algo = NFT(config, 3.0)
+    algo = NFT.from_recipe(config, 3.0)
     seen = []
 
     def velocity(params, x, t, cond):

@@ -11,8 +11,8 @@ import pytest
 
 from wfm_jax.config.schema import default_config
 from wfm_jax.core import mesh as wmesh
+from wfm_jax.programs.sft import sft_step
 from wfm_jax.train import setup as setup_lib
-from wfm_jax.train import sft
 
 BATCH = 4  # rows split over data x fsdp = 4; the tokens (12 to 32) over context = 2
 SIZES = dict(data=2, fsdp=2, context=2)
@@ -72,7 +72,7 @@ def _run(family_dir, out_dir, monkeypatch, n_devices, remat="none"):
             lambda p, f, x, t, c: family.velocity_with(setup_lib.merge(graphdef, p, f), x, t, c),
             mesh=setup.mesh, rules=setup.rules)
         velocity = np.asarray(forward(setup.state.params, setup.frozen, x0, t, cond))
-        step = sft.make_train_step(setup, pipe.shift, "logit_normal", 0.0, 1.0, 1.29)
+        step = sft_step(setup, (pipe.shift, "logit_normal", 0.0, 1.0, 1.29, (0, 0)))
         state, metrics = step(setup.state, setup.frozen, x0, cond, ids)
         host = lambda tree: jax.tree.map(np.asarray, jax.device_get(tree))
         return velocity, host(metrics), host(state.params), host(state.ema)

@@ -27,8 +27,8 @@ from wfm_jax.config.schema import default_config
 from wfm_jax.core import mesh as wmesh
 from wfm_jax.families.sd3.pipeline import SD3Pipeline
 from wfm_jax.models.sd3.transformer import SD3Transformer
+from wfm_jax.programs.sft import sft_step
 from wfm_jax.train import setup as setup_lib
-from wfm_jax.train import sft
 
 pytestmark = pytest.mark.slow  # one compile of the tiny step with an HLO dump: ~30 s of CPU
 
@@ -55,7 +55,7 @@ def test_weight_gradients_reduce_in_the_compute_dtype(tmp_path, monkeypatch):
     try:
         cfg, rows = _tiny_sd3.CONFIG, setup.batch_sharding()
         arg = lambda shape, dtype=jnp.float32: jax.ShapeDtypeStruct(shape, dtype, sharding=rows)
-        lowered = sft.make_train_step(setup, 3.0, "logit_normal", 0.0, 1.0, 1.29).lower(
+        lowered = sft_step(setup, (3.0, "logit_normal", 0.0, 1.0, 1.29, (0, 0))).lower(
             setup.state, setup.frozen, arg((8, cfg["in_channels"], 16, 16)),
             {"prompt_embeds": arg((8, 24, cfg["joint_attention_dim"])),
              "pooled_projections": arg((8, cfg["pooled_projection_dim"]))}, arg((8,), jnp.int32))

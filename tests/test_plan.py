@@ -6,8 +6,8 @@ import jax.numpy as jnp
 import pytest
 
 from wfm_jax.core import mesh as wmesh
-from wfm_jax.plan.abstract import frozen_component_bytes
-from wfm_jax.plan.released import released_configs
+from wfm_jax.programs.abstract import frozen_component_bytes
+from wfm_jax.programs.released import released_configs
 
 
 @pytest.mark.slow  # eval_shape of T5-XXL / CLIP-G: ~30 s of tracing on 2 cores

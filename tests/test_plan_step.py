@@ -15,7 +15,7 @@ from flax import nnx
 
 from wfm_jax import plan as plan_lib
 from wfm_jax.bench import flops
-from wfm_jax.plan.abstract import abstract_model
+from wfm_jax.programs.abstract import abstract_model
 
 TEXT = 77 + 16  # CLIP's 77 tokens + the tiny recipes' max_prompt_length
 KEY_BYTES, ETA_BYTES = 8, 4  # a threefry key, the old-policy decay (replicated scalars)

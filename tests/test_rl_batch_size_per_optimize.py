@@ -1,7 +1,7 @@
 """train.train_policy.batch_size_per_optimize: each inner epoch goes over the batch in a fresh
 random row order, cut into chunks of that many rows, one optimizer update per chunk.
 
-The RL loop's real compiled `update` (rl_setup._compile) runs with a stub algorithm whose
+The RL loop's real compiled `update` (programs.rl.rl_programs) runs with a stub algorithm whose
 gradient is the mean of the rows' vectors x_i, on a batch split over 2 devices of the 8-device
 CPU mesh, with an optimizer that moves the parameters by exactly -lr(count) x gradient. An
 independent numpy replay checks the number of updates, each one's rate (a warm-up + cosine over
@@ -24,9 +24,9 @@ from jax.sharding import PartitionSpec as P
 
 from wfm_jax.config.recipe import ConfigError, validate
 from wfm_jax.config.schema import default_config
+from wfm_jax.programs.rl import RLLayout, chunk_layout, rl_layout, rl_programs
+from wfm_jax.programs.setup import SetupError, make_tx, schedule_total_steps
 from wfm_jax.programs.state import TrainState
-from wfm_jax.train import rl_setup
-from wfm_jax.train.setup import SetupError, make_tx, schedule_total_steps
 
 LR, WARMUP = 1e-2, 2
 LOOP_STEPS, MU, BATCH, PER_OPTIMIZE, SHARDS, DIM = 2, 2, 8, 4, 2, 5
@@ -99,10 +99,10 @@ def compiled_update(algo, cfg, tx, state):
     setup = types.SimpleNamespace(graphdef=None, frozen=None, tx=tx, mesh=mesh, rules=None,
                                   batch_sharding=lambda: NamedSharding(mesh, P("data")),
                                   shardings=jax.tree.map(lambda _: rep, state),
-                                  pipe=_stub_family(vae))
-    run = types.SimpleNamespace(setup=setup, algo=algo, config=cfg, micro_batches=MICRO,
-                                mu_iterations=MU, optimize_chunks=CHUNKS, row_shards=SHARDS)
-    return rl_setup._compile(run)["update"]
+                                  pipe=_stub_family(vae), config=cfg)
+    layout = RLLayout(micro_batches=MICRO, rollout_chunk=BATCH // MICRO, optimize_chunks=CHUNKS,
+                      mu_iterations=MU, row_shards=SHARDS)
+    return rl_programs(setup, algo, layout)["update"]
 
 
 def _mesh():
@@ -191,7 +191,7 @@ def test_chunk_layout_with_one_chunk_and_no_shuffle_is_the_unchunked_layout():
     n_micro, shards = 3, 4
     unchunked = jnp.swapaxes(x.reshape(24 // n_micro, n_micro, 3), 0, 1)
     order = jnp.tile(jnp.arange(24 // shards), (shards, 1))
-    got = rl_setup.chunk_layout(x, order, 1, n_micro, shards)
+    got = chunk_layout(x, order, 1, n_micro, shards)
     assert np.array_equal(np.asarray(got[0]), np.asarray(unchunked))
 
 
@@ -213,10 +213,11 @@ def test_batch_size_per_optimize_below_a_micro_batch_is_one_setup_line():
     with pytest.raises(SetupError, match=r"batch_size_per_optimize=8 must divide "
                        r"train_batch_per_replica=32 and be a multiple of "
                        r"train_policy.mini_batch=2 x 8 data-parallel devices") as e:
-        rl_setup._check_layout(cfg, setup)
+        rl_layout(cfg, setup)
     assert "\n" not in str(e.value)
     cfg = config(per_optimize=16, batch=32, mini_batch=2)
-    assert rl_setup._check_layout(cfg, setup)[::2] == (2, 2)  # 2 micro-batches, 2 updates
+    layout = rl_layout(cfg, setup)
+    assert (layout.micro_batches, layout.optimize_chunks) == (2, 2)  # 2 micro-batches, 2 updates
 
 
 def test_schedule_total_counts_chunks_and_accumulation():

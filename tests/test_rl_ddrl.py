@@ -21,12 +21,12 @@ from tests import _rl_toy as toy
 from tests._resume import assert_resumed_run_matches, kill_and_resume, persistent_compile_cache
 from wfm_jax.algorithms.advantages import ddrl_advantages
 from wfm_jax.algorithms.ddrl import draw_data_sigma
+from wfm_jax.algorithms.ddrl.algorithm import DDRL
 from wfm_jax.cli import main as wmain
 from wfm_jax.config.schema import default_config
 from wfm_jax.programs.state import TrainState
 from wfm_jax.sampling.samplers import sample
 from wfm_jax.sampling.schedule import edm_churn_eta, edm_sigmas
-from wfm_jax.train.rl_ddrl import DDRL
 
 AXES = (1, 2, 3)
 N = 6
@@ -80,7 +80,7 @@ def stored_np(f, j):
 
 @pytest.fixture(scope="module")
 def rollout():
-    algo = DDRL(ddrl_config(), 3.0)
+    algo = DDRL.from_recipe(ddrl_config(), 3.0)
     params, cond = toy.params(0), toy.cond(1)
     latents = jax.random.normal(jax.random.key(3), (toy.B, toy.C, toy.H, toy.W))
     data_x0 = jax.random.normal(jax.random.key(5), latents.shape)
@@ -144,7 +144,8 @@ def test_training_mean_matches_numpy_and_the_sampler(rollout):
 @pytest.mark.parametrize("rl_sigma", [True, False])
 def test_step_loss_matches_numpy(rollout, rl_sigma):
     _, params, cond, _, _, f, _, _ = rollout
-    algo = DDRL(ddrl_config(**{"train.train_policy.use_rl_sigma_and_noise": rl_sigma}), 3.0)
+    algo = DDRL.from_recipe(
+        ddrl_config(**{"train.train_policy.use_rl_sigma_and_noise": rl_sigma}), 3.0)
     j, key = 1, jax.random.key(9)
     ref = {"w": params["w"] * 0.9, "p": params["p"] + 0.1}
     adv = np.array([-0.4, -1.7, -0.9, -6.0], np.float32)
@@ -206,7 +207,8 @@ def test_first_inner_epoch_ratio_is_exactly_one_and_data_on_first_only(rollout):
     assert float(epoch(moved, olds)[1]["ratio_abs_dev"]) > 0
     assert float(epoch(moved, None)[1]["ratio_abs_dev"]) == 0.0
     # data_on_first_only: the data term of the first trained step only, averaged over the 3
-    first_only = DDRL(ddrl_config(**{"train.train_policy.data_on_first_only": True}), 3.0)
+    first_only = DDRL.from_recipe(
+        ddrl_config(**{"train.train_policy.data_on_first_only": True}), 3.0)
     m_first = epoch_fn(first_only)(params, None)[1]
     step0 = first_only.data_loss_at(toy.velocity, params, batch, 0, jax.random.key(0))
     np.testing.assert_allclose(float(m_first["data_loss"]), float(step0) / 3, rtol=1e-6)
@@ -214,7 +216,7 @@ def test_first_inner_epoch_ratio_is_exactly_one_and_data_on_first_only(rollout):
 
 
 def test_reference_copy_schedule_and_exp_advantages():
-    algo = DDRL(ddrl_config(**{"train.train_policy.update_ref_every_iter": 2,
+    algo = DDRL.from_recipe(ddrl_config(**{"train.train_policy.update_ref_every_iter": 2,
                                "train.train_policy.exp_reward": True}), 3.0)
     assert [algo.post_update_decay(s) for s in range(1, 6)] == [0.0, 1.0, 0.0, 1.0, 0.0]
     params = toy.params(0)
@@ -225,8 +227,10 @@ def test_reference_copy_schedule_and_exp_advantages():
     for k in params:
         np.testing.assert_array_equal(np.asarray(kept.aux["ref"][k]), np.asarray(toy.params(1)[k]))
         np.testing.assert_array_equal(np.asarray(copied.aux["ref"][k]), np.asarray(params[k]))
-    assert DDRL.moves_reference(ddrl_config(**{"train.train_policy.update_ref_every_iter": 2}))
-    assert not DDRL.moves_reference(ddrl_config(**{"train.train_policy.update_ref_every_iter": 0}))
+    assert DDRL.moves_reference(DDRL.Config.from_recipe(
+        ddrl_config(**{"train.train_policy.update_ref_every_iter": 2})))
+    assert not DDRL.moves_reference(DDRL.Config.from_recipe(
+        ddrl_config(**{"train.train_policy.update_ref_every_iter": 0})))
     rewards = np.array([0.1, 0.4, 0.2, 0.9, 0.3, 0.3])
     groups = np.array([0, 0, 0, 1, 1, 1])
     np.testing.assert_array_equal(algo.advantages(rewards, groups),  # unclipped: the loop clips

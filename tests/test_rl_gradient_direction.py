@@ -16,8 +16,8 @@ from tests import _rl_toy as toy
 from tests.test_rl_ddrl import ddrl_config
 from tests.test_rl_grpo import grpo_config
 from wfm_jax.algorithms.advantages import ddrl_advantages, group_advantages
-from wfm_jax.train.rl_ddrl import DDRL
-from wfm_jax.train.rl_grpo import GRPO
+from wfm_jax.algorithms.ddrl.algorithm import DDRL
+from wfm_jax.algorithms.grpo.algorithm import GRPO
 
 N = 4096  # rollouts of one prompt: enough for the score-function estimate to settle
 
@@ -58,7 +58,7 @@ def _check(algo, advantages, min_cos):
 def test_grpo_gradient_is_the_reward_gradient(fraction):
     # all steps trained: the estimator is unbiased for grad E[R] (measured cos 0.995); half of
     # them: the part of it that acts on those steps (0.977)
-    algo = GRPO(grpo_config(**{"policy.diffusers.sample.guidance_scale": 1.0,
+    algo = GRPO.from_recipe(grpo_config(**{"policy.diffusers.sample.guidance_scale": 1.0,
                                "train.train_policy.kl_beta": 0.0,
                                "train.train_policy.timesteps_fraction": fraction}), 3.0)
     _check(algo, lambda r, g: group_advantages(r, g), 0.9)
@@ -68,7 +68,7 @@ def test_grpo_gradient_is_the_reward_gradient(fraction):
 def test_ddrl_policy_gradient_points_uphill(exp_reward):
     # the unscaled log-ratio weights step k by 2 std_k^2 and exp_reward maps A -> -exp(-A)
     # (every advantage negative): still uphill (measured cos 0.98 / 0.94)
-    algo = DDRL(ddrl_config(**{"train.train_policy.train_on": (0, 1, 2, 3, 4),
+    algo = DDRL.from_recipe(ddrl_config(**{"train.train_policy.train_on": (0, 1, 2, 3, 4),
                                "train.train_policy.kl_beta": 0.0,
                                "train.train_policy.data_beta": 0.0}), 3.0)
     _check(algo, lambda r, g: ddrl_advantages(r, g, exp_reward=exp_reward), 0.85)

@@ -18,11 +18,11 @@ import pytest
 
 from tests import _rl_toy as toy
 from tests._resume import assert_resumed_run_matches, kill_and_resume, persistent_compile_cache
+from wfm_jax.algorithms.grpo.algorithm import GRPO
 from wfm_jax.cli import main as wmain
 from wfm_jax.config.schema import default_config
 from wfm_jax.sampling.samplers import draw_window_start, sample
 from wfm_jax.sampling.schedule import flow_sigmas
-from wfm_jax.train.rl_grpo import GRPO
 
 AXES = (1, 2, 3)
 RECIPE = f"{toy.RECIPES}/tiny_grpo.py"
@@ -70,7 +70,7 @@ def gauss_lp_np(x, mean, std):
 @pytest.fixture(scope="module")
 def cfg_rollout():
     """An SDE rollout with CFG 4.5 of the toy network, 6 steps, the first 5 trained."""
-    algo = GRPO(grpo_config(), 3.0)
+    algo = GRPO.from_recipe(grpo_config(), 3.0)
     params, cond, uncond = toy.params(0), toy.cond(1), toy.cond(2)
     latents = jax.random.normal(jax.random.key(3), (toy.B, toy.C, toy.H, toy.W))
     fields = jax.jit(lambda p, lat, c, u, k: algo.rollout(toy.velocity, toy.Holder(p), lat, c, k,
@@ -186,7 +186,7 @@ def test_fast_window_trains_only_the_cps_window():
                          "policy.diffusers.sample.noise_level": 0.8,
                          "policy.diffusers.sample.guidance_scale": 1.0,
                          "train.train_policy.kl_beta": 0.0})
-    algo = GRPO(cfg, 3.0)
+    algo = GRPO.from_recipe(cfg, 3.0)
     assert algo.num_train == 2
     params, cond = toy.params(5), toy.cond(6)
     latents = jax.random.normal(jax.random.key(7), (toy.B, toy.C, toy.H, toy.W))

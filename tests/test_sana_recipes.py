@@ -98,13 +98,13 @@ def test_nft_rolls_out_with_sanas_dpm_solver():
     import jax.numpy as jnp
     import numpy as np
 
+    from wfm_jax.algorithms.nft.algorithm import NFT
     from wfm_jax.sampling.dpm_solver import dpm_solver_flow_schedule
     from wfm_jax.sampling.samplers import sample
     from wfm_jax.sampling.schedule import flow_sigmas
-    from wfm_jax.train.rl_nft import NFT
 
     config = _load("tiny_sana_nft", [("policy.diffusers.sample.num_steps", "4")])
-    algo = NFT(config, 3.0)
+    algo = NFT.from_recipe(config, 3.0)
 
     def velocity(params, x, t, cond):
         return params * x + cond * t[:, None, None, None] / 1000.0

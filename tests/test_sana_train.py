@@ -176,11 +176,11 @@ def test_padded_text_positions_do_not_reach_the_training_losses(sana_dir, shapes
     """The SFT step's loss and the NFT loss on SANA's conditioning are unchanged when the
     embedding changes where the mask is 0; with the mask all ones (what ignoring it amounts to)
     the same change moves both, so the comparison can fail."""
+    from wfm_jax.algorithms.nft.algorithm import nft_grads
     from wfm_jax.programs.encode import TextEncoder
+    from wfm_jax.programs.setup import make_velocity
+    from wfm_jax.programs.sft import sft_step
     from wfm_jax.train import setup as setup_lib
-    from wfm_jax.train import sft
-    from wfm_jax.train.rl_nft import nft_grads
-    from wfm_jax.train.rl_setup import make_velocity
 
     config = _sft_config(sana_dir, shapes_dir, tmp_path / "out", 1)
     s = setup_lib.build(config)
@@ -199,8 +199,8 @@ def test_padded_text_positions_do_not_reach_the_training_losses(sana_dir, shapes
         x0 = np.random.default_rng(1).normal(
             size=pipe.latent_shape(rows, 32, 32)).astype(np.float32)
         ids = np.arange(rows, dtype=np.int32)
-        step = sft.make_train_step(s, pipe.shift, d.weighting_scheme, d.logit_mean, d.logit_std,
-                                   d.mode_scale)
+        step = sft_step(s, (pipe.shift, d.weighting_scheme, d.logit_mean, d.logit_std,
+                               d.mode_scale, (0, 0)))
 
         def sft_loss(c):
             state = jax.tree.map(lambda a: a.copy(), s.state)  # the step donates its state

@@ -67,7 +67,7 @@ def test_sft_sends_uint8_pixels_and_gets_the_float_latents(assets, tmp_path, mon
         x0, _, ids = trainer.prepare(batch)
         (sent,) = seen
         assert sent.dtype == np.uint8 and sent.shape == (8, 16, 16, 3)  # a quarter of f32's bytes
-        key = jax.random.fold_in(trainer.setup.state.rng, sft._KEY_VAE)
+        key = jax.random.fold_in(trainer.setup.state.rng, sft.KEY_VAE)
         floats = trainer.setup.global_batch(to_signed_unit(batch["pixels"]))
         want = encode(trainer.visual.state, floats, key, ids)
         np.testing.assert_array_equal(np.asarray(x0), np.asarray(want))

@@ -15,8 +15,8 @@ from wfm_jax.config.schema import default_config
 from wfm_jax.core import mesh as wmesh
 from wfm_jax.families.sd3.pipeline import SD3Pipeline
 from wfm_jax.models.sd3.transformer import SD3Transformer
+from wfm_jax.programs.sft import sft_step
 from wfm_jax.train import setup as setup_lib
-from wfm_jax.train import sft
 
 BATCH, LATENT, TEXT = 8, 16, 24  # 64 image + 24 text tokens: both split evenly by context=2
 
@@ -38,7 +38,7 @@ def _lowered_sft_step(tmp_path, monkeypatch, sizes: dict, n_devices: int):
     pipe = SD3Pipeline("", _placed_model(mesh), None, (), (), _tiny_sd3.CONFIG, {}, {})
     setup = setup_lib.build(config, pipe=pipe)
     try:
-        step = sft.make_train_step(setup, 3.0, "logit_normal", 0.0, 1.0, 1.29)
+        step = sft_step(setup, (3.0, "logit_normal", 0.0, 1.0, 1.29, (0, 0)))
         cfg = _tiny_sd3.CONFIG
         rows = setup.batch_sharding()
         arg = lambda shape, dtype=jnp.float32: jax.ShapeDtypeStruct(shape, dtype, sharding=rows)

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 import torch
 
+from wfm_jax.cli import generate as gen
 from wfm_jax.families import tiny
 from wfm_jax.families.sana import tiny as tiny_sana
 from wfm_jax.families.sana.pipeline import IMAGE_INSTRUCTION
-from wfm_jax.cli import generate as gen
 
 PROMPTS = ["a cat sleeping", "a busy city street"]
 FAMILIES = {"sana": ("SanaPipeline", tiny_sana.IMAGE_MODELS),

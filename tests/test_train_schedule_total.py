@@ -21,9 +21,9 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from wfm_jax.config.schema import default_config
+from wfm_jax.programs.rl import RLLayout, rl_programs
+from wfm_jax.programs.setup import SetupError, make_tx, schedule_total_steps
 from wfm_jax.programs.state import TrainState, train_state_update
-from wfm_jax.train import rl_setup
-from wfm_jax.train.setup import SetupError, make_tx, schedule_total_steps
 
 LR, WARMUP, LOOP_STEPS = 1e-2, 2, 4
 
@@ -66,6 +66,8 @@ class ConstantGradient:
     """An RL algorithm whose gradient is 1 for every parameter; it records the parameters each
     optimizer call starts from."""
 
+    keeps_old = False
+
     def __init__(self):
         self.seen: list[np.ndarray] = []
 
@@ -93,10 +95,10 @@ def test_rl_updates_follow_a_cosine_over_all_optimizer_updates(mu, accum):
     setup = types.SimpleNamespace(graphdef=None, frozen=None, tx=tx, mesh=mesh, rules=None,
                                   batch_sharding=lambda: NamedSharding(mesh, P("data")),
                                   shardings=jax.tree.map(lambda _: rep, state),
-                                  pipe=_stub_family(vae))
-    run = types.SimpleNamespace(setup=setup, algo=algo, config=cfg, micro_batches=1,
-                                mu_iterations=mu, optimize_chunks=1, row_shards=1)
-    update = rl_setup._compile(run)["update"]
+                                  pipe=_stub_family(vae), config=cfg)
+    layout = RLLayout(micro_batches=1, rollout_chunk=2, optimize_chunks=1, mu_iterations=mu,
+                      row_shards=1)
+    update = rl_programs(setup, algo, layout)["update"]
     data = {"x": jnp.zeros((2, 1), jnp.float32)}
     for step in range(LOOP_STEPS):
         state, _ = update(state, None, data, jax.random.key(step), jnp.float32(0.0), {})

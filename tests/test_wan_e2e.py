@@ -87,7 +87,7 @@ def test_tiny_wan_sft_loss_falls_and_the_export_loads_in_diffusers(wan_dir, tmp_
 
 @pytest.mark.slow
 def test_tiny_wan_nft_reward_rises_through_the_server_as_video(wan_dir, tmp_path, monkeypatch):
-    from wfm_jax.train import rl_setup
+    from wfm_jax.programs import sample as sample_lib
 
     methods = []  # what validation samples with: Wan's UniPC on its own timesteps, not Euler
 
@@ -95,8 +95,8 @@ def test_tiny_wan_nft_reward_rises_through_the_server_as_video(wan_dir, tmp_path
         methods.append((method, timesteps is not None))
         return sample(*args, method=method, timesteps=timesteps, **kw)
 
-    sample = rl_setup.sample
-    monkeypatch.setattr(rl_setup, "sample", recording)
+    sample = sample_lib.sample
+    monkeypatch.setattr(sample_lib, "sample", recording)
     out = tmp_path / "nft"
     with _server() as srv:
         assert _nft(wan_dir, out, 20, *_remote(srv.url, "pixels"),

@@ -1,8 +1,10 @@
-"""Pure loss / advantage / averaging functions over arrays (spec algorithms.md). No model, no I/O."""
+"""The algorithms as array functions: losses, advantages, averaging (spec algorithms.md), and the
+RL algorithms on the shared loop (base.RLAlgorithm; nft/, grpo/, ddrl/; registry.ALGORITHMS).
+Nothing here imports the trainer, planner, benchmark, programs or recipe schema."""
 
 from wfm_jax.algorithms.advantages import clip_advantages, ddrl_advantages, group_advantages, nft_optimality
 from wfm_jax.algorithms.ddrl import ddrl_data_loss, ddrl_loss, ddrl_policy_loss, draw_data_sigma, edm_noisy
-from wfm_jax.algorithms.decay import old_policy_decay
+from wfm_jax.algorithms.decay import old_policy_decay, soft_update
 from wfm_jax.algorithms.grpo import closed_form_kl, grpo_loss, ppo_clipped_loss
 from wfm_jax.algorithms.nft import nft_loss, train_timesteps, trained_step_count
 from wfm_jax.algorithms.sft import (
@@ -38,3 +40,4 @@ __all__ = [
     "train_timesteps",
     "trained_step_count",
 ]
+__all__ += ["soft_update"]

@@ -21,7 +21,8 @@ _UNIFORM_ALIASES = ("none", "sigma_sqrt", "cosmap")
 WEIGHTING_SCHEMES = ("none", "sigma_sqrt", "cosmap", "logit_normal", "mode", "uniform")
 
 
-def sample_density(key, batch_size: int, scheme: str = "logit_normal", logit_mean=0.0, logit_std=1.0, mode_scale=1.29):
+def sample_density(key, batch_size: int, scheme: str = "logit_normal", logit_mean=0.0, logit_std=1.0,
+                   mode_scale=1.29):
     """u in [0, 1) per sample, float32 (B,): logit_normal u = sigmoid(N(m, s)); mode
     u = 1 - U - mode_scale (cos^2(pi U / 2) - 1 + U); uniform u = U."""
     if scheme == "logit_normal":
@@ -40,7 +41,8 @@ def table_indices(u, num_train_timesteps: int = 1000):
     return jnp.clip(idx, 0, num_train_timesteps - 1)
 
 
-def sample_training_timesteps(key, batch_size, table_timesteps, table_sigmas, scheme="logit_normal", **density_kwargs):
+def sample_training_timesteps(key, batch_size, table_timesteps, table_sigmas, scheme="logit_normal",
+                              **density_kwargs):
     """Draw (indices, timesteps, sigmas) for a batch from the shifted training table."""
     table_timesteps = jnp.asarray(table_timesteps, F32)
     idx = table_indices(sample_density(key, batch_size, scheme, **density_kwargs), table_timesteps.shape[0])

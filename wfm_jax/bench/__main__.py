@@ -86,7 +86,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     isolate = args.isolate if args.isolate is not None else args.suite.endswith("gpu")
     if args.xla_memory:
-        from wfm_jax.plan.cli import virtual_devices
+        from wfm_jax.core.xla_flags import virtual_devices
         virtual_devices(args.xla_devices)  # before anything starts jax's backend
     if not isolate and args.worker is None:
         # jax and torch share the device: jax must not grab 75% of it up front

@@ -12,7 +12,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from wfm_jax.bench.suites import COSMOS_LORA_TARGETS, COSMOS_SIGMAS, LORA_TARGETS
+# = wfm_jax.config.schema.SD3_LORA_TARGETS (not imported: it needs ml_collections, which GPU
+# machines lack; tests/test_bench.py checks the two agree).
+LORA_TARGETS = ("attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0",
+                "attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj", "attn.to_add_out")
+# = wfm_jax.config.schema.COSMOS_LORA_TARGETS (configs/cosmos25_2b_nft.py: attn1 and attn2, the
+# MLP; crossattn_proj frozen).
+COSMOS_LORA_TARGETS = ("to_q", "to_k", "to_v", "to_out.0", "ff.net.0.proj", "ff.net.2")
+
+# Cosmos' scheduler (Cosmos2_5_PredictBasePipeline's UniPC on Karras sigmas, flow-mapped).
+COSMOS_SIGMAS = dict(sigma_min=0.01, sigma_max=200.0)
 
 
 class BenchFamily:
@@ -57,12 +66,29 @@ class BenchFamily:
         """(steps + 1,) flow sigmas ending in 0 that both stacks' rollouts step on."""
         raise NotImplementedError
 
+    def scheduler_config(self, suite) -> dict:
+        """The family scheduler's config (its shift, sigma range)."""
+        raise NotImplementedError
+
+    def pipeline(self, suite):
+        """A weightless pipeline of the model family (programs.abstract.family_shell): its
+        *_with methods read only configs; the train step is the family's own SFT step."""
+        from wfm_jax.families.base import family_named
+        pipe = object.__new__(family_named(self.name))
+        pipe.directory, pipe.transformer, pipe.vae, pipe.text_encoders = None, None, None, ()
+        pipe.tokenizer = pipe.tokenizers = None
+        pipe.transformer_config = dict(suite.transformer, _class_name=self.transformer_class)
+        pipe.vae_config = dict(suite.vae, _class_name=self.vae_class)
+        pipe.scheduler_config = self.scheduler_config(suite)
+        pipe.text_config = {}
+        return pipe
+
     def train_sigma_table(self, suite) -> tuple[np.ndarray, np.ndarray]:
         """(timesteps, sigmas) the train step's sigmas are drawn from, as the model family's
-        own SFT draws them (PipelineFamily.train_sigma_table): SD3's shifted table by default."""
-        from wfm_jax.bench.inputs import SHIFT
-        from wfm_jax.sampling.schedule import training_table
-        return training_table(SHIFT)
+        own SFT draws them (PipelineFamily.train_sigma_table: SD3's shifted table, Cosmos' own
+        range)."""
+        pipe = self.pipeline(suite)
+        return pipe.train_sigma_table(pipe.shift)
 
     def jax_rollout_velocity(self, transformer, suite):
         """velocity(x, timesteps, cond) for sampling.samplers.sample."""
@@ -126,6 +152,10 @@ class SD3(BenchFamily):
         return transformer.transformer_blocks[0].attn
 
     # ---------------------------------------------------------------- wfm_jax
+    def scheduler_config(self, suite) -> dict:
+        from wfm_jax.families.tiny import scheduler_config
+        return scheduler_config()  # FlowMatchEulerDiscreteScheduler at shift 3 (inputs.SHIFT)
+
     def jax_velocity(self, suite, model, x_t, batch):
         return model(x_t, batch["prompt_embeds"], batch["pooled_projections"], batch["timesteps"])
 
@@ -227,15 +257,9 @@ class Cosmos(BenchFamily):
         return transformer.transformer_blocks[0].attn1
 
     # ---------------------------------------------------------------- wfm_jax
-    def pipeline(self, suite):
-        """A weightless CosmosPipeline: its velocity_with / decode_with read only configs."""
-        from wfm_jax.families.base import family_named
-        pipe = object.__new__(family_named(self.name))
-        pipe.directory, pipe.transformer, pipe.vae, pipe.text_encoders = None, None, None, ()
-        pipe.transformer_config, pipe.vae_config = dict(suite.transformer), dict(suite.vae)
-        pipe.scheduler_config = dict(COSMOS_SIGMAS, use_karras_sigmas=True, use_flow_sigmas=True,
-                                     final_sigmas_type="zero")
-        return pipe
+    def scheduler_config(self, suite) -> dict:
+        return dict(COSMOS_SIGMAS, use_karras_sigmas=True, use_flow_sigmas=True,
+                    final_sigmas_type="zero")
 
     def jax_velocity(self, suite, model, x_t, batch):
         cond = {"encoder_hidden_states": batch["encoder_hidden_states"]}
@@ -244,11 +268,6 @@ class Cosmos(BenchFamily):
     def rollout_sigmas(self, suite) -> np.ndarray:
         """The family's own sampler grid (the NFT recipe's rollouts step on it)."""
         return self.pipeline(suite).flow_schedule(suite.rollout_steps, "dpm2")[0]
-
-    def train_sigma_table(self, suite):
-        """Cosmos' own training range (CosmosPipeline.train_sigma_table ignores the shift)."""
-        from wfm_jax.bench.inputs import SHIFT
-        return self.pipeline(suite).train_sigma_table(SHIFT)
 
     def jax_rollout_velocity(self, transformer, suite):
         pipe = self.pipeline(suite)

@@ -25,10 +25,10 @@ once more; that is counted separately (`recompute`) and never in MFU.
 """
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 
 from wfm_jax.models.sd3.transformer import sd3_config
+from wfm_jax.programs.stats import count_jaxpr_flops  # noqa: F401 -- the bench's check of the formulas
 
 TIME_CHANNELS = 256  # diffusers' Timesteps(num_channels=256)
 
@@ -236,43 +236,3 @@ def cosmos_lora_forward(config: dict, frames: int, latent_h: int, latent_w: int,
         if any(m == x or m.endswith("." + x) for x in targets):
             total += _lin(rows, fan_in, rank) + _lin(rows, rank, fan_out)
     return k["cfg"]["num_layers"] * total
-
-
-# ----------------------------------------------------------------------------- jaxpr count
-
-def count_jaxpr_flops(closed_jaxpr) -> float:
-    """Matmul + convolution FLOPs of a (closed) jaxpr, walking sub-jaxprs (pjit, remat,
-    custom_vjp, scan x length). An independent check of the formulas above."""
-    jaxpr = getattr(closed_jaxpr, "jaxpr", closed_jaxpr)
-    total = 0.0
-    for eqn in jaxpr.eqns:
-        name = eqn.primitive.name
-        if name == "dot_general":
-            total += _dot_flops(eqn)
-        elif name == "conv_general_dilated":
-            total += _conv_flops(eqn)
-        inner = sum(count_jaxpr_flops(sub) for sub in _sub_jaxprs(eqn.params))
-        total += inner * (eqn.params.get("length", 1) if name == "scan" else 1)
-    return total
-
-
-def _sub_jaxprs(params: dict):
-    for value in params.values():
-        for v in value if isinstance(value, (tuple, list)) else (value,):
-            if hasattr(v, "eqns") or hasattr(getattr(v, "jaxpr", None), "eqns"):
-                yield v
-
-
-def _dot_flops(eqn) -> float:
-    (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
-    lhs, rhs = (v.aval.shape for v in eqn.invars)
-    rhs_free = [d for i, d in enumerate(rhs) if i not in rc and i not in rb]
-    return 2.0 * math.prod(lhs) * math.prod(rhs_free)
-
-
-def _conv_flops(eqn) -> float:
-    out = eqn.outvars[0].aval.shape
-    rhs = eqn.invars[1].aval.shape
-    spec = eqn.params["dimension_numbers"].rhs_spec  # (out_ch, in_ch, *spatial) positions
-    kernel = math.prod(rhs[i] for i in spec[2:]) * rhs[spec[1]]
-    return 2.0 * math.prod(out) * kernel

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from wfm_jax.bench import devices, inputs, timing, weights
-from wfm_jax.bench.train_step import resolved_attention, xla_plan_bytes
+from wfm_jax.bench.jax_side import resolved_attention, xla_plan_bytes
 from wfm_jax.core.mesh import make_mesh, mesh_jit
 from wfm_jax.sampling.samplers import sample
 

@@ -49,8 +49,8 @@ def run_one(workload: str, stack: str, suite: Suite, options: Options, peak: dic
         if workload == "rollout":
             from wfm_jax.bench import rollout
             return rollout.run(suite, options, peak_flops)
-        from wfm_jax.bench import train_step
-        return train_step.run(suite, workload.split("_")[1], options, peak_flops)
+        from wfm_jax.bench import jax_side
+        return jax_side.train(suite, workload.split("_")[1], options, peak_flops)
     except Exception as e:  # recorded in the JSON: one failing stack must not lose the others
         return timing.failed(stack, workload, e)
     finally:

@@ -8,36 +8,22 @@ from __future__ import annotations
 
 import dataclasses
 
+# the LoRA targets and Cosmos' sigma range live with the bench families (which read them);
+# the released SD3.5-Medium shapes with the planner's (programs.released)
+from wfm_jax.bench.families import (  # noqa: F401 -- the suites' names too
+    COSMOS_LORA_TARGETS,
+    COSMOS_SIGMAS,
+    LORA_TARGETS,
+    for_suite,
+)
 from wfm_jax.models.cosmos.transformer import COSMOS25_PREDICT_2B
 from wfm_jax.models.wan.vae import WAN21_LATENTS_MEAN, WAN21_LATENTS_STD
+from wfm_jax.programs.released import SD3_VAE, SD35_MEDIUM
 
 # Optimizer of each train workload (identical in both stacks): AdamW behind global-norm clipping.
 # Full fine-tune: torch's AdamW defaults with a fine-tuning rate; LoRA: the SD3.5 NFT recipe.
 OPTIM = {"full": dict(lr=1e-5, weight_decay=1e-2, betas=(0.9, 0.999), eps=1e-8, clip=1.0),
          "lora": dict(lr=3e-4, weight_decay=1e-4, betas=(0.9, 0.999), eps=1e-8, clip=1.0)}
-# = wfm_jax.config.schema.SD3_LORA_TARGETS (not imported: it needs ml_collections, which GPU
-# machines lack; tests/test_bench.py checks the two agree).
-LORA_TARGETS = ("attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0",
-                "attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj", "attn.to_add_out")
-# = wfm_jax.config.schema.COSMOS_LORA_TARGETS (configs/cosmos25_2b_nft.py: attn1 and attn2, the
-# MLP; crossattn_proj frozen).
-COSMOS_LORA_TARGETS = ("to_q", "to_k", "to_v", "to_out.0", "ff.net.0.proj", "ff.net.2")
-
-# stabilityai/stable-diffusion-3.5-medium transformer/config.json (MMDiT-X): 24 blocks of
-# 24 heads x 64, dual attention in blocks 0..12, qk RMS-norm, 384x384 position table.
-SD35_MEDIUM = dict(sample_size=128, patch_size=2, in_channels=16, num_layers=24,
-                   attention_head_dim=64, num_attention_heads=24, joint_attention_dim=4096,
-                   caption_projection_dim=1536, pooled_projection_dim=2048, out_channels=16,
-                   pos_embed_max_size=384, dual_attention_layers=tuple(range(13)),
-                   qk_norm="rms_norm")
-
-# The SD3 / SD3.5 VAE (vae/config.json): 16 latent channels, x8 down-sampling, no quant convs.
-SD3_VAE = dict(in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 4,
-               up_block_types=("UpDecoderBlock2D",) * 4, block_out_channels=(128, 256, 512, 512),
-               layers_per_block=2, act_fn="silu", latent_channels=16, norm_num_groups=32,
-               sample_size=1024, scaling_factor=1.5305, shift_factor=0.0609,
-               use_quant_conv=False, use_post_quant_conv=False, mid_block_add_attention=True)
-
 # Same family (MMDiT-X, qk RMS-norm, dual attention in the first half), small enough for 2 cores.
 CPU_TRANSFORMER = dict(SD35_MEDIUM, sample_size=32, num_layers=4, attention_head_dim=64,
                        num_attention_heads=4, joint_attention_dim=256, caption_projection_dim=256,
@@ -67,8 +53,6 @@ WAN21_VAE = dict(base_dim=96, decoder_base_dim=None, z_dim=16, dim_mult=[1, 2, 4
                  latents_std=list(WAN21_LATENTS_STD),
                  is_residual=False, in_channels=3, out_channels=3, patch_size=None,
                  scale_factor_temporal=4, scale_factor_spatial=8)
-# Cosmos' scheduler (Cosmos2_5_PredictBasePipeline's UniPC on Karras sigmas, flow-mapped).
-COSMOS_SIGMAS = dict(sigma_min=0.01, sigma_max=200.0)
 # Same structure (adaLN-LoRA, crossattn_proj, per-frame timesteps, RoPE), small for 2 cores.
 COSMOS_CPU = dict(COSMOS_2B, num_attention_heads=4, attention_head_dim=32, num_layers=4,
                   text_embed_dim=128, encoder_hidden_states_channels=128, adaln_lora_dim=32,
@@ -107,7 +91,6 @@ class Suite:
     @property
     def workload(self):
         """The family's bench pieces (bench/families.py)."""
-        from wfm_jax.bench.families import for_suite
         return for_suite(self)
 
     @property

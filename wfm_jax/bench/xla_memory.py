@@ -3,15 +3,14 @@ on an N-device fsdp mesh of simulated CPU devices with abstract weights.
 
     python -m wfm_jax.bench --suite cosmos_gpu --xla-memory [--xla-devices 8] [--remat full]
 
-The step compiled is the bench's own (train_step.step_fn: noise mix -> the family's forward ->
-flow-matching loss -> grads -> clip -> AdamW, params and optimizer state donated) with the
-transformer built by its converter registry entry under nnx.eval_shape: ShapeDtypeStructs
-carrying the mesh shardings the trainer gives them (wfm_jax.core.mesh.param_shardings; optimizer
-leaves like their params), the batch split over (data, fsdp), `train_batch` rows per device.
-wfm_jax.plan compiles the trainer's own steps (SFT, and RL's rollout and update) for every
-family; this compiles the bench's step, so the memory sits beside the bench's timings (plan's
-abstract placement and per-device byte count are reused). CPU keeps bf16 work in fp32 and has no flash kernel ("auto"
-attention is the blockwise kernel at these lengths): the figures are above a GPU's.
+The step compiled is the trainer's own (programs.build(setup).sft_step, as the timed workloads
+run it: noise and sigma draws -> the family's forward -> flow-matching loss -> grads -> clip ->
+AdamW, the state donated) on programs.abstract_setup with the suite's component configs and
+the recipe jax_side.bench_recipe gives the workload: ShapeDtypeStructs carrying the mesh
+shardings the trainer gives them (wfm_jax.core.mesh.param_shardings; optimizer leaves like
+their params), the batch split over (data, fsdp), `train_batch` rows per device. wfm_jax.plan
+compiles the same programs for a recipe. CPU keeps bf16 work in fp32 and has no flash kernel
+("auto" attention is the blockwise kernel at these lengths): the figures are above a GPU's.
 """
 from __future__ import annotations
 
@@ -21,68 +20,37 @@ import time
 GiB = 2 ** 30
 
 
-def _abstract_model(suite, mode: str, options, scan: bool):
-    import jax.numpy as jnp
-    from flax import nnx
-
-    from converters.registry import spec_for
-    from wfm_jax.models.lora import attach_lora
-    wl = suite.workload
-    spec = spec_for(dict(suite.transformer, _class_name=wl.transformer_class))
-    lora = mode == "lora"
-
-    def make():
-        m = spec.make_model(suite.transformer, dtype=jnp.bfloat16,
-                            param_dtype=jnp.bfloat16 if lora else jnp.float32, rngs=nnx.Rngs(0),
-                            attention_impl=options.attention_impl, remat=options.remat,
-                            scan_layers=scan)
-        if lora:
-            attach_lora(m, wl.lora_targets, suite.lora_rank, suite.lora_alpha)
-        return m
-    return nnx.eval_shape(make)
-
-
 def compile_step(suite, mode: str, options, *, devices: int = 8, scan: bool = True) -> dict:
     """Compile one train step of `mode` ("full" | "lora"); XLA's memory analysis per device."""
     import jax
     import jax.numpy as jnp
-    import optax
-    from flax import nnx
 
-    from wfm_jax.bench.train_step import TRAINABLE_FULL, optimizer, resolved_attention, step_fn
+    from wfm_jax.bench.jax_side import bench_recipe, resolved_attention
     from wfm_jax.core import mesh as wmesh
-    from wfm_jax.plan.abstract import per_device_bytes, with_shardings
-    from wfm_jax.train.setup import batch_sharding, replicated
+    from wfm_jax.programs import abstract_setup, build
+    from wfm_jax.programs.stats import per_device_bytes
 
     if len(jax.devices()) < devices:
         raise ValueError(f"--xla-memory needs {devices} devices, the backend has "
                          f"{len(jax.devices())} (run it as a fresh `python -m wfm_jax.bench`)")
     mesh = wmesh.make_mesh(fsdp=devices, devices=jax.devices()[:devices])
     rules = wmesh.active_rules()
-    model = _abstract_model(suite, mode, options, scan)
-    attention_impl = resolved_attention(model, suite)
-    shardings = wmesh.param_shardings(model, mesh, rules, filter=nnx.Variable)
-    wrt = nnx.LoRAParam if mode == "lora" else TRAINABLE_FULL
-    graphdef, params, rest = nnx.split(model, wrt, ...)
-
-    params, rest = with_shardings(params, shardings), with_shardings(rest, shardings)
-    tx = optimizer(mode)
-    opt_abs = jax.eval_shape(tx.init, params)
-    rep = replicated(mesh)
-    param_sh = jax.tree.map(lambda x: x.sharding, params)
-    opt_sh = optax.tree_map_params(tx, lambda _, s: s, opt_abs, param_sh,
-                                   transform_non_params=lambda _: rep,
-                                   is_leaf=lambda x: isinstance(x, jax.sharding.NamedSharding))
-    opt_state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                             opt_abs, opt_sh)
-    rows = batch_sharding(mesh, rules)
+    wl = suite.workload
     global_suite = dataclasses.replace(suite, train_batch=suite.train_batch * devices)
+    config = bench_recipe(global_suite, mode, options)
+    pipe = wl.pipeline(suite)
+    configs = {"transformer": pipe.transformer_config, "vae": pipe.vae_config,
+               "scheduler": pipe.scheduler_config, "text_encoders": []}
+    setup = abstract_setup(config, mesh, rules, options.remat, scan, configs=configs)
+    attention_impl = resolved_attention(_one_layer_model(suite, options, scan), suite)
+    rows = setup.batch_sharding()
     shapes = jax.eval_shape(lambda: {k: jnp.asarray(v) for k, v in
                                      _shape_only_batch(global_suite).items()})
     batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=rows) for k, v in shapes.items()}
-    step = wmesh.mesh_jit(step_fn(graphdef, tx, suite), mesh=mesh, donate_argnums=(0, 1))
+    cond = {k: v for k, v in batch.items() if k not in ("x0", "ids")}
+    step = build(setup).sft_step
     start = time.perf_counter()
-    lowered = step.lower(params, opt_state, rest, batch)
+    lowered = step.lower(setup.state, setup.frozen, batch["x0"], cond, batch["ids"])
     compiled = lowered.compile(compiler_options=suite.compiler_options)
     seconds = time.perf_counter() - start
     m = compiled.memory_analysis()
@@ -90,9 +58,9 @@ def compile_step(suite, mode: str, options, *, devices: int = 8, scan: bool = Tr
             "global_batch": global_suite.train_batch, "remat": options.remat,
             "scan_layers": scan, "attention_impl": attention_impl,
             "compile_seconds": round(seconds, 1),
-            "params_bytes": per_device_bytes(params),
-            "optimizer_bytes": per_device_bytes(opt_state),
-            "frozen_bytes": per_device_bytes(rest),
+            "params_bytes": per_device_bytes(setup.state.params),
+            "optimizer_bytes": per_device_bytes(setup.state.opt_state),
+            "frozen_bytes": per_device_bytes(setup.frozen),
             "argument_bytes": int(m.argument_size_in_bytes),
             "output_bytes": int(m.output_size_in_bytes),
             "alias_bytes": int(m.alias_size_in_bytes),
@@ -102,6 +70,19 @@ def compile_step(suite, mode: str, options, *, devices: int = 8, scan: bool = Tr
                               + m.temp_size_in_bytes - m.alias_size_in_bytes),
             "note": "per device, XLA CPU compile (bf16 work kept in fp32, no flash kernel): "
                     "above a GPU's"}
+
+
+def _one_layer_model(suite, options, scan: bool):
+    """The suite's transformer, abstract (its attention layers say which kernel "auto" runs)."""
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from converters.registry import spec_for
+    wl = suite.workload
+    spec = spec_for(dict(suite.transformer, _class_name=wl.transformer_class))
+    return nnx.eval_shape(lambda: spec.make_model(
+        suite.transformer, dtype=jnp.bfloat16, param_dtype=jnp.float32, rngs=nnx.Rngs(0),
+        attention_impl=options.attention_impl, remat=options.remat, scan_layers=scan))
 
 
 def _shape_only_batch(suite) -> dict:
@@ -117,8 +98,7 @@ def _shape_only_batch(suite) -> dict:
         def standard_normal(shape, dtype=np.float32):
             return np.lib.stride_tricks.as_strided(np.zeros(1, dtype), shape,
                                                    (0,) * len(shape))
-    return {"x0": np.broadcast_to(np.float32(0), lat), "noise": np.broadcast_to(np.float32(0), lat),
-            "sigmas": np.zeros(b, np.float32), "timesteps": np.zeros(b, np.float32),
+    return {"x0": np.broadcast_to(np.float32(0), lat), "ids": np.zeros(b, np.int32),
             **wl.text_inputs(suite, b, _Zeros())}
 
 

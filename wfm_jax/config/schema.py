@@ -313,7 +313,7 @@ def check_conditional_frames(config) -> None:
     if hi == 0:
         return
     # every trainer reads the frames from the dataset's videos (SFT's clips; the RL algorithms'
-    # data items, train_policy.dataset, as DDRL's data term: rl_data.media_records)
+    # data items, train_policy.dataset, as DDRL's data term: data.records.media_records)
     cls = family_named(config.policy.family)
     if not cls.supports_video_condition:
         raise ConfigError(f"config key '{d}.max_num_conditional_frames' = {hi}: the "

@@ -44,3 +44,15 @@ def apply(environ: MutableMapping[str, str] = os.environ) -> None:
     if environ.get("WFM_JAX_XLA_DEFAULTS", "1") == "0":
         return
     environ["XLA_FLAGS"] = with_defaults(environ.get("XLA_FLAGS", ""))
+
+
+def virtual_devices(n: int) -> None:
+    """N simulated CPU devices; must run before jax starts its backend. Set in the environment
+    as well, so worker processes started after it (the bench's isolated workers) get them too."""
+    flag = f"--xla_force_host_platform_device_count={n}"
+    flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
+             if not f.startswith("--xla_force_host_platform_device_count")]
+    os.environ["XLA_FLAGS"] = " ".join(flags + [flag])
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    import jax
+    jax.config.update("jax_platforms", "cpu")

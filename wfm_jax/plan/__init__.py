@@ -1,10 +1,9 @@
 """wfm_jax.plan: a recipe's per-device memory, FLOPs and collectives before any weight is read
-(cli.py: the command; report.py: plan / describe / check_fits; steps.py: the trainers' programs
-compiled abstractly; abstract.py: weightless pipeline and train state; released.py: released
-shapes)."""
+(cli.py: the command; args.py: its arguments; report.py: plan / describe / check_fits, over the
+programs programs.build makes on programs.abstract_setup: what the trainers run)."""
 from wfm_jax.plan.cli import main, parse_args
 from wfm_jax.plan.report import DEVICE_MEMORY, MEMORY_ENV, GiB, check_fits, describe, fit_line, plan
-from wfm_jax.plan.steps import collective_bytes
+from wfm_jax.programs.stats import collective_bytes
 
 __all__ = [
            "DEVICE_MEMORY",

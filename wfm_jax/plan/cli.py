@@ -10,7 +10,7 @@ shardings, optimizer, EMA and LoRA): SFT's train step; for NFT / GRPO / DDRL the
 chunk and the update of the whole batch (the recipe's train_batch_per_replica, mini_batch and
 chunking; --batch-per-device is SFT's). Weights are abstract, of the recipe's model dir's
 config.json files when it is on disk (configs only), else of the family's released pipeline
-(plan/released.py). Prints per-device bytes of the params, optimizer state, EMA, the old-policy
+(programs/released.py). Prints per-device bytes of the params, optimizer state, EMA, the old-policy
 and reference copies RL keeps, the frozen transformer buffers, the text encoders + VAE (in
 --frozen-dtype, default the compute dtype), each program's temporaries and peak (RL: the
 rollout's peak counts the stored batch the update will take); FLOPs (matmuls of the whole
@@ -22,49 +22,13 @@ before issue 21.
 """
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import sys
 
-from wfm_jax.plan.report import DEVICE_MEMORY
+from wfm_jax.core.xla_flags import virtual_devices
+from wfm_jax.plan.args import parse_args
 
-
-def parse_args(argv):
-    p = argparse.ArgumentParser(prog="python -m wfm_jax.plan", description=__doc__.split("\n")[0])
-    p.add_argument("--config", default="configs/sd35_sft.py")
-    p.add_argument("--devices", type=int, default=8)
-    p.add_argument("--device-kind", choices=sorted(DEVICE_MEMORY), default="h100")
-    p.add_argument("--batch-per-device", type=int, default=4)
-    p.add_argument("--size", type=int, default=None,
-                   help="image side in pixels (default: the recipe's inference_size)")
-    p.add_argument("--frames", type=int, default=None,
-                   help="video families: frames (default: the recipe's train_frames, 4k+1)")
-    p.add_argument("--remat", default=None, help="a policy.remat name (default: the recipe's)")
-    p.add_argument("--no-scan", action="store_true", help="unroll the blocks (no lax.scan)")
-    p.add_argument("--frozen-dtype", default=None,
-                   help="text encoders / VAE weights (default: train.compute_dtype)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="a config override, e.g. policy.parallelism.fsdp=1")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    args, rest = p.parse_known_args(argv)
-    for item in rest:  # --config.a.b=v, as wfm_jax.cli.main takes them
-        if not item.startswith("--config.") or "=" not in item:
-            p.error(f"unrecognized argument {item!r}")
-        args.set.append(item[len("--config."):])
-    return args
-
-
-def virtual_devices(n: int) -> None:
-    """N simulated CPU devices; must run before jax starts its backend. Set in the environment
-    as well, so worker processes started after it (the bench's isolated workers) get them too."""
-    flag = f"--xla_force_host_platform_device_count={n}"
-    flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
-             if not f.startswith("--xla_force_host_platform_device_count")]
-    os.environ["XLA_FLAGS"] = " ".join(flags + [flag])
-    os.environ["JAX_PLATFORMS"] = "cpu"
-    import jax
-    jax.config.update("jax_platforms", "cpu")
+__all__ = ["main", "parse_args", "virtual_devices"]
 
 
 def main(argv=None) -> int:

@@ -5,32 +5,49 @@ from __future__ import annotations
 
 import os
 
-GiB = 2 ** 30
+from wfm_jax.plan.args import DEVICE_MEMORY, GiB, parse_args
 
-# usable memory per device (bytes): H100 SXM 80 GB, H200 141 GB, TPU v5p 95 GiB, v6e 32 GiB
-DEVICE_MEMORY = {"h100": 80e9, "h200": 141e9, "v5p": 95 * GiB, "v6e": 32 * GiB}
 MEMORY_ENV = "WFM_JAX_DEVICE_MEMORY_BYTES"  # per-device limit main checks against (any backend)
 
 
 def plan(args, config=None) -> dict:
-    import jax
-    import jax.numpy as jnp
-
+    """The report of the recipe's programs (programs.build on programs.abstract_setup)."""
     from wfm_jax.config.recipe import load_config
-    from wfm_jax.core import mesh as wmesh
-    from wfm_jax.plan import abstract, steps
-    from wfm_jax.train import setup as setup_lib
+    from wfm_jax.programs import SetupError
 
     if config is None:
         config = load_config(args.config, [tuple(kv.split("=", 1)) for kv in args.set])
+    try:
+        return _plan(args, config)
+    except SetupError as e:  # a layout, shape or model dir the run cannot have: one line
+        raise SystemExit(f"wfm_jax.plan: {e}") from None
+
+
+def _plan(args, config) -> dict:
+    import jax
+    import jax.numpy as jnp
+
+    from wfm_jax.algorithms.base import AlgorithmConfigError
+    from wfm_jax.algorithms.registry import ALGORITHMS, algorithm_named
+    from wfm_jax.core import mesh as wmesh
+    from wfm_jax.programs import abstract, abstract_setup, build
+    from wfm_jax.programs import setup as setup_lib
+    from wfm_jax.programs.build import latent_shape
+    from wfm_jax.programs.stats import per_device_bytes
+
     t, d = config.train, config.policy.diffusers
     kind = str(t.train_policy.type)
     rl = kind != "sft"
+    algo_cls = algo_config = None
     if rl:
-        from wfm_jax.train.rl_setup import ALGORITHMS
-        if kind not in ALGORITHMS:
-            raise SystemExit(f"wfm_jax.plan: train.train_policy.type={kind!r} has no trainer; "
-                             f"planned: sft, {', '.join(sorted(ALGORITHMS))}")
+        try:
+            algo_cls = algorithm_named(kind)
+            algo_config = algo_cls.Config.from_recipe(config)
+        except AlgorithmConfigError as e:
+            if kind not in ALGORITHMS:
+                raise SystemExit(f"wfm_jax.plan: train.train_policy.type={kind!r} has no "
+                                 f"trainer; planned: sft, {', '.join(sorted(ALGORITHMS))}") from None
+            raise SystemExit(f"wfm_jax.plan: {e}") from None
     family = str(config.policy.family)
     remat = args.remat or config.policy.remat
     scan = bool(config.policy.scan_layers) and not args.no_scan
@@ -46,12 +63,13 @@ def plan(args, config=None) -> dict:
     size = (args.size, args.size) if args.size else tuple(int(v) for v in d.inference_size)
     frames = args.frames or int(d.train_frames)
     configs, _ = abstract.pipeline_configs(config)  # bad sizes / frames: before any tracing
-    steps.latent_shape(abstract.family_shell(config, configs, None), 1, size, frames)
+    latent_shape(abstract.family_shell(config, configs, None), 1, size, frames)
+    aux_fn = algo_cls.aux_fn(algo_config, bool(config.policy.lora.enable)) if rl else None
     try:
-        setup, configs, source = abstract.abstract_setup(
-            config, mesh, rules, remat, scan, aux_fn=steps.rl_aux_fn(config) if rl else None)
+        setup = abstract_setup(config, mesh, rules, remat, scan, aux_fn=aux_fn)
     except ValueError as e:  # a weight the mesh cannot split (mesh.param_shardings says which)
         raise SystemExit(f"wfm_jax.plan: on mesh {dict(mesh.shape)}: {e}") from e
+    configs, source = setup.configs, setup.source
     state = setup.state
     frozen_dtype = setup_lib.DTYPES[args.frozen_dtype or t.compute_dtype]
     aux = state.aux or {}
@@ -63,14 +81,14 @@ def plan(args, config=None) -> dict:
         "size": size[0] if size[0] == size[1] else list(size),
         "frames": frames if setup.pipe.is_video else None, "remat": remat, "scan_layers": scan,
         "lora": bool(config.policy.lora.enable), "frozen_dtype": jnp.dtype(frozen_dtype).name,
-        "params_bytes": abstract.per_device_bytes(state.params),
-        "optimizer_bytes": abstract.per_device_bytes(state.opt_state),
-        "ema_bytes": abstract.per_device_bytes(state.ema) if state.ema is not None else 0,
+        "params_bytes": per_device_bytes(state.params),
+        "optimizer_bytes": per_device_bytes(state.opt_state),
+        "ema_bytes": per_device_bytes(state.ema) if state.ema is not None else 0,
         # copies the RL algorithm keeps in the state (NFT's old policy, the KL reference)
-        "old_bytes": abstract.per_device_bytes(aux.get("old")),
-        "ref_bytes": abstract.per_device_bytes(aux.get("ref")),
-        "train_state_bytes": abstract.per_device_bytes(state),
-        "transformer_frozen_bytes": abstract.per_device_bytes(setup.frozen),
+        "old_bytes": per_device_bytes(aux.get("old")),
+        "ref_bytes": per_device_bytes(aux.get("ref")),
+        "train_state_bytes": per_device_bytes(state),
+        "transformer_frozen_bytes": per_device_bytes(setup.frozen),
         "encoders_vae_bytes": abstract.frozen_component_bytes(
             configs["text_encoders"] + [configs["vae"]], mesh, rules, frozen_dtype),
     }
@@ -80,15 +98,29 @@ def plan(args, config=None) -> dict:
         context = mesh.shape["context"]
         out["batch_per_device"] = args.batch_per_device
         out["global_batch"] = batch = args.batch_per_device * mesh.devices.size // context
-        step = steps.sft_program(setup, batch, size, frames)
-        programs = {"step": step}
+        programs = build(setup, batch=batch, size=size, frames=frames)
+        step = dict(programs.sft_step.stats())
+        step["batch_bytes"] = per_device_bytes(programs.abstract_args("sft_step")[2:])
+        compiled = {"step": step}
         # donated state: the step's outputs reuse its arguments (alias), temp comes on top
         step["peak_bytes"] = (resident + step["temp_bytes"] + step["output_bytes"]
                               - step["alias_bytes"])
     else:
-        rollout, update, layout = steps.rl_programs(setup, size, frames)
-        out.update(layout)
-        programs = {"rollout": rollout, "update": update}
+        programs = build(setup, algo_cls(algo_config, setup.pipe.shell()), size=size,
+                         frames=frames)
+        layout = programs.layout
+        rollout_args, update_args = (programs.abstract_args("rollout"),
+                                     programs.abstract_args("update"))
+        rollout, update = dict(programs.rollout.stats()), dict(programs.update.stats())
+        update["batch_bytes"] = per_device_bytes(update_args[2])  # the whole batch's fields
+        rollout["vae_bytes"] = per_device_bytes(rollout_args[2])
+        rollout["chunk_bytes"] = per_device_bytes((rollout_args[3], rollout_args[4],
+                                                   rollout_args[6]))  # this chunk's rows
+        out.update({"global_batch": int(t.train_batch_per_replica),
+                    "rollout_chunk": layout.rollout_chunk, "micro_batches": layout.micro_batches,
+                    "optimize_chunks": layout.optimize_chunks,
+                    "mu_iterations": layout.mu_iterations})
+        compiled = {"rollout": rollout, "update": update}
         stored = update["batch_bytes"]  # the whole batch's rollout fields, kept for the update
         update["peak_bytes"] = (resident + stored + update["temp_bytes"]
                                 + update["output_bytes"] - update["alias_bytes"])
@@ -97,16 +129,16 @@ def plan(args, config=None) -> dict:
         rollout["peak_bytes"] = (resident + stored + rollout["chunk_bytes"] + rollout["temp_bytes"]
                                  + rollout["output_bytes"] - rollout["alias_bytes"])
         step = update
-    out["programs"] = programs
+    out["programs"] = compiled
     # the train step's figures at the top level (RL: the update), as SFT always had them
     for k in ("argument", "temp", "output", "alias"):
         out[f"step_{k}_bytes"] = step[f"{k}_bytes"]
-    out["compile_seconds"] = round(sum(p["compile_seconds"] for p in programs.values()), 1)
+    out["compile_seconds"] = round(sum(p["compile_seconds"] for p in compiled.values()), 1)
     out["flops_per_step"] = step["flops"]
     out["xla_flops_per_device"] = step["xla_flops_per_device"]
     out["collective_bytes"] = step["collective_bytes"]
-    out["peak_program"] = max(programs, key=lambda k: programs[k]["peak_bytes"])
-    out["total_bytes"] = programs[out["peak_program"]]["peak_bytes"]
+    out["peak_program"] = max(compiled, key=lambda k: compiled[k]["peak_bytes"])
+    out["total_bytes"] = compiled[out["peak_program"]]["peak_bytes"]
     out["fits"] = out["total_bytes"] <= out["device_memory_bytes"]
     return out
 
@@ -158,13 +190,12 @@ def fit_line(r: dict) -> str:
 
 def check_fits(config) -> dict | None:
     """main's check before any weight is read: plan the recipe's programs on this run's devices
-    and raise train.setup.SetupError (one line, the numbers) when the peak exceeds a device's
+    and raise programs.SetupError (one line, the numbers) when the peak exceeds a device's
     memory. Runs on accelerators (the limit: $WFM_JAX_DEVICE_MEMORY_BYTES, else the device's
     own bytes_limit) and wherever $WFM_JAX_DEVICE_MEMORY_BYTES is set (CPU included)."""
     import jax
 
-    from wfm_jax.plan.cli import parse_args
-    from wfm_jax.train.setup import SetupError
+    from wfm_jax.programs import SetupError
     limit = os.environ.get(MEMORY_ENV)
     if limit is None:
         if jax.default_backend() == "cpu":

@@ -1,4 +1,5 @@
-"""EMA shadow of trained parameters and the old-policy soft update, as pure pytree functions.
+"""EMA shadow of trained parameters and the old-policy soft update (algorithms.decay), as pure
+pytree functions.
 
 The EMA rule (cosmos-rl / flow_grpo `EMAModuleWrapper`, originally LitEma's warm-up):
 
@@ -21,6 +22,8 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+
+from wfm_jax.algorithms.decay import soft_update  # noqa: F401 -- the old-policy blend lives with NFT's decay
 
 
 def ema_init(params: Any) -> Any:
@@ -57,15 +60,3 @@ def ema_update(ema: Any, params: Any, step, decay: float, interval, when=True) -
                           ).astype(a.dtype), e, p)
 
     return jax.lax.cond(do, blend, lambda e, p: e, ema, params)
-
-
-def soft_update(old: Any, new: Any, eta) -> Any:
-    """Old-policy soft update: eta * old + (1 - eta) * new, leafwise (eta may be traced).
-
-    eta 0 copies `new`; eta 1 keeps `old`. The eta schedule (DiffusionNFT decay types) lives
-    with the algorithm, not here.
-    """
-    eta = jnp.asarray(eta, jnp.float32)
-    return jax.tree.map(
-        lambda o, n: (eta * o.astype(jnp.float32) + (1.0 - eta) * n.astype(jnp.float32)
-                      ).astype(o.dtype), old, new)

@@ -1,6 +1,8 @@
-"""Sampling a loaded pipeline of any family: prompt encoding, the sampler schedule and the
-whole text-to-image / text-to-video (and video2world) generation, as one function the CLI, the
-shapes world's scoring and the tests call."""
+"""Sampling: `sample_program(setup)`, the trained model's sampler as a program over a Setup (RL
+validation runs it, the planner can lower it), and for a loaded pipeline of any family the
+prompt encoding, the sampler schedule and the whole text-to-image / text-to-video (and
+video2world) generation, as one function the CLI, the shapes world's scoring and the tests
+call."""
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -12,6 +14,7 @@ from flax import nnx
 
 from wfm_jax.core.mesh import mesh_jit, mesh_of
 from wfm_jax.programs.encode import TextEncoder
+from wfm_jax.programs.setup import Setup, make_velocity
 from wfm_jax.sampling.dpm_solver import dpm_solver_flow_schedule
 from wfm_jax.sampling.samplers import sample
 from wfm_jax.sampling.schedule import flow_sigmas, unipc_flow_schedule
@@ -96,3 +99,31 @@ def video_condition(pipe, family, vae_def, vae_state, video, num_conditional_fra
         lambda s, v, x: family.condition_from_video(nnx.merge(vae_def, s), v,
                                                     num_conditional_frames, x))
     return run(vae_state, jnp.asarray(video), latents)
+
+
+def sample_program(setup: Setup):
+    """jit((state, frozen, vae_state, latents, cond, uncond) -> (latents, pixels in [0, 1])):
+    the family's deterministic sampler (as its diffusers pipeline samples: SD3 Euler; Wan and
+    Cosmos UniPC; SANA DPM-Solver++, on the family's own noise range) with
+    policy.diffusers.sample.eval_num_steps steps and guidance_scale, on the evaluation weights
+    (the EMA when kept). uncond None: no CFG."""
+    cfg = setup.config.policy.diffusers.sample
+    family, graphdef = setup.pipe.shell(), setup.graphdef
+    vae_def = nnx.graphdef(setup.pipe.vae)
+    method = setup.pipe.default_solver
+    sigmas, timesteps = setup.pipe.flow_schedule(int(cfg.eval_num_steps), method)
+    sigmas = jnp.asarray(sigmas, jnp.float32)
+    guidance = float(cfg.guidance_scale)
+    rows = setup.batch_sharding()
+
+    @mesh_jit(mesh=setup.mesh, rules=setup.rules, out_shardings=(rows, rows))
+    def evaluate(state, frozen, vae_state, latents, cond, uncond):
+        params = state.params if state.ema is None else state.ema
+        velocity = make_velocity(graphdef, frozen, family)
+        out = sample(lambda x, t, c: velocity(params, x, t, c), latents, sigmas,
+                     method=method, cond=cond, uncond=uncond, cfg_scale=guidance,
+                     timesteps=timesteps, guide=family.guide)
+        # the latents too: rewards of media_type "latent" score them
+        return out.latents, family.decode_with(nnx.merge(vae_def, vae_state), out.latents)
+
+    return evaluate

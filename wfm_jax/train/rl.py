@@ -7,8 +7,9 @@ while images are fetched and rewards computed; then
 advantages over the whole global batch, the algorithm's update (per inner epoch one optimizer
 step, or one per chunk of batch_size_per_optimize rows in a fresh order; gradients accumulated
 over micro-batches), the algorithm's post-update (e.g. NFT's old-policy soft
-update), EMA, metrics, checkpoint, validation. The algorithms differ only in their objects in
-rl_nft.py, rl_grpo.py, rl_ddrl.py: sampler, stored rollout fields and loss.
+update), EMA, metrics, checkpoint, validation. The algorithms differ only in their
+RLAlgorithm objects (algorithms/{nft,grpo,ddrl}/algorithm.py): sampler, stored rollout fields and
+loss; their programs come from programs.build.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from reward_client.protocol import prompt_extras
-from wfm_jax.algorithms.advantages import clip_advantages, group_advantages, zero_std_ratio
+from wfm_jax.algorithms.advantages import clip_advantages, zero_std_ratio
 from wfm_jax.train import preempt, rl_setup
 from wfm_jax.train.image_grid import to_uint8
 from wfm_jax.train.metrics import Timers, check_finite
@@ -69,7 +70,7 @@ def rollout_batch(run, state, batch: dict, key, timers: Timers, after_dispatch=N
         cond = {**cond, **inputs.pop("cond", {})}
         fields, pixels = run.rollout(state, latents, cond, k_alg, inputs)  # pixels: uint8 already
         media = run.algo.final_latents(fields) if run.rewards.media_type == "latent" else pixels
-        if hasattr(media, "copy_to_host_async"):
+        if isinstance(media, jax.Array):
             media.copy_to_host_async()  # the transfer starts when the chunk is done
         if after_dispatch is not None:
             after_dispatch()
@@ -112,11 +113,9 @@ def advantages_for(run, rollout: dict, batch: dict) -> tuple[np.ndarray, dict]:
     keep = gather_host(rollout["keep"])
     groups = gather_host(np.asarray(batch["group"]))
     adv = np.zeros_like(rewards, dtype=np.float32)
-    custom = getattr(run.algo, "advantages", None)  # e.g. DDRL's exp-mapped advantages
-    if keep.any():
-        adv[keep] = (custom(rewards[keep], groups[keep]) if custom is not None else
-                     group_advantages(rewards[keep], groups[keep], global_std=run.global_std,
-                                      ddof=run.std_ddof))
+    if keep.any():  # the algorithm's (default group-normalised; DDRL's exp-mapped)
+        adv[keep] = run.algo.advantages(rewards[keep], groups[keep], global_std=run.global_std,
+                                        ddof=run.std_ddof)
     low, high = run.adv_range
     adv = clip_advantages(adv, high, low)  # the one clip, both bounds, every algorithm
     lo = jax.process_index() * len(rollout["reward"])

@@ -26,28 +26,40 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import optax
 from flax import nnx
 from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
 
 from wfm_jax.core import mesh as wmesh
 from wfm_jax.core.console import say
 from wfm_jax.families import base as family_lib
 from wfm_jax.families.base import PipelineError, PipelineFamily
 from wfm_jax.models import lora as lora_lib
-from wfm_jax.models.layers.embeddings import Buffer
-from wfm_jax.programs.optim import make_lr_schedule, make_optimizer, optimizer_updates
+
+# the pure pieces live with the programs (the planner builds an abstract setup from them); the
+# trainer's callers keep reading them here
+from wfm_jax.programs.setup import (  # noqa: F401
+    DTYPES,
+    SetupError,
+    batch_sharding,
+    ema_active,
+    ensure_tiny_assets,
+    global_batch,
+    make_tx,
+    merge,
+    replicated,
+    rl_optimize_chunks,
+    schedule_total_steps,
+    split_model,
+    state_init,
+    state_shardings,
+    trainable_filter,
+    with_shardings,
+)
 from wfm_jax.programs.state import TrainState
 from wfm_jax.train.checkpoint import Checkpointer, Restored
 
-DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 MODEL_FLAG = "--config.policy.model_name_or_path"
-
-
-class SetupError(RuntimeError):
-    """A run that cannot start (missing model dir, bad mesh, checkpoints in the way); one line."""
 
 
 # ----------------------------------------------------------------------------- pieces
@@ -67,41 +79,6 @@ def build_mesh(config) -> jax.sharding.Mesh:
         return wmesh.make_mesh(config.policy.parallelism)
     except ValueError as e:
         raise SetupError(f"policy.parallelism: {e}") from e
-
-
-def _primary_builds(path: str, build, what: str) -> None:
-    """Process 0 builds `path` if it is missing (saying so: it is random, not a trained model
-    or real data); every process waits until it exists."""
-    if jax.process_index() == 0 and not os.path.isdir(path):
-        say(f"building {what} at {os.path.abspath(path)} (it does not exist yet)")
-        build(path)
-    if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
-        multihost_utils.sync_global_devices(f"build {path}")
-
-
-def ensure_tiny_assets(config) -> None:
-    """policy.build_tiny / train.train_policy.dataset.build_tiny: generate the tiny random
-    pipeline / shapes dataset at their configured paths when absent (embedded recipes)."""
-    path = config.policy.model_name_or_path
-    if config.policy.build_tiny and path:
-        from wfm_jax.families.tiny import build_tiny_pipeline
-        family = config.policy.family
-        name = family_lib.family_named(family).display_name or family
-        _primary_builds(path, lambda p: build_tiny_pipeline(p, seed=0, family=family),
-                        f"the tiny random {name} pipeline (policy.build_tiny)")
-    if config.policy.build_tiny_pretrained and path and not os.path.isdir(path):
-        # the build trains with this package's SFT loop, so the CLI runs it before training
-        # (wfm_jax.cli.main.build_pretrained); a caller of the loops builds it the same way
-        raise SetupError(f"the pretrained shapes pipeline {path} is not built: "
-                         f"python -m wfm_jax.tiny --pretrained {path}")
-    dataset = config.train.train_policy.dataset
-    if dataset.build_tiny and dataset.local_dir:
-        from wfm_jax.worlds.shapes.dataset import ensure_shapes_dataset
-        # video recipes: clips of the moving shapes, as many frames as a training window
-        frames = config.policy.diffusers.train_frames if config.policy.diffusers.is_video else 0
-        _primary_builds(dataset.local_dir, lambda p: ensure_shapes_dataset(p, frames=frames),
-                        "the tiny shapes dataset (train.train_policy.dataset.build_tiny)")
 
 
 def check_model_dir(config) -> str:
@@ -208,99 +185,6 @@ def add_lora_from_config(model: nnx.Module, config, mesh, rules=None) -> list[st
     return paths
 
 
-def trainable_filter(lora: bool):
-    """LoRA params only, or every Param except persistent buffers (full fine-tune)."""
-    return nnx.LoRAParam if lora else nnx.All(nnx.Param, nnx.Not(Buffer))
-
-
-def split_model(model: nnx.Module, lora: bool):
-    """(graphdef, trainable, frozen) with `trainable_filter(lora)` selecting the trained part."""
-    return nnx.split(model, trainable_filter(lora), ...)
-
-
-def merge(graphdef, trainable, frozen) -> nnx.Module:
-    return nnx.merge(graphdef, trainable, frozen)
-
-
-def schedule_total_steps(config) -> int | None:
-    """The cosine schedule's length: the optimizer updates the whole run applies (None for a
-    constant rate). An SFT loop step is one update (grad_accum_steps micro-steps); an RL loop
-    step calls the optimizer once per chunk of batch_size_per_optimize rows (one chunk when
-    unset) in each inner epoch (mu_iterations), and with grad_accum_steps > 1 every call is a
-    micro-step of an accumulation window."""
-    t = config.train
-    if t.lr_schedule != "cosine":
-        return None
-    accum = int(t.grad_accum_steps)
-    calls = accum if t.train_policy.type == "sft" else (
-        int(t.train_policy.mu_iterations) * rl_optimize_chunks(config))
-    return optimizer_updates(int(t.max_steps), calls, accum)
-
-
-def rl_optimize_chunks(config) -> int:
-    """Optimizer updates per RL inner epoch: the global batch over batch_size_per_optimize."""
-    per_optimize = config.train.train_policy.batch_size_per_optimize
-    if per_optimize is None:
-        return 1
-    return max(1, int(config.train.train_batch_per_replica) // int(per_optimize))
-
-
-def make_tx(config) -> tuple[optax.GradientTransformation, Callable]:
-    """(optimizer, lr schedule over the update count) from train.optm_*."""
-    t = config.train
-    total = schedule_total_steps(config)
-    if total is not None and total <= t.optm_warmup_steps:
-        raise SetupError(f"train.lr_schedule='cosine': train.optm_warmup_steps="
-                         f"{t.optm_warmup_steps} leaves nothing of the run's {total} optimizer "
-                         f"updates (train.max_steps x inner epochs x updates per epoch / "
-                         f"train.grad_accum_steps)")
-    kw = dict(warmup_steps=t.optm_warmup_steps, schedule=t.lr_schedule, total_steps=total)
-    tx = make_optimizer(t.optm_lr, weight_decay=t.optm_weight_decay, betas=tuple(t.optm_betas),
-                        eps=t.optm_eps, grad_norm_clip=t.optm_grad_norm_clip,
-                        grad_accum_steps=t.grad_accum_steps, **kw)
-    return tx, make_lr_schedule(t.optm_lr, **kw)
-
-
-def ema_active(config) -> bool:
-    """EMA is kept (and exported) when enabled with an update interval > 0 (0 = off)."""
-    return bool(config.train.ema_enable) and int(config.train.ema_update_step_interval) > 0
-
-
-def replicated(mesh) -> NamedSharding:
-    return NamedSharding(mesh, P())
-
-
-def batch_sharding(mesh, rules=None) -> NamedSharding:
-    """Leading (batch) axis split over the mesh axes act_batch maps to (data x fsdp)."""
-    return NamedSharding(mesh, wmesh.logical_to_spec(("act_batch",), rules))
-
-
-def global_batch(tree: Any, mesh, rules=None) -> Any:
-    """This process's rows (numpy) -> global arrays split over the batch axes of the mesh."""
-    sharding = batch_sharding(mesh, rules)
-    return jax.tree.map(lambda x: jax.make_array_from_process_local_data(sharding, x), tree)
-
-
-def state_shardings(abstract: TrainState, param_shardings: Any, mesh, tx) -> TrainState:
-    """Shardings of every TrainState leaf: params / EMA / param-shaped optimizer leaves and
-    param-shaped aux entries like the params, everything else replicated."""
-    rep = replicated(mesh)
-    opt = optax.tree_map_params(tx, lambda _, s: s, abstract.opt_state, param_shardings,
-                                transform_non_params=lambda _: rep,
-                                is_leaf=lambda x: isinstance(x, NamedSharding))
-    params_def = jax.tree.structure(abstract.params)
-    aux = {k: (param_shardings if jax.tree.structure(v) == params_def
-               else jax.tree.map(lambda _: rep, v)) for k, v in abstract.aux.items()}
-    return abstract.replace(step=rep, params=param_shardings, opt_state=opt,
-                            ema=None if abstract.ema is None else param_shardings,
-                            rng=rep, aux=aux)
-
-
-def with_shardings(abstract: Any, shardings: Any) -> Any:
-    return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                        abstract, shardings)
-
-
 # ----------------------------------------------------------------------------- the whole setup
 
 @dataclasses.dataclass
@@ -338,6 +222,9 @@ class TrainSetup:
     def global_batch(self, tree: Any) -> Any:
         return global_batch(tree, self.mesh, self.rules)
 
+    def vae_state(self):
+        return nnx.state(self.pipe.vae)
+
     def save(self, step: int, data_state: dict | None = None, extra: dict | None = None,
              force: bool = False) -> bool:
         """Checkpoint `self.state` at `step` if due (train.ckpt.save_freq) or forced."""
@@ -372,11 +259,7 @@ def build(config, *, aux_fn: Callable[[Any], dict] | None = None, pipe: Pipeline
     graphdef, trainable, frozen = split_model(pipe.transformer, use_lora)
     param_shardings = jax.tree.map(lambda x: x.sharding, trainable)
     tx, schedule = make_tx(config)
-
-    def init(params, rng):
-        aux = aux_fn(params) if aux_fn is not None else {}
-        aux = jax.tree.map(lambda x: jnp.array(x, copy=True), aux)
-        return TrainState.create(params, tx, rng, ema=ema_active(config), aux=aux)
+    init = state_init(config, tx, aux_fn)
 
     rng = place(jax.random.key(config.train.seed), replicated(mesh))
     abstract = jax.eval_shape(init, trainable, rng)

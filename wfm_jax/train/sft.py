@@ -2,11 +2,8 @@
 
 One optimizer step = train.grad_accum_steps micro-steps; each micro-step takes one global batch
 (train.train_batch_per_replica images or clips over all processes), encodes prompts and pixels
-in their own gradient-free jits, and runs one jitted train step (donated state, explicit shardings):
-
-    t ~ policy.diffusers.weighting_scheme through the family's training table
-        (family.train_sigma_table: the scheduler shift; Cosmos: its own range, see there)
-    x_t = (1 - sigma) x0 + sigma eps;  loss = mean w(sigma) ||v(x_t, 1000 sigma) - (eps - x0)||^2
+in their own gradient-free jits, and runs the run's SFT step (programs.build(setup).sft_step:
+programs/sft.py; donated state, explicit shardings).
 
 Logs train/loss (= train/loss_avg), train/learning_rate, optimizer/grad_norm,
 train/iteration_time to metrics.jsonl / console / wandb; checkpoints every train.ckpt.save_freq
@@ -21,106 +18,19 @@ import time
 from collections.abc import Callable
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from wfm_jax.algorithms import sft as sft_loss
-from wfm_jax.core.mesh import check_batch, mesh_jit
+from wfm_jax.core.mesh import check_batch
 from wfm_jax.data import sft_loader_from_config
 from wfm_jax.data.errors import DataError
-from wfm_jax.programs.encode import TextEncoder, VisualEncoder, local_sample_ids, per_sample_normal
-from wfm_jax.programs.state import train_state_update
+from wfm_jax.programs import build
+from wfm_jax.programs.encode import TextEncoder, VisualEncoder, local_sample_ids
+from wfm_jax.programs.sft import KEY_VAE
 from wfm_jax.train import preempt
 from wfm_jax.train import setup as setup_lib
 from wfm_jax.train.encode_cache import EncodeCache
 from wfm_jax.train.export import export_step
 from wfm_jax.train.metrics import MetricsLogger, check_finite
-
-F32 = jnp.float32
-_KEY_VAE, _KEY_T, _KEY_NOISE, _KEY_COND = 1, 2, 3, 4  # fold_in tags of one micro-step's key
-
-
-def sample_timesteps(key, ids, table_t, table_s, scheme: str, **density):
-    """Per-sample (timesteps, sigmas) from the shifted table, row i from fold_in(key, ids[i])."""
-    def one(i):
-        _, t, s = sft_loss.sample_training_timesteps(jax.random.fold_in(key, i), 1, table_t,
-                                                     table_s, scheme, **density)
-        return t[0], s[0]
-    return jax.vmap(one)(ids)
-
-
-def _step_key(setup, loss_args: tuple) -> tuple:
-    """Everything the compiled step depends on, hashable: equal keys give equal programs."""
-    t = setup.config.train
-    optim = (t.optm_lr, t.optm_weight_decay, tuple(t.optm_betas), t.optm_eps,
-             t.optm_grad_norm_clip, t.optm_warmup_steps, t.lr_schedule,
-             setup_lib.schedule_total_steps(setup.config), t.grad_accum_steps,
-             t.ema_enable, t.ema_decay, t.ema_update_step_interval)
-    state_leaves, state_def = jax.tree.flatten(setup.shardings)
-    frozen_leaves, frozen_def = jax.tree.flatten(_shardings_of(setup.frozen))
-    return (setup.graphdef, setup.pipe.static_key(), optim, loss_args, tuple(state_leaves),
-            state_def, tuple(frozen_leaves), frozen_def, setup.batch_sharding())
-
-
-def _shardings_of(tree):
-    return jax.tree.map(lambda x: x.sharding, tree)
-
-
-_STEPS: dict = {}  # step key -> jitted step: a resumed run in the same process compiles nothing
-
-
-def make_train_step(setup, shift: float, scheme: str, logit_mean: float, logit_std: float,
-                    mode_scale: float, cond_frames: tuple[int, int] = (0, 0)) -> Callable:
-    """jit((state, frozen, x0, cond, ids) -> (state, {"loss", "grad_norm"})); cond is the
-    family's conditioning dict, x0 its diffusers-layout latents (4-D images, 5-D video).
-    cond_frames (lo, hi), hi > 0: video2world, each clip conditioned on its first n latent
-    frames, n uniform in [lo, hi] per sample (the family's video_condition)."""
-    loss_args = (float(shift), scheme, float(logit_mean), float(logit_std), float(mode_scale),
-                 tuple(int(v) for v in cond_frames))
-    key = _step_key(setup, loss_args)
-    if key not in _STEPS:
-        if len(_STEPS) >= 4:
-            _STEPS.pop(next(iter(_STEPS)))
-        _STEPS[key] = _build_train_step(setup, *loss_args)
-    return _STEPS[key]
-
-
-def _build_train_step(setup, shift, scheme, logit_mean, logit_std, mode_scale,
-                      cond_frames) -> Callable:
-    t_cfg = setup.config.train
-    tx, graphdef, family = setup.tx, setup.graphdef, setup.pipe.shell()
-    table_t, table_s = (jnp.asarray(a) for a in family.train_sigma_table(shift))
-    density = dict(logit_mean=logit_mean, logit_std=logit_std, mode_scale=mode_scale)
-    ema_decay = float(t_cfg.ema_decay)
-    ema_on = setup_lib.ema_active(setup.config)
-    ema_interval = int(t_cfg.ema_update_step_interval) if ema_on else 0
-
-    def step(state, frozen, x0, cond, ids):
-        rng, key = jax.random.split(state.rng)
-        timesteps, sigmas = sample_timesteps(jax.random.fold_in(key, _KEY_T), ids, table_t,
-                                             table_s, scheme, **density)
-        noise = per_sample_normal(jax.random.fold_in(key, _KEY_NOISE), ids, x0.shape[1:])
-        x_t = sft_loss.noisy_latents(x0, noise, sigmas)
-        if cond_frames[1] > 0:  # the conditioned frames' loss is zero: their velocity is exact
-            k_cond = jax.random.fold_in(key, _KEY_COND)
-            counts = jax.vmap(lambda i: jax.random.randint(
-                jax.random.fold_in(k_cond, i), (), cond_frames[0], cond_frames[1] + 1))(ids)
-            cond = {**cond, **family.video_condition(x0, counts)}
-
-        def loss_fn(params):
-            model = setup_lib.merge(graphdef, params, frozen)
-            v = family.velocity_with(model, x_t, timesteps, cond)
-            return sft_loss.flow_matching_loss(v, noise, x0, sigmas, weighting=scheme)
-
-        loss, grads = jax.value_and_grad(loss_fn)(state.params)
-        state, info = train_state_update(state, grads, tx, ema_decay, ema_interval)
-        return state.replace(rng=rng), {"loss": loss, "grad_norm": info["grad_norm"]}
-
-    rep = setup_lib.replicated(setup.mesh)
-    data = setup.batch_sharding()
-    return mesh_jit(step, mesh=setup.mesh, rules=setup.rules, donate_argnums=0,
-                    in_shardings=(setup.shardings, _shardings_of(setup.frozen), data, data, data),
-                    out_shardings=(setup.shardings, {"loss": rep, "grad_norm": rep}))
 
 
 def _check_batch(batch: dict, is_video: bool) -> None:
@@ -162,10 +72,8 @@ class SFTTrainer:
             self.visual = VisualEncoder(pipe, out_sharding=data)
             self.cache = (EncodeCache(s, self.text, self.visual)
                           if config.train.train_policy.cache_encodings else None)
-            self.step_fn = make_train_step(s, pipe.shift, d.weighting_scheme, d.logit_mean,
-                                           d.logit_std, d.mode_scale,
-                                           (d.min_num_conditional_frames,
-                                            d.max_num_conditional_frames))
+            self.programs = build(s)  # the step the planner lowers and the bench times
+            self.step_fn = self.programs.sft_step
         except BaseException:
             self.loader.close()
             if hasattr(self, "setup"):
@@ -194,7 +102,7 @@ class SFTTrainer:
         pixels = np.asarray(batch["pixels"])  # uint8 from the loaders: the encoder maps it
         if pixels.dtype != np.uint8:
             pixels = pixels.astype(np.float32, copy=False)
-        key = jax.random.fold_in(s.state.rng, _KEY_VAE)  # not advanced: the step splits rng
+        key = jax.random.fold_in(s.state.rng, KEY_VAE)  # not advanced: the step splits rng
         if self.cache is not None:
             ids = s.global_batch(ids_host)
             return self.cache.latents(pixels, key, ids), cond, ids

@@ -8,10 +8,9 @@ steps in order, or, with `sde_window_size` > 0 (Flow-GRPO-Fast), the stochastic 
 start is drawn per rollout chunk in `sde_window_range`; outside the window the sampler is Euler.
 
 Update: each trained step is recomputed with the training numerics (CFG with the unconditional
-branch detached unless train_policy.cfg_detach_uncond is False); PPO-clipped ratio + closed-form KL
-to the reference; gradients averaged over the trained steps and the micro-batches (one optimizer
-step per inner epoch, or per chunk of
-train_policy.batch_size_per_optimize rows).
+branch detached unless train_policy.cfg_detach_uncond is False); PPO-clipped ratio + closed-form
+KL to the reference; gradients averaged over the trained steps and the micro-batches (one
+optimizer step per inner epoch, or per chunk of train_policy.batch_size_per_optimize rows).
 
 Exact ratio 1 at the first inner epoch, by construction: there the "old" log-prob IS the
 log-prob just computed in the same forward (under stop_gradient), i.e. the policy that rolled
@@ -22,7 +21,7 @@ sampler's own log-prob differs from it by XLA rounding only (~1e-7) and is repor
 `rollout_log_prob_gap`.
 
 video2world (max_num_conditional_frames > 0): the rollout's cond holds the item's video
-condition (rl_data.ItemMedia) and is stored with the trajectory, so every recomputed step sees
+condition (algorithms.media.ItemMedia) and is stored with the trajectory, so every recomputed step sees
 the same conditional latents, mask and conditional_frame_timestep; the conditioned frames'
 velocity is exact (it does not depend on the weights), so their log-prob terms cancel in the
 ratio; with CFG the negative branch gets the same frames (full_uncond).
@@ -35,22 +34,56 @@ with none contributes a zero gradient to the accumulated mean).
 """
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+import dataclasses
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
 
-from wfm_jax.algorithms.grpo import grpo_loss
+from wfm_jax.algorithms.base import (
+    AlgorithmConfig,
+    RLAlgorithm,
+    RolloutContext,
+    Velocity,
+    as_velocity,
+)
+from wfm_jax.algorithms.grpo.loss import grpo_loss
 from wfm_jax.sampling import steps as S
 from wfm_jax.sampling.guidance import cfg_combine, uses_cfg
 from wfm_jax.sampling.samplers import draw_window_start, sample
 from wfm_jax.sampling.schedule import flow_schedule_of
-from wfm_jax.train.rl_data import ItemMedia, media_records, uses_video_condition
 
 F32 = jnp.float32
-Velocity = Callable[[Any, jax.Array, jax.Array, Any], jax.Array]
 SOLVERS = {"flow": "sde", "sde": "sde", "cps": "cps", "dance": "dance"}
+
+
+@dataclasses.dataclass(frozen=True)
+class GRPOConfig(AlgorithmConfig):
+    """Flow-GRPO (cosmos-rl's / flow_grpo's defaults): SDE rollouts of num_steps (or CPS /
+    Dance) at noise_level with CFG guidance_scale; the first int(num_steps *
+    timesteps_fraction) steps trained, or a window of window_size steps starting in
+    window_range (Flow-GRPO-Fast); PPO clip_range."""
+    solver: str = "sde"
+    num_steps: int = 10
+    timesteps_fraction: float = 0.99
+    noise_level: float = 0.7
+    guidance_scale: float = 1.0
+    window_size: int = 0
+    window_range: tuple[int, int] = (0, 10)
+    clip_range: float = 1e-4
+    cfg_detach_uncond: bool = True
+    filter_zero_advantage: bool = False
+
+    @classmethod
+    def from_recipe(cls, config) -> GRPOConfig:
+        s, tp = config.policy.diffusers.sample, config.train.train_policy
+        return cls(**cls.common(config), solver=str(s.solver), num_steps=int(s.num_steps),
+                   timesteps_fraction=float(tp.timesteps_fraction),
+                   noise_level=float(s.noise_level), guidance_scale=float(s.guidance_scale),
+                   window_size=int(s.sde_window_size),
+                   window_range=(int(s.sde_window_range[0]), int(s.sde_window_range[1])),
+                   clip_range=float(tp.clip_range), cfg_detach_uncond=bool(tp.cfg_detach_uncond),
+                   filter_zero_advantage=bool(tp.filter_zero_advantage))
 
 
 def step_transition(method: str, x, v, sigma, sigma_next, x_next, noise_level, sigma_for_one):
@@ -73,8 +106,8 @@ def step_transition(method: str, x, v, sigma, sigma_next, x_next, noise_level, s
 
 
 def guide_of(velocity: Velocity):
-    """The model family's CFG form the velocity carries (rl_setup.make_velocity), or None."""
-    return getattr(velocity, "guide", None)
+    """The model family's CFG form the velocity carries (programs.rl.make_velocity), or None."""
+    return as_velocity(velocity).guide
 
 
 def full_uncond(cond, uncond):
@@ -110,67 +143,48 @@ def flow_velocity(velocity: Velocity, params, x, sigma, cond, uncond, guidance: 
     return cfg_velocity(velocity, params, x, timesteps, cond, uncond, guidance, detach_uncond)
 
 
-class GRPO:
+class GRPO(RLAlgorithm[GRPOConfig]):
     """Flow-GRPO on the shared loop: on-policy SDE rollouts with stored trajectories; the update
     keeps per-step "old" log-probs across inner epochs (`keeps_old`)."""
 
-    name = "grpo"
+    name: ClassVar[str] = "grpo"
+    Config: ClassVar[type[GRPOConfig]] = GRPOConfig
     train_fields = ("traj", "sigmas", "log_prob")
-    keeps_old = True
+    keeps_old: ClassVar[bool] = True
 
-    def __init__(self, config, schedule):
+    def __init__(self, config: GRPOConfig, schedule):
         """schedule: the model family (its flow_schedule) or a bare flow shift."""
-        s, tp = config.policy.diffusers.sample, config.train.train_policy
-        self.method = SOLVERS[s.solver]  # config_schema.check_rl_samplers vets solver / window
-        self.num_steps = int(s.num_steps)
+        super().__init__(config, schedule)
+        c = config
+        self.method = SOLVERS[c.solver]  # config.schema.check_rl_samplers vets solver / window
+        self.num_steps = int(c.num_steps)
         self.sigmas = jnp.asarray(flow_schedule_of(schedule, self.num_steps, self.method)[0])
-        self.window = int(s.sde_window_size) or None
+        self.window = int(c.window_size) or None
         if self.window is not None:
-            self.window_range = tuple(int(v) for v in s.sde_window_range)
+            self.window_range = tuple(int(v) for v in c.window_range)
             self.num_train = self.window
         else:
-            self.num_train = max(1, int(self.num_steps * tp.timesteps_fraction))
-        self.noise_level = float(s.noise_level)
-        self.guidance = float(s.guidance_scale)
-        self.clip_range = float(tp.clip_range)
-        self.kl_beta = float(tp.kl_beta)
-        self.adv_clip = float(tp.advantage_high)
-        self.adv_low = float(tp.advantage_low)
-        self.detach_uncond = bool(tp.cfg_detach_uncond)
-        self.filter_zero = bool(tp.filter_zero_advantage)
-        self.media = ItemMedia(config)  # video2world: rollouts on frames of the data's clips
+            self.num_train = max(1, int(self.num_steps * c.timesteps_fraction))
+        self.noise_level = float(c.noise_level)
+        self.guidance = float(c.guidance_scale)
+        self.clip_range = float(c.clip_range)
+        self.kl_beta = float(c.kl_beta)
+        self.adv_clip = float(c.advantage_high)
+        self.adv_low = float(c.advantage_low)
+        self.detach_uncond = bool(c.cfg_detach_uncond)
+        self.filter_zero = bool(c.filter_zero_advantage)
 
-    @staticmethod
-    def init_aux(params) -> dict:
-        return {}
-
-    @staticmethod
-    def records(config) -> tuple[list, list]:
-        """Prompts, or for video2world (max_num_conditional_frames > 0) prompt + video items as
-        DDRL reads them."""
-        if uses_video_condition(config):
-            return media_records(config)
-        from wfm_jax.data.prompts import prompt_splits_from_config
-        return prompt_splits_from_config(config)
-
-    def prepare(self, run) -> dict:
+    def prepare(self, ctx: RolloutContext) -> dict:
         """Once per run: the arrays every rollout and update gets, here the negative-prompt ("")
         embedding for CFG (one rollout chunk / micro-batch of rows); the video encoder."""
-        if self.media.conditions:
-            self.media.prepare(run)
+        super().prepare(ctx)
         if self.guidance <= 1.0:
             return {}
-        return {"uncond": run.encode([""] * run.rollout_chunk, negative=True)}
-
-    def chunk_inputs(self, run, batch: dict, lo: int, hi: int) -> dict:
-        """{"cond": the video condition of rows lo:hi}: it joins the text's cond for the
-        rollout, is stored with it and reaches every recomputed step of the update."""
-        if not self.media.conditions:
-            return {}
-        return self.media.inputs(run, batch, lo, hi, keep_latents=False)
+        return {"uncond": ctx.encode([""] * ctx.rollout_chunk, negative=True)}
 
     # -- rollout --
-    def rollout(self, velocity: Velocity, state, latents, cond, key, uncond=None) -> dict:
+    def rollout(self, velocity: Velocity, state, latents, cond, key, uncond=None,
+                **inputs) -> dict:
         k_window, k_sde = jax.random.split(key)
         start = (draw_window_start(k_window, self.window_range, self.window)
                  if self.window is not None else jnp.int32(0))
@@ -180,6 +194,7 @@ class GRPO:
                      guide=guide_of(velocity), noise_level=self.noise_level,
                      sde_window_start=start if self.window is not None else None,
                      sde_window_size=self.window, return_trajectory=True)
+        assert out.trajectory is not None and out.log_probs is not None  # return_trajectory
         k, b = self.num_train, latents.shape[0]
         traj = jax.lax.dynamic_slice_in_dim(out.trajectory, start, k + 1, axis=0)
         sig = jax.lax.dynamic_slice_in_dim(self.sigmas, start, k + 1)
@@ -223,7 +238,7 @@ class GRPO:
         return loss, (metrics, jax.lax.stop_gradient(lp))
 
     def grads(self, velocity: Velocity, state, ref_params, batch: dict, key, *, old=None,
-              first: bool = True, uncond=None):
+              first: bool = True, uncond=None, **shared):
         """Mean gradient / metrics over the trained steps of one micro-batch, and the (B, K)
         old log-probs (computed here on the first inner epoch, passed through after)."""
         del key
@@ -244,10 +259,3 @@ class GRPO:
         grads = jax.tree.map(lambda g: g * scale, grads)
         metrics = jax.tree.map(lambda m: m * scale, metrics)
         return grads, metrics, (lps.T if first else old)
-
-    # -- after the update --
-    def post_update_decay(self, step: int) -> float:
-        return 0.0
-
-    def post_update(self, state, eta):
-        return state

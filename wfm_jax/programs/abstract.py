@@ -1,19 +1,22 @@
-"""A recipe's pipeline and train state without weights: ShapeDtypeStructs carrying the mesh's
-shardings, built from config.json files (the model dir's when on disk, else the released ones)
-through converters.registry, whatever the family."""
+"""A recipe's pipeline and train state without weights (`abstract_setup`): ShapeDtypeStructs
+carrying the mesh's shardings, built from config.json files (the model dir's when on disk, else
+the released ones) through converters.registry, whatever the family. It satisfies
+programs.setup.Setup, so programs.build compiles on it exactly what the trainer runs."""
 from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 
-from wfm_jax.plan.released import released_configs
+from wfm_jax.programs import setup as setup_lib
+from wfm_jax.programs.released import released_configs
+from wfm_jax.programs.stats import per_device_bytes
 
 
 @dataclasses.dataclass
 class AbstractSetup:
-    """The parts of train.setup.TrainSetup the trainers' jits are built from, abstract."""
+    """A programs.setup.Setup without weights; `configs` / `source`: the pipeline configs it
+    was built from and where they came from (a model dir or "released")."""
     config: object
     mesh: object
     rules: tuple
@@ -24,10 +27,16 @@ class AbstractSetup:
     pipe: object
     state: object = None
     lr_schedule: object = None
+    configs: dict | None = None
+    source: str = ""
 
     def batch_sharding(self):
-        from wfm_jax.train.setup import batch_sharding
-        return batch_sharding(self.mesh, self.rules)
+        return setup_lib.batch_sharding(self.mesh, self.rules)
+
+    def vae_state(self):
+        """The VAE's variables as ShapeDtypeStructs placed on the mesh."""
+        from flax import nnx
+        return placed(self.pipe.vae, self.mesh, self.rules, nnx.Variable)
 
 
 def _read(path: str) -> dict | None:
@@ -58,7 +67,7 @@ def pipeline_configs(config) -> tuple[dict, str]:
                if name.startswith("text_encoder") and index[name] and index[name][0]
                and os.path.isfile(os.path.join(root, name, "config.json"))]}
     if out["transformer"] is None or out["vae"] is None:
-        raise SystemExit(f"wfm_jax.plan: {root} lacks transformer/config.json or vae/config.json")
+        raise setup_lib.SetupError(f"{root} lacks transformer/config.json or vae/config.json")
     return out, root
 
 
@@ -77,15 +86,15 @@ def abstract_transformer(config, t_cfg: dict, remat: str, scan: bool):
 
     from converters.registry import spec_for
     from wfm_jax.models import lora as lora_lib
-    from wfm_jax.train.setup import DTYPES
+    dtypes = setup_lib.DTYPES
     t, lora = config.train, config.policy.lora
     options = dict(attention_impl=config.policy.attention_impl, remat=remat, scan_layers=scan,
                    context_parallel_impl=config.policy.context_parallel_impl)
     spec = spec_for(t_cfg)
 
     def make():
-        model = spec.make_model(t_cfg, dtype=DTYPES[t.compute_dtype],
-                                param_dtype=DTYPES[t.param_dtype], rngs=nnx.Rngs(0), **options)
+        model = spec.make_model(t_cfg, dtype=dtypes[t.compute_dtype],
+                                param_dtype=dtypes[t.param_dtype], rngs=nnx.Rngs(0), **options)
         if lora.enable:
             lora_lib.attach_lora(model, lora.target_modules, lora.r, lora.lora_alpha,
                                  seed=int(t.seed), init=lora.init_lora_weights)
@@ -108,12 +117,6 @@ def family_shell(config, configs: dict, vae):
     if hasattr(cls, "instruction_default"):  # a family's own default prompt prefix
         pipe.instruction = tuple(cls.instruction_default)
     return pipe
-
-
-def per_device_bytes(tree) -> int:
-    import jax
-    return sum(math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize
-               for x in jax.tree.leaves(tree) if hasattr(x, "sharding"))
 
 
 def placed(model, mesh, rules, filter):
@@ -148,32 +151,27 @@ def frozen_component_bytes(configs: list[dict], mesh, rules, dtype) -> int:
     return total
 
 
-def abstract_setup(config, mesh, rules, remat: str, scan: bool, aux_fn=None):
-    """(AbstractSetup with its abstract TrainState, pipeline configs, their source)."""
+def abstract_setup(config, mesh, rules, remat: str | None = None, scan: bool | None = None,
+                   aux_fn=None, configs: dict | None = None) -> AbstractSetup:
+    """The recipe's Setup with its abstract TrainState (aux_fn: the RL algorithm's aux copies,
+    RLAlgorithm.aux_fn); remat / scan override policy.remat / policy.scan_layers; configs:
+    the pipeline's component configs (pipeline_configs' form; default: pipeline_configs)."""
     import jax
     from flax import nnx
-
-    from wfm_jax.programs.state import TrainState
-    from wfm_jax.train import setup as setup_lib
-    configs, source = pipeline_configs(config)
+    remat = config.policy.remat if remat is None else remat
+    scan = bool(config.policy.scan_layers) if scan is None else scan
+    configs, source = pipeline_configs(config) if configs is None else (configs, "given")
     model = abstract_transformer(config, configs["transformer"], remat, scan)
     use_lora = bool(config.policy.lora.enable)
     trainable = placed(model, mesh, rules, setup_lib.trainable_filter(use_lora))
     frozen = placed(model, mesh, rules, nnx.Not(setup_lib.trainable_filter(use_lora)))
     graphdef, _, _ = setup_lib.split_model(model, use_lora)
     tx, schedule = setup_lib.make_tx(config)
-    ema = setup_lib.ema_active(config)
     rng = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=setup_lib.replicated(mesh))
-
-    def init(params, r):
-        aux = aux_fn(params) if aux_fn is not None else {}
-        return TrainState.create(params, tx, r, ema=ema, aux=aux)
-
-    abstract = jax.eval_shape(init, trainable, rng)
+    abstract = jax.eval_shape(setup_lib.state_init(config, tx, aux_fn), trainable, rng)
     param_sh = jax.tree.map(lambda x: x.sharding, trainable)
     state_sh = setup_lib.state_shardings(abstract, param_sh, mesh, tx)
     state = setup_lib.with_shardings(abstract, state_sh)
     vae = abstract_model(configs["vae"], None, setup_lib.DTYPES[config.train.compute_dtype])
-    setup = AbstractSetup(config, mesh, tuple(rules), graphdef, frozen, tx, state_sh,
-                          family_shell(config, configs, vae), state, schedule)
-    return setup, configs, source
+    return AbstractSetup(config, mesh, tuple(rules), graphdef, frozen, tx, state_sh,
+                         family_shell(config, configs, vae), state, schedule, configs, source)

@@ -5,25 +5,48 @@ trainable tree (LoRA or full), so the same function serves the current policy, t
 (a second copy of the trainable tree) and the reference (LoRA zeroed, or the initial weights).
 
 video2world (max_num_conditional_frames > 0): rollouts condition on the first latent frames of
-each item's clip (rl_data.ItemMedia); the stored cond carries them to the loss. There the
+each item's clip (algorithms.media.ItemMedia); the stored cond carries them to the loss. There the
 velocity is exact, so the rollout ends on the condition's latents and x0's prediction equals x0:
 those frames add zero error, and the adaptive (mean err^2 / mean |err|) weight makes the loss
 that of the free frames alone.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+import dataclasses
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
 
-from wfm_jax.algorithms.nft import nft_loss, train_timesteps, trained_step_count
+from wfm_jax.algorithms.base import AlgorithmConfig, RLAlgorithm, Velocity
+from wfm_jax.algorithms.decay import old_policy_decay, soft_update
+from wfm_jax.algorithms.nft.loss import nft_loss, train_timesteps, trained_step_count
 from wfm_jax.sampling.samplers import sample
-from wfm_jax.train.rl_data import ItemMedia, media_records, uses_video_condition
+from wfm_jax.sampling.schedule import flow_schedule_of
 
 F32 = jnp.float32
-Velocity = Callable[[Any, jax.Array, jax.Array, Any], jax.Array]
+# the recipe's NFT solver names: cosmos-rl's "flow", "ddim" and "dpm1" are the Euler step here
+_SOLVER_ALIASES = {"flow": "euler", "ddim": "euler", "dpm1": "euler"}
+
+
+@dataclasses.dataclass(frozen=True)
+class NFTConfig(AlgorithmConfig):
+    """DiffusionNFT (cosmos-rl's defaults): a deterministic rollout of num_steps with `solver`,
+    int(num_steps * timesteps_fraction) trained timesteps, the implicit-policy strength
+    nft_beta, the old policy's decay schedule (algorithms.decay)."""
+    solver: str = "dpm2"
+    num_steps: int = 10
+    timesteps_fraction: float = 0.99
+    nft_beta: float = 1.0
+    decay_type: int = 1
+
+    @classmethod
+    def from_recipe(cls, config) -> NFTConfig:
+        d, tp = config.policy.diffusers, config.train.train_policy
+        return cls(**cls.common(config), solver=str(d.sample.solver),
+                   num_steps=int(d.sample.num_steps),
+                   timesteps_fraction=float(tp.timesteps_fraction), nft_beta=float(d.nft_beta),
+                   decay_type=int(d.weight_copy_decay_type))
 
 
 def nft_rollout(velocity: Velocity, old_params, latents, cond, sigmas, *, solver: str = "dpm2",
@@ -72,82 +95,58 @@ def nft_grads(velocity: Velocity, params, old_params, ref_params, x0, cond, adva
     return jax.tree.map(lambda g: g * scale, grads), jax.tree.map(lambda m: m * scale, metrics)
 
 
-class NFT:
+class NFT(RLAlgorithm[NFTConfig]):
     """DiffusionNFT for the shared RL loop: the "old" policy (state.aux["old"], same tree as the
     trained parameters) collects data CFG-free; the update trains on the stored clean latents;
     after each step the old policy moves toward the current one (decay schedule §3)."""
 
-    name = "nft"
+    name: ClassVar[str] = "nft"
+    Config: ClassVar[type[NFTConfig]] = NFTConfig
     train_fields = ("x0",)
 
-    def __init__(self, config, schedule):
+    def __init__(self, config: NFTConfig, schedule):
         """schedule: the model family (its flow_schedule) or a bare flow shift."""
-        from wfm_jax.sampling.schedule import flow_schedule_of
-        d = config.policy.diffusers
-        tp = config.train.train_policy
-        # config_schema.NFT_SOLVERS: cosmos-rl's "flow", "ddim" and "dpm1" are the Euler step here
-        self.solver = {"flow": "euler", "ddim": "euler", "dpm1": "euler"}.get(d.sample.solver,
-                                                                             d.sample.solver)
-        self.sigmas = jnp.asarray(flow_schedule_of(schedule, d.sample.num_steps)[0])
+        super().__init__(config, schedule)
+        c = config
+        self.solver = _SOLVER_ALIASES.get(c.solver, c.solver)
+        self.sigmas = jnp.asarray(flow_schedule_of(schedule, c.num_steps)[0])
         # the rollout's grid: UniPC (Wan's sampler) and DPM-Solver++ (SANA's) step on their
         # scheduler's sigmas and feed the model diffusers' truncated timesteps; the training
         # timesteps stay the flow grid at 1000 sigma (what every family's velocity_with takes)
         self.rollout_sigmas, self.rollout_timesteps = self.sigmas, None
         if self.solver in ("unipc", "dpm_solver"):
-            sigmas, timesteps = flow_schedule_of(schedule, d.sample.num_steps, self.solver)
+            sigmas, timesteps = flow_schedule_of(schedule, c.num_steps, self.solver)
             self.rollout_sigmas = jnp.asarray(sigmas)
             self.rollout_timesteps = None if timesteps is None else jnp.asarray(timesteps)
-        self.num_train = max(1, trained_step_count(d.sample.num_steps, tp.timesteps_fraction))
-        self.beta = float(d.nft_beta)
-        self.kl_weight = float(tp.kl_beta)
+        self.num_train = max(1, trained_step_count(c.num_steps, c.timesteps_fraction))
+        self.beta = float(c.nft_beta)
+        self.kl_weight = float(c.kl_beta)
         # cosmos-rl: r from A clamped to [advantage_low, advantage_high], divided by advantage_high
-        self.adv_clip = float(tp.advantage_high)
-        self.adv_low = float(tp.advantage_low)
-        self.decay_type = int(d.weight_copy_decay_type)
-        self.media = ItemMedia(config)  # video2world: rollouts on frames of the data's clips
+        self.adv_clip = float(c.advantage_high)
+        self.adv_low = float(c.advantage_low)
+        self.decay_type = int(c.decay_type)
 
-    @staticmethod
-    def init_aux(params) -> dict:
+    @classmethod
+    def init_aux(cls, params) -> dict:
         return {"old": params}  # setup copies it
 
-    # -- video2world (max_num_conditional_frames > 0): prompt + video items, as DDRL reads --
-    @staticmethod
-    def records(config) -> tuple[list, list]:
-        if uses_video_condition(config):
-            return media_records(config)
-        from wfm_jax.data.prompts import prompt_splits_from_config
-        return prompt_splits_from_config(config)
-
-    def prepare(self, run) -> dict:
-        if self.media.conditions:
-            self.media.prepare(run)
-        return {}
-
-    def chunk_inputs(self, run, batch: dict, lo: int, hi: int) -> dict:
-        """{"cond": the video condition of rows lo:hi} (joins the text's cond in the rollout and
-        is stored with it, so the update's loss sees the same), or nothing for text2world."""
-        if not self.media.conditions:
-            return {}
-        return self.media.inputs(run, batch, lo, hi, keep_latents=False)
-
-    def rollout(self, velocity, state, latents, cond, key) -> dict:
+    def rollout(self, velocity: Velocity, state, latents, cond, key, **inputs) -> dict:
         return {"x0": nft_rollout(velocity, state.aux["old"], latents, cond, self.rollout_sigmas,
                                   solver=self.solver, timesteps=self.rollout_timesteps)}
 
     def final_latents(self, fields: dict):
         return fields["x0"]
 
-    def grads(self, velocity, state, ref_params, batch: dict, key):
+    def grads(self, velocity: Velocity, state, ref_params, batch: dict, key, *, old=None,
+              first: bool = True, **shared):
         return nft_grads(velocity, state.params, state.aux["old"], ref_params, batch["x0"],
                          batch["cond"], batch["advantage"], key, sigmas=self.sigmas,
                          num_train=self.num_train, beta=self.beta, kl_weight=self.kl_weight,
                          adv_clip_max=self.adv_clip, adv_clip_min=self.adv_low)
 
     def post_update_decay(self, step: int) -> float:
-        from wfm_jax.algorithms.decay import old_policy_decay
         return old_policy_decay(step, self.decay_type)
 
     def post_update(self, state, eta):
-        from wfm_jax.programs.ema import soft_update
         return state.replace(aux=dict(state.aux, old=soft_update(state.aux["old"], state.params,
                                                                  eta)))

@@ -5,8 +5,8 @@ or WebDataset shards in the paired layout, local or s3://, indexed once: data/we
 each global batch holds groups of `n_generation` rollouts of one data item, and, when
 data_beta > 0, that item's image is VAE-encoded to the clean latent of the data loss.
 video2world (max_num_conditional_frames > 0): each item's first n latent frames condition all
-of its rollouts (rl_data.ItemMedia, shared with NFT and Flow-GRPO); with CFG the negative
-branch is conditioned on the same frames (rl_grpo.full_uncond), as in diffusers' pipeline.
+of its rollouts (algorithms.media.ItemMedia, shared with NFT and Flow-GRPO); with CFG the negative
+branch is conditioned on the same frames (grpo.algorithm.full_uncond), as in diffusers' pipeline.
 
 Rollout (on-policy, current weights): the EDM sampler with churn and the 2ab multistep update
 (method "edm", sigma_max * eps start). Stored per trained step k (`train_on`, -1 entries
@@ -27,23 +27,80 @@ exp_reward; the loop clips them once).
 """
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+import dataclasses
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
 
 from wfm_jax.algorithms.advantages import ddrl_advantages
-from wfm_jax.algorithms.ddrl import ddrl_data_loss, ddrl_loss, draw_data_sigma, edm_noisy, unscaled_log_ratio
-from wfm_jax.config.recipe import ConfigError
+from wfm_jax.algorithms.base import (
+    AlgorithmConfig,
+    AlgorithmConfigError,
+    RLAlgorithm,
+    RolloutContext,
+    Velocity,
+)
+from wfm_jax.algorithms.ddrl.loss import (
+    ddrl_data_loss,
+    ddrl_loss,
+    draw_data_sigma,
+    edm_noisy,
+    unscaled_log_ratio,
+)
+from wfm_jax.algorithms.grpo.algorithm import cfg_velocity, full_uncond, guide_of
 from wfm_jax.sampling import steps as S
 from wfm_jax.sampling.samplers import sample
 from wfm_jax.sampling.schedule import edm_churn_eta, edm_sigmas
-from wfm_jax.train.rl_data import ItemMedia, media_records
-from wfm_jax.train.rl_grpo import cfg_velocity, full_uncond, guide_of
 
 F32 = jnp.float32
-Velocity = Callable[[Any, jax.Array, jax.Array, Any], jax.Array]
+
+
+@dataclasses.dataclass(frozen=True)
+class DDRLConfig(AlgorithmConfig):
+    """DDRL (cosmos-rl's wfm trainer defaults): EDM rollouts of num_steps on the
+    (sigma_min, sigma_max, rho) grid with churn; the trained steps train_on (-1: a random other
+    step); PPO clip_range; the data loss weight data_beta at the rollout's sigma and noise (or
+    a lognormal sigma); the reference copied every update_ref_every_iter steps."""
+    num_steps: int = 10
+    edm_sigma_min: float = 0.01
+    edm_sigma_max: float = 200.0
+    edm_rho: float = 7.0
+    s_churn: float = 1.0
+    s_noise: float = 1.0
+    s_tmin: float = 0.0
+    s_tmax: float = 1e9
+    train_on: tuple[int, ...] = tuple(range(0, 20, 2))
+    guidance_scale: float = 1.0
+    clip_range: float = 1e-4
+    data_beta: float = 0.01
+    loss_scale: float = 10.0
+    use_rl_sigma_and_noise: bool = True
+    data_on_first_only: bool = False
+    exp_reward: bool = False
+    data_sigma_p_mean: float = 1.3862943611198906  # log 4
+    data_sigma_p_std: float = 1.2
+    update_ref_every_iter: int = 16
+
+    @classmethod
+    def from_recipe(cls, config) -> DDRLConfig:
+        """The recipe's DDRL keys; train_on checked against num_steps here (one line naming
+        the key, before any model is loaded)."""
+        s, tp = config.policy.diffusers.sample, config.train.train_policy
+        resolve_train_on(tp.train_on, int(s.num_steps))
+        return cls(**cls.common(config), num_steps=int(s.num_steps),
+                   edm_sigma_min=float(s.edm_sigma_min), edm_sigma_max=float(s.edm_sigma_max),
+                   edm_rho=float(s.edm_rho), s_churn=float(s.s_churn), s_noise=float(s.s_noise),
+                   s_tmin=float(s.s_tmin), s_tmax=float(s.s_tmax),
+                   train_on=tuple(int(i) for i in tp.train_on),
+                   guidance_scale=float(s.guidance_scale), clip_range=float(tp.clip_range),
+                   data_beta=float(tp.data_beta), loss_scale=float(tp.loss_scale),
+                   use_rl_sigma_and_noise=bool(tp.use_rl_sigma_and_noise),
+                   data_on_first_only=bool(tp.data_on_first_only),
+                   exp_reward=bool(tp.exp_reward),
+                   data_sigma_p_mean=float(tp.data_sigma_p_mean),
+                   data_sigma_p_std=float(tp.data_sigma_p_std),
+                   update_ref_every_iter=int(tp.update_ref_every_iter))
 
 
 def resolve_train_on(train_on, num_steps: int) -> tuple[list[int], list[int], int]:
@@ -52,12 +109,12 @@ def resolve_train_on(train_on, num_steps: int) -> tuple[list[int], list[int], in
     explicit = sorted(i for i in entries if i != -1)
     bad = [i for i in explicit if not 0 <= i < num_steps]
     if not entries or bad or len(set(explicit)) != len(explicit):
-        raise ConfigError(f"config key 'train.train_policy.train_on' = {tuple(entries)} must list "
-                          f"distinct step indices in [0, {num_steps}) (sample.num_steps) or -1")
+        raise AlgorithmConfigError(f"config key 'train.train_policy.train_on' = {tuple(entries)} must list "
+                                  f"distinct step indices in [0, {num_steps}) (sample.num_steps) or -1")
     candidates = [i for i in range(num_steps) if i not in explicit]
     n_random = len(entries) - len(explicit)
     if n_random > len(candidates):
-        raise ConfigError(f"config key 'train.train_policy.train_on' asks for {n_random} random "
+        raise AlgorithmConfigError(f"config key 'train.train_policy.train_on' asks for {n_random} random "
                           f"steps but only {len(candidates)} steps are left")
     return explicit, candidates, n_random
 
@@ -78,72 +135,77 @@ def step_mean(x_hat, sigma_hat, sigma_next, x0, x0_prev, sigma_prev_hat, first):
     return jax.vmap(one)(x_hat, sigma_hat, sigma_next, x0, x0_prev, sigma_prev_hat, first)
 
 
-class DDRL:
+class DDRL(RLAlgorithm[DDRLConfig]):
     """DDRL on the shared loop (on-policy EDM rollouts, policy + KL + data loss)."""
 
-    name = "ddrl"
-    keeps_old = True
+    name: ClassVar[str] = "ddrl"
+    Config: ClassVar[type[DDRLConfig]] = DDRLConfig
+    keeps_old: ClassVar[bool] = True
     _STEP_FIELDS = ("x_hat", "x_next", "x0_prev", "sigma_hat", "sigma_next", "sigma_prev_hat",
                     "step")
 
-    def __init__(self, config, schedule):
-        del schedule  # the EDM grid of the recipe's edm_sigma_* keys, not a flow schedule
-        s, tp = config.policy.diffusers.sample, config.train.train_policy
-        self.num_steps = int(s.num_steps)
-        self.sigmas = jnp.asarray(edm_sigmas(self.num_steps, s.edm_sigma_min, s.edm_sigma_max,
-                                             s.edm_rho), F32)
-        self.sigma_max = float(s.edm_sigma_max)
-        self.churn = dict(s_churn=float(s.s_churn), s_noise=float(s.s_noise),
-                          s_tmin=float(s.s_tmin), s_tmax=float(s.s_tmax))
-        self.eta = edm_churn_eta(float(s.s_churn), self.num_steps)
-        self.explicit, self.candidates, self.n_random = resolve_train_on(tp.train_on,
+    def __init__(self, config: DDRLConfig, schedule=None):
+        """schedule: unused (the EDM grid of the edm_sigma_* keys, not a flow schedule)."""
+        super().__init__(config, schedule)
+        c = config
+        self.num_steps = int(c.num_steps)
+        self.sigmas = jnp.asarray(edm_sigmas(self.num_steps, c.edm_sigma_min, c.edm_sigma_max,
+                                             c.edm_rho), F32)
+        self.sigma_max = float(c.edm_sigma_max)
+        self.churn: dict[str, Any] = dict(s_churn=float(c.s_churn), s_noise=float(c.s_noise),
+                          s_tmin=float(c.s_tmin), s_tmax=float(c.s_tmax))
+        self.eta = edm_churn_eta(float(c.s_churn), self.num_steps)
+        self.explicit, self.candidates, self.n_random = resolve_train_on(c.train_on,
                                                                          self.num_steps)
         self.num_train = len(self.explicit) + self.n_random
-        self.guidance = float(s.guidance_scale)
-        self.clip_range = float(tp.clip_range)
-        self.kl_beta = float(tp.kl_beta)
-        self.data_beta = float(tp.data_beta)
-        self.loss_scale = float(tp.loss_scale)
-        self.rl_sigma_and_noise = bool(tp.use_rl_sigma_and_noise)
-        self.data_on_first_only = bool(tp.data_on_first_only)
-        self.exp_reward = bool(tp.exp_reward)
-        self.data_sigma = (float(tp.data_sigma_p_mean), float(tp.data_sigma_p_std))
-        self.update_ref_every = int(tp.update_ref_every_iter)
+        self.guidance = float(c.guidance_scale)
+        self.clip_range = float(c.clip_range)
+        self.kl_beta = float(c.kl_beta)
+        self.data_beta = float(c.data_beta)
+        self.loss_scale = float(c.loss_scale)
+        self.rl_sigma_and_noise = bool(c.use_rl_sigma_and_noise)
+        self.data_on_first_only = bool(c.data_on_first_only)
+        self.exp_reward = bool(c.exp_reward)
+        self.data_sigma = (float(c.data_sigma_p_mean), float(c.data_sigma_p_std))
+        self.update_ref_every = int(c.update_ref_every_iter)
         self.train_fields = self._STEP_FIELDS + (("noise", "data_x0") if self.data_beta else ())
         # the data latents and, for video2world, the first n latent frames of each item's clip
-        self.media = ItemMedia(config)
         self.reads_data = bool(self.data_beta) or self.media.conditions
 
     # -- loop hooks --
-    @staticmethod
-    def init_aux(params) -> dict:
-        return {}
-
-    @staticmethod
-    def moves_reference(config) -> bool:
+    @classmethod
+    def moves_reference(cls, config: DDRLConfig) -> bool:
         """The KL reference follows the policy (update_ref_every_iter > 0): keep it in the state
         even under LoRA."""
-        return int(config.train.train_policy.update_ref_every_iter) > 0
+        return int(config.update_ref_every_iter) > 0
 
-    @staticmethod
-    def records(config) -> tuple[list, list]:
-        """(train, validation) records of the dataset (rl_data.media_records)."""
-        return media_records(config)
+    @classmethod
+    def records(cls, config: DDRLConfig, recipe) -> tuple[list, list]:
+        """(train, validation) records of the dataset (data.records.media_records)."""
+        from wfm_jax.data.records import media_records
+        return media_records(recipe)
 
-    def prepare(self, run) -> dict:
+    def prepare(self, ctx: RolloutContext) -> dict:
         """Once per run: the VAE encoder for the data latents; the CFG negative embedding."""
         if self.reads_data:
-            self.media.prepare(run)
-        return {"uncond": run.encode([""] * run.rollout_chunk, negative=True)} if self.guidance > 1 else {}
+            self.media.prepare(ctx)
+        return ({"uncond": ctx.encode([""] * ctx.rollout_chunk, negative=True)}
+                if self.guidance > 1 else {})
 
-    def chunk_inputs(self, run, batch: dict, lo: int, hi: int) -> dict:
+    def chunk_inputs(self, ctx: RolloutContext, batch: dict, lo: int, hi: int) -> dict:
         """The clean latents of the chunk's data items (same VAE draw for a whole group) and,
-        for video2world, the conditioning on their first frames (rl_data.ItemMedia)."""
+        for video2world, the conditioning on their first frames (algorithms.media.ItemMedia)."""
         if not self.reads_data:
             return {}
-        return self.media.inputs(run, batch, lo, hi, keep_latents=bool(self.data_beta))
+        return self.media.inputs(ctx, batch, lo, hi, keep_latents=bool(self.data_beta))
 
-    def advantages(self, rewards, groups):
+    def abstract_chunk_inputs(self, ctx: RolloutContext, latents) -> dict:
+        out = super().abstract_chunk_inputs(ctx, latents)
+        if self.data_beta:  # the data term's clean latents, shaped like the rollout's
+            out["data_x0"] = latents
+        return out
+
+    def advantages(self, rewards, groups, *, global_std: bool = True, ddof: int = 0):
         # unclipped: the loop clips every algorithm's advantages once to [advantage_low, _high]
         return ddrl_advantages(rewards, groups, exp_reward=self.exp_reward, clip_min=None,
                                clip_max=None)
@@ -158,12 +220,14 @@ class DDRL:
         return jnp.sort(steps)
 
     def rollout(self, velocity: Velocity, state, latents, cond, key, uncond=None,
-                data_x0=None) -> dict:
+                data_x0=None, **inputs) -> dict:
         k_steps, k_sde = jax.random.split(key)
         out = sample(lambda x, t, c: velocity(state.params, x, t, c), latents * self.sigma_max,
                      self.sigmas, k_sde, method="edm", cond=cond, uncond=full_uncond(cond, uncond),
                      cfg_scale=self.guidance, guide=guide_of(velocity), return_trajectory=True,
                      **self.churn)
+        assert out.trajectory is not None and out.x0 is not None  # return_trajectory, "edm"
+        assert out.sigmas_hat is not None
         steps = self.draw_steps(k_steps)
         prev = jnp.maximum(steps - 1, 0)
         b = latents.shape[0]
@@ -232,7 +296,7 @@ class DDRL:
         return loss, (metrics, jax.lax.stop_gradient(mean))
 
     def grads(self, velocity: Velocity, state, ref_params, batch: dict, key, *, old=None,
-              first: bool = True, uncond=None):
+              first: bool = True, uncond=None, **shared):
         """Mean gradient / metrics over the trained steps of one micro-batch, and the
         (B, K, ...) old means (computed on the first inner epoch, passed through after)."""
         ref = ref_params  # the loop passes state.aux["ref"] when the reference is kept there

@@ -2,10 +2,27 @@
 disk: config.json values only (no weights), keyed by the recipe's policy.family, plus the text
 conditioning each family's transformer reads (what `encode_text_with` returns, as shapes).
 
-This table is the only per-family knowledge wfm_jax.plan holds; every step it compiles goes
-through the family interface.
+The planner (through programs.abstract) and the benchmark's suites read their released shapes
+here; every step they compile goes through the family interface.
 """
 from __future__ import annotations
+
+from wfm_jax.programs.setup import SetupError
+
+# stabilityai/stable-diffusion-3.5-medium transformer/config.json (MMDiT-X): 24 blocks of
+# 24 heads x 64, dual attention in blocks 0..12, qk RMS-norm, 384x384 position table.
+SD35_MEDIUM = dict(sample_size=128, patch_size=2, in_channels=16, num_layers=24,
+                   attention_head_dim=64, num_attention_heads=24, joint_attention_dim=4096,
+                   caption_projection_dim=1536, pooled_projection_dim=2048, out_channels=16,
+                   pos_embed_max_size=384, dual_attention_layers=tuple(range(13)),
+                   qk_norm="rms_norm")
+
+# The SD3 / SD3.5 VAE (vae/config.json): 16 latent channels, x8 down-sampling, no quant convs.
+SD3_VAE = dict(in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 4,
+               up_block_types=("UpDecoderBlock2D",) * 4, block_out_channels=(128, 256, 512, 512),
+               layers_per_block=2, act_fn="silu", latent_channels=16, norm_num_groups=32,
+               sample_size=1024, scaling_factor=1.5305, shift_factor=0.0609,
+               use_quant_conv=False, use_post_quant_conv=False, mid_block_add_attention=True)
 
 # stabilityai/stable-diffusion-3.5-medium text encoders (config.json fields that size them)
 CLIP_L = dict(architectures=["CLIPTextModelWithProjection"], hidden_size=768,
@@ -50,7 +67,6 @@ DCAE_F32C32 = dict(
 
 
 def _sd3():
-    from wfm_jax.bench.suites import SD3_VAE, SD35_MEDIUM
     from wfm_jax.families import tiny
     return dict(transformer=tiny.transformer_config(**SD35_MEDIUM),
                 vae=tiny.vae_config(**SD3_VAE), scheduler=tiny.scheduler_config(),
@@ -102,7 +118,7 @@ def released_configs(family: str, model_name: str) -> dict:
     """{transformer, vae, scheduler: config dicts; text_encoders: [config dicts]} of the family's
     released pipeline (model_name picks among sizes: Cosmos 2B / 14B)."""
     if family not in _RELEASED:
-        raise SystemExit(f"wfm_jax.plan: no released shape for policy.family={family!r}; "
+        raise SetupError(f"no released shape for policy.family={family!r}; "
                          f"put the model dir on disk (its config.json files are enough)")
     return _RELEASED[family](str(model_name))
 
@@ -121,4 +137,4 @@ def cond_shapes(family: str, transformer: dict, batch: int, text_len: int) -> di
     if family in ("sana", "sana_video"):
         return {"encoder_hidden_states": (batch, text_len, transformer["caption_channels"]),
                 "encoder_attention_mask": (batch, text_len)}
-    raise SystemExit(f"wfm_jax.plan: no conditioning shapes for policy.family={family!r}")
+    raise SetupError(f"no conditioning shapes for policy.family={family!r}")

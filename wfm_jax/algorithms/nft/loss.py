@@ -28,8 +28,8 @@ def _adaptive_x0_loss(x0_pred, x0):
     return mean_over_sample(err**2) / w
 
 
-def nft_loss(v_theta, v_old, x0, x_t, t, advantages, v_ref=None, *, beta: float = 1.0, adv_clip_max: float = 5.0,
-             adv_clip_min: float | None = None, kl_weight: float = 1e-4):
+def nft_loss(v_theta, v_old, x0, x_t, t, advantages, v_ref=None, *, beta: float = 1.0, adv_clip_max: float =
+             5.0, adv_clip_min: float | None = None, kl_weight: float = 1e-4):
     """NFT loss and metrics. t: (B,) = timestep / 1000; advantages: (B,) raw (clipped here).
 
     v_old and v_ref are treated as constants (stop_gradient). v_ref None -> no KL term.

@@ -1,0 +1,39 @@
+"""The planner's command-line arguments and the device kinds it knows (shared by the command and
+check_fits, which plans a run on its own devices)."""
+from __future__ import annotations
+
+import argparse
+
+GiB = 2 ** 30
+
+# usable memory per device (bytes): H100 SXM 80 GB, H200 141 GB, TPU v5p 95 GiB, v6e 32 GiB
+DEVICE_MEMORY = {"h100": 80e9, "h200": 141e9, "v5p": 95 * GiB, "v6e": 32 * GiB}
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="python -m wfm_jax.plan",
+                                description="Per-device memory, FLOPs and collective bytes of a "
+                                            "recipe's training programs, before any weight is read.")
+    p.add_argument("--config", default="configs/sd35_sft.py")
+    p.add_argument("--devices", type=int, default=8)
+    p.add_argument("--device-kind", choices=sorted(DEVICE_MEMORY), default="h100")
+    p.add_argument("--batch-per-device", type=int, default=4)
+    p.add_argument("--size", type=int, default=None,
+                   help="image side in pixels (default: the recipe's inference_size)")
+    p.add_argument("--frames", type=int, default=None,
+                   help="video families: frames (default: the recipe's train_frames, 4k+1)")
+    p.add_argument("--remat", default=None, help="a policy.remat name (default: the recipe's)")
+    p.add_argument("--no-scan", action="store_true", help="unroll the blocks (no lax.scan)")
+    p.add_argument("--frozen-dtype", default=None,
+                   help="text encoders / VAE weights (default: train.compute_dtype)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a config override, e.g. policy.parallelism.fsdp=1")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    args, rest = p.parse_known_args(argv)
+    for item in rest:  # --config.a.b=v, as wfm_jax.cli.main takes them
+        if not item.startswith("--config.") or "=" not in item:
+            p.error(f"unrecognized argument {item!r}")
+        args.set.append(item[len("--config."):])
+    return args
+
+

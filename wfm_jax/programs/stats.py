@@ -1,0 +1,112 @@
+"""What a compiled program costs, from XLA's own analysis: bytes (arguments, temporaries,
+outputs, donated aliases), matmul FLOPs counted on the traced jaxpr, and the bytes its
+collectives move. The planner reports these; the benchmark puts them beside its timings."""
+from __future__ import annotations
+
+import math
+import re
+import time
+from typing import Any, TypedDict
+
+_COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
+_SIZES = {"f32": 4, "bf16": 2, "f16": 2, "s32": 4, "u32": 4, "pred": 1, "s8": 1, "u8": 1,
+          "f64": 8, "s64": 8, "u64": 8}
+
+
+class CompileStats(TypedDict):
+    compile_seconds: float
+    argument_bytes: int
+    temp_bytes: int
+    output_bytes: int
+    alias_bytes: int
+    flops: float                  # matmul + conv FLOPs of the whole program (all devices)
+    xla_flops_per_device: float   # XLA's cost analysis (loop bodies once)
+    collective_bytes: dict[str, int]
+
+
+def per_device_bytes(tree) -> int:
+    """Bytes one device holds of `tree` (arrays or ShapeDtypeStructs carrying shardings)."""
+    import jax
+    return sum(math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize
+               for x in jax.tree.leaves(tree) if hasattr(x, "sharding"))
+
+
+def collective_bytes(hlo_text: str) -> dict[str, int]:
+    """Bytes of the results of each kind of collective in an optimized HLO module (per device,
+    per step; ops inside a while loop body are counted once, as written)."""
+    out = dict.fromkeys(_COLLECTIVES, 0)
+    for line in hlo_text.splitlines():
+        m = re.search(r"= (.+?) (" + "|".join(_COLLECTIVES) + r")(-start)?\(", line)
+        if not m:
+            continue
+        for dtype, dims in re.findall(r"(\w+)\[([\d,]*)\]", m.group(1)):
+            if dtype in _SIZES:
+                out[m.group(2)] += _SIZES[dtype] * math.prod(int(d) for d in dims.split(",") if d)
+    return out
+
+
+def compile_stats(fn, *args: Any) -> CompileStats:
+    """Trace, lower and compile a MeshJit on (abstract) args as its first call would: XLA's
+    memory and cost analysis of the program, its matmul FLOPs and collective bytes."""
+    import jax
+
+    from wfm_jax.core import mesh as wmesh
+    with jax.set_mesh(fn.mesh), wmesh.use_rules(fn.rules):  # what MeshJit.lower does
+        traced = fn.jitted.trace(*args)
+        start = time.perf_counter()
+        compiled = traced.lower().compile()
+        seconds = time.perf_counter() - start
+    m = compiled.memory_analysis()
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    return {
+        "compile_seconds": round(seconds, 1),
+        "argument_bytes": int(m.argument_size_in_bytes),
+        "temp_bytes": int(m.temp_size_in_bytes),
+        "output_bytes": int(m.output_size_in_bytes),
+        "alias_bytes": int(m.alias_size_in_bytes),
+        # matmul + conv FLOPs of the whole program (all devices; scans x their length, remat's
+        # recompute included); XLA's cost analysis counts a loop body once, so it is given
+        # alongside, per device, as XLA reports it
+        "flops": count_jaxpr_flops(traced.jaxpr),
+        "xla_flops_per_device": float(cost.get("flops", 0.0)) if cost else 0.0,
+        "collective_bytes": collective_bytes(compiled.as_text()),
+    }
+
+
+def count_jaxpr_flops(closed_jaxpr) -> float:
+    """Matmul + convolution FLOPs of a (closed) jaxpr, walking sub-jaxprs (pjit, remat,
+    custom_vjp, scan x length). An independent check of bench.flops' formulas."""
+    jaxpr = getattr(closed_jaxpr, "jaxpr", closed_jaxpr)
+    total = 0.0
+    for eqn in jaxpr.eqns:
+        name = eqn.primitive.name
+        if name == "dot_general":
+            total += _dot_flops(eqn)
+        elif name == "conv_general_dilated":
+            total += _conv_flops(eqn)
+        inner = sum(count_jaxpr_flops(sub) for sub in _sub_jaxprs(eqn.params))
+        total += inner * (eqn.params.get("length", 1) if name == "scan" else 1)
+    return total
+
+
+def _sub_jaxprs(params: dict):
+    for value in params.values():
+        for v in value if isinstance(value, (tuple, list)) else (value,):
+            if hasattr(v, "eqns") or hasattr(getattr(v, "jaxpr", None), "eqns"):
+                yield v
+
+
+def _dot_flops(eqn) -> float:
+    (_, rc), (_, rb) = eqn.params["dimension_numbers"]
+    lhs, rhs = (v.aval.shape for v in eqn.invars)
+    rhs_free = [d for i, d in enumerate(rhs) if i not in rc and i not in rb]
+    return 2.0 * math.prod(lhs) * math.prod(rhs_free)
+
+
+def _conv_flops(eqn) -> float:
+    out = eqn.outvars[0].aval.shape
+    rhs = eqn.invars[1].aval.shape
+    spec = eqn.params["dimension_numbers"].rhs_spec  # (out_ch, in_ch, *spatial) positions
+    kernel = math.prod(rhs[i] for i in spec[2:]) * rhs[spec[1]]
+    return 2.0 * math.prod(out) * kernel
