@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from converters.registry import ModelSpec, register
+from converters.registry import ModelSpec
 from converters.table import Rule, linear, norm
 from wfm_jax.models.text.clip import CLIPTextConfig, make_model
 
@@ -28,5 +28,5 @@ def build_table(config: Mapping[str, Any]) -> list[Rule]:
     return table
 
 
-SPEC = register(ModelSpec(class_name="CLIPTextModelWithProjection", build_table=build_table,
-                          make_model=make_model, weights_stem="model"))
+SPEC = ModelSpec(class_name="CLIPTextModelWithProjection", build_table=build_table,
+                 make_model=make_model, weights_stem="model")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
-from converters.registry import ModelSpec, register
+from converters.registry import ModelSpec
 from converters.table import Rule, linear
 from converters.tied import check_equal
 from wfm_jax.models.text.t5 import T5Config, make_model, make_umt5_model
@@ -69,9 +69,9 @@ def drop_tied_copy(loaders: Mapping[str, Callable]) -> dict[str, Callable]:
     return out
 
 
-SPEC = register(ModelSpec(class_name="T5EncoderModel", build_table=build_table,
-                          make_model=make_model, weights_stem="model",
-                          tied_copies=((TIED_COPY, SHARED),)))
-UMT5_SPEC = register(ModelSpec(class_name="UMT5EncoderModel", build_table=build_umt5_table,
-                               make_model=make_umt5_model, weights_stem="model",
-                               tied_copies=((TIED_COPY, SHARED),)))
+SPEC = ModelSpec(class_name="T5EncoderModel", build_table=build_table,
+                 make_model=make_model, weights_stem="model",
+                 tied_copies=((TIED_COPY, SHARED),))
+UMT5_SPEC = ModelSpec(class_name="UMT5EncoderModel", build_table=build_umt5_table,
+                      make_model=make_umt5_model, weights_stem="model",
+                      tied_copies=((TIED_COPY, SHARED),))

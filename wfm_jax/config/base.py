@@ -10,9 +10,11 @@ from typing import Any, Callable, Iterable, Sequence
 import ml_collections
 from ml_collections import config_dict
 
+from wfm_jax.core.errors import UserError
+
 ConfigDict = ml_collections.ConfigDict
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A bad config: the message is one line naming the offending key or file."""
 
 def _leaf_paths(node: ConfigDict, prefix: str = "") -> Iterable[str]:

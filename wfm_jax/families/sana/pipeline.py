@@ -34,7 +34,8 @@ import numpy as np
 from wfm_jax.models.dcae import scale_latents, unscale_latents
 from wfm_jax.models.dcae.autoencoder_dc import as_config
 from wfm_jax.families.base import (PipelineError, PipelineFamily, component_present,
-                                   read_model_index, register_family)
+                                   read_model_index)
+from wfm_jax.families.sana import LORA_TARGETS
 from converters.loading import load_model, read_json
 from wfm_jax.models.text.gemma2 import select_sana_tokens
 
@@ -81,6 +82,7 @@ class SanaFamily(PipelineFamily):
     `instruction_default`, and implement the geometry, the VAE and `_timesteps`."""
 
     default_solver = "dpm_solver"  # DPMSolverMultistepScheduler, flow sigmas, 2M midpoint
+    lora_targets = LORA_TARGETS
     default_max_sequence_length = DEFAULT_MAX_SEQUENCE_LENGTH
     instruction_default: ClassVar[tuple[str, ...]]
 
@@ -232,13 +234,13 @@ class SanaFamily(PipelineFamily):
         return out
 
 
-@register_family
 class SanaPipeline(SanaFamily):
     pipeline_class = "SanaPipeline"
     family = "sana"
     # SanaPipeline.__call__'s defaults
     default_steps, default_guidance = 20, 4.5
     instruction_default = IMAGE_INSTRUCTION
+    tiny_writer = "wfm_jax.families.sana.tiny:write_pipeline"
 
     @property
     def spatial_factor(self) -> int:

@@ -17,7 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from wfm_jax.families import base as fam
-from wfm_jax.families.base import PipelineError, PipelineFamily, register_family
+from wfm_jax.families.base import PipelineError, PipelineFamily
+from wfm_jax.families.sd3 import LORA_TARGETS
 from converters.loading import load_model
 from wfm_jax.models.vae.autoencoder_kl import scale_latents, unscale_latents, vae_scale_factor
 
@@ -45,16 +46,17 @@ def _load_tokenizer(directory: str, name: str, entry):
     return cls.from_pretrained(os.path.join(directory, name))
 
 
-@register_family
 @dataclasses.dataclass(eq=False)
 class SD3Pipeline(PipelineFamily):
     pipeline_class = PIPELINE_CLASS
     family = "sd3"
+    lora_targets = LORA_TARGETS
     display_name = "SD3"
     # generate's defaults: diffusers' SD3.5 pipeline (28 Euler steps, guidance 4.5 in the docs)
     default_solver = "euler"
     default_steps = 28
     default_guidance = 4.5
+    tiny_writer = "wfm_jax.families.tiny:write_pipeline"
 
     directory: str
     transformer: Any
