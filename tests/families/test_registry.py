@@ -5,6 +5,7 @@ find once registered, with nothing outside this file changed. Its trained module
 `denoiser`, not `transformer`, so any caller still reaching for `pipe.transformer` fails here."""
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -246,7 +247,7 @@ def test_generate_samples_the_trainable_module(tmp_path, toy_family):
     gain = np.asarray(pipe.denoiser.gain[...], np.float64)[None, :, None, None]
     context = 0.1 * np.array([len(p) for p in prompts], np.float64)[:, None, None, None]
     sigmas = flow_sigmas(steps, 1.0)[0]
-    for s, s_next in zip(sigmas[:-1], sigmas[1:]):
+    for s, s_next in itertools.pairwise(sigmas):
         x = x + (s_next - s) * (x * gain + context)
     want = np.clip(np.transpose(x.repeat(FACTOR, -1).repeat(FACTOR, -2), (0, 2, 3, 1)) / 2 + 0.5, 0, 1)
     assert images.shape == (2, size, size, 3)

@@ -4,9 +4,16 @@ FAMILIES maps the recipes' `policy.family` name to its class as a lazy "module:a
 importing this package imports no family. A new family adds one line here (and its own folder);
 tests and users may `FAMILIES.register(name, cls)` their own.
 """
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from wfm_jax.core.registry import Registry
 
-FAMILIES: Registry = Registry("model family", {
+if TYPE_CHECKING:
+    from wfm_jax.families.base import PipelineFamily
+
+FAMILIES: Registry[type[PipelineFamily]] = Registry("model family", {
     "sd3": "wfm_jax.families.sd3.pipeline:SD3Pipeline",
     "wan": "wfm_jax.families.wan.pipeline:WanPipeline",
     "cosmos": "wfm_jax.families.cosmos.pipeline:CosmosPipeline",
