@@ -133,7 +133,7 @@ DEFAULTS = {
     },
     "policy": {
         "model_name_or_path": "",
-        # the recipe's model family (models.family.families()): the pipeline dir must hold one
+        # the recipe's model family (a wfm_jax.families.FAMILIES name): the pipeline dir must hold one
         "family": "sd3",
         "build_tiny": False,  # embedded defaults: build the tiny random pipeline there if missing
         # tiny RL recipes: build (or rebuild an incomplete) pretrained tiny shapes pipeline there

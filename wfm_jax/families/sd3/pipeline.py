@@ -1,4 +1,4 @@
-"""The SD3 text-to-image pipeline in JAX: the "sd3" model family (models.family).
+"""The SD3 text-to-image pipeline in JAX: the "sd3" model family (wfm_jax.families.FAMILIES).
 
 `SD3Pipeline` holds the NNX components of a diffusers `StableDiffusion3Pipeline` directory and
 implements `PipelineFamily`: conditioning {"prompt_embeds", "pooled_projections"} exactly as
