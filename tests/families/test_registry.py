@@ -215,6 +215,10 @@ def test_a_registered_family_is_found_built_and_loaded(tmp_path, toy_family):
     shell = pipe.shell()  # the trained component is dropped whatever its name
     assert shell.denoiser is None and pipe.denoiser is not None
     assert shell.static_key() == pipe.static_key()
+    module = pipe.trainable_module()
+    pipe.set_trainable_module(None)  # what a trainer does once the module lives in its state
+    assert pipe.denoiser is None and pipe.trainable_module() is None
+    pipe.set_trainable_module(module)
     with pytest.raises(PipelineError, match="holds a ToyDiffusionPipeline .'toy' family. but the "
                                             "recipe is for the 'sd3' family"):
         fam.load_pipeline(path, family="sd3")
@@ -258,3 +262,32 @@ def jax_normal(seed: int, shape) -> np.ndarray:
     """The initial noise generate draws (jax.random.normal of key(seed))."""
     import jax
     return np.asarray(jax.random.normal(jax.random.key(seed), shape, jnp.float32))
+
+
+def test_a_family_training_two_components_says_so(tmp_path):
+    class TwoTrained(ToyPipeline):
+        family, trainable = "toy2", ("denoiser", "vae")
+
+    TwoTrained.write_tiny(str(tmp_path))
+    pipe = TwoTrained.load(str(tmp_path))
+    assert TwoTrained.export_components() == ("denoiser", "vae")
+    with pytest.raises(PipelineError, match=r"the 'toy2' family trains \['denoiser', 'vae'\]"):
+        pipe.trainable_module()
+    shell = pipe.shell()
+    assert shell.denoiser is None and shell.vae is None
+
+
+def test_a_family_without_a_tiny_twin_says_so(tmp_path, toy_family):
+    from wfm_jax.families.tiny import build_tiny_pipeline
+
+    class NoTwin(ToyPipeline):
+        family = "notwin"
+        write_tiny = classmethod(PipelineFamily.write_tiny.__func__)  # the base's: no tiny_writer
+
+    FAMILIES.register("notwin", NoTwin)
+    try:
+        with pytest.raises(PipelineError, match="the 'notwin' family has no tiny twin"):
+            build_tiny_pipeline(str(tmp_path / "x"), family="notwin")
+        assert not os.path.exists(tmp_path / "x")  # nothing half-written
+    finally:
+        FAMILIES.unregister("notwin")
