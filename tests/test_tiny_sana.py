@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from wfm_jax.programs import sample as gen
+from wfm_jax.cli import generate as gen
 from wfm_jax.families import tiny
 from wfm_jax.families.sana import tiny as tiny_sana
 from wfm_jax.families.sana.pipeline import IMAGE_INSTRUCTION

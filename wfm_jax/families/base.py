@@ -4,9 +4,9 @@ the benchmark may ask of a diffusers pipeline, whichever pipeline it is.
 A family is a subclass of `PipelineFamily` named in `wfm_jax.families.FAMILIES` under its recipe
 name; its `pipeline_class` is the `_class_name` its diffusers `model_index.json` carries (as
 cosmos-rl's `supported_model_types()`), so `load_pipeline(dir)` reads that name and builds the
-right one. Callers never branch on the family: what differs (prompt
-encoding, latent geometry, the transformer's call and timestep convention, the CFG form, the VAE
-and its latent normalisation, export) is a method here.
+right one. Callers never branch on the family: what differs (prompt encoding, latent geometry,
+the transformer's call and timestep convention, the CFG form, the VAE and its latent
+normalisation, export, which module trains) is a method or class attribute here.
 
 Jitted code takes modules as arguments (`*_with(module, ...)`), so a trainer can split them into
 (graphdef, state) and pass states through `jax.jit`; the family's python configs are static.
