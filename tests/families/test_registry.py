@@ -291,3 +291,22 @@ def test_a_family_without_a_tiny_twin_says_so(tmp_path, toy_family):
         assert not os.path.exists(tmp_path / "x")  # nothing half-written
     finally:
         FAMILIES.unregister("notwin")
+
+
+@pytest.mark.parametrize("name", ["sd3", "wan", "cosmos", "sana", "sana_video"])
+def test_weightless_instances_hold_the_released_configs(name):
+    """What plan and bench build their programs on: each family from configs alone (the
+    released presets of plan.released), with nothing loaded and its geometry answering."""
+    from wfm_jax.plan.released import released_configs
+
+    cls = FAMILIES.get(name)
+    configs = released_configs(name, "2B")
+    pipe = cls.weightless(configs, directory="/nowhere")
+    assert pipe.trainable_module() is None and pipe.vae is None and pipe.text_encoders == ()
+    assert pipe.transformer_config == configs["transformer"]
+    assert hash(pipe.static_key()) == hash(pipe.shell().static_key())
+    frames = 81 if cls.is_video else None
+    shape = pipe.latent_shape(2, 480, 832, frames=frames)
+    assert shape[0] == 2 and len(shape) == (5 if cls.is_video else 4)
+    if name.startswith("sana"):
+        assert pipe.instruction == tuple(cls.instruction_default)

@@ -192,6 +192,25 @@ class PipelineFamily(abc.ABC):
             setattr(out, name, None)
         return out
 
+    @classmethod
+    def weightless(cls, configs: Mapping[str, Any], directory: str | None = None,
+                   vae: Any = None) -> PipelineFamily:
+        """An instance holding `configs` and no weights, for the planner and the benchmark
+        (their *_with calls read only configs): configs has "transformer", "vae", "scheduler"
+        dicts and optionally "text_encoders" (a list of dicts); vae: an abstract VAE to keep.
+        Tokenizers are absent, so `tokenize` is unavailable. A family with more per-instance
+        state sets it in an override."""
+        pipe = object.__new__(cls)
+        pipe.directory = directory
+        for name in cls.trainable:
+            setattr(pipe, name, None)
+        pipe.vae, pipe.text_encoders = vae, ()
+        pipe.transformer_config, pipe.vae_config = dict(configs["transformer"]), dict(configs["vae"])
+        pipe.scheduler_config = dict(configs["scheduler"])
+        pipe.text_config = dict((configs.get("text_encoders") or [{}])[0])
+        pipe.tokenizer = pipe.tokenizers = None
+        return pipe
+
     # ------------------------------------------------------------------ geometry
     @property
     def shift(self) -> float:

@@ -103,6 +103,12 @@ class SanaFamily(PipelineFamily):
 
     # ------------------------------------------------------------------ construction
     @classmethod
+    def weightless(cls, configs, directory=None, vae=None) -> SanaFamily:
+        pipe = super().weightless(configs, directory, vae)
+        pipe.instruction = tuple(cls.instruction_default)  # the pipeline's default prefix
+        return pipe
+
+    @classmethod
     def load(cls, directory: str, *, dtype=None, param_dtype=jnp.float32, mesh=None, rules=None,
              text_dtype=None, frozen_param_dtype=None, transformer_options: dict | None = None,
              instruction: Sequence[str] | None = None) -> "SanaFamily":
