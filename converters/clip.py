@@ -4,7 +4,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from converters.registry import ModelSpec, register
+from converters.registry import ModelSpec
 from converters.table import Rule, linear, norm
 from wfm_jax.models.text.clip import CLIPTextConfig, make_model
 
@@ -29,5 +29,5 @@ def build_table(config: Mapping[str, Any]) -> list[Rule]:
     return table
 
 
-SPEC = register(ModelSpec(class_name="CLIPTextModelWithProjection", build_table=build_table,
-                          make_model=make_model, weights_stem="model"))
+SPEC = ModelSpec(class_name="CLIPTextModelWithProjection", build_table=build_table,
+                 make_model=make_model, weights_stem="model")

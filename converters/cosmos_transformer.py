@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from converters.registry import ModelSpec, register
+from converters.registry import ModelSpec
 from converters.table import Rule, linear, norm
 from wfm_jax.models.cosmos.transformer import CosmosTransformer, cosmos_config
 
@@ -53,5 +53,5 @@ def make_model(config: dict, *, dtype=None, param_dtype=jnp.float32, rngs, **opt
     return CosmosTransformer(config, dtype=dtype, param_dtype=param_dtype, rngs=rngs, **options)
 
 
-SPEC = register(ModelSpec(class_name="CosmosTransformer3DModel", build_table=build_table,
-                          make_model=make_model))
+SPEC = ModelSpec(class_name="CosmosTransformer3DModel", build_table=build_table,
+                 make_model=make_model)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from converters.registry import ModelSpec, register
+from converters.registry import ModelSpec
 from converters.table import Rule, conv, linear, norm
 from wfm_jax.models.dcae.autoencoder_dc import AutoencoderDC, DCAEConfig
 
@@ -74,5 +74,5 @@ def make_model(config: dict, *, dtype=None, param_dtype=jnp.float32, rngs) -> Au
     return AutoencoderDC(config, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
 
 
-SPEC = register(ModelSpec(class_name="AutoencoderDC", build_table=build_table,
-                          make_model=make_model))
+SPEC = ModelSpec(class_name="AutoencoderDC", build_table=build_table,
+                 make_model=make_model)

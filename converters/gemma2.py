@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from converters.registry import ModelSpec, register
+from converters.registry import ModelSpec
 from converters.table import Rule, linear
 from wfm_jax.models.text.gemma2 import Gemma2Config, make_model
 
@@ -32,5 +32,5 @@ def build_table(config: Mapping[str, Any]) -> list[Rule]:
     return table
 
 
-SPEC = register(ModelSpec(class_name="Gemma2Model", build_table=build_table,
-                          make_model=make_model, weights_stem="model"))
+SPEC = ModelSpec(class_name="Gemma2Model", build_table=build_table,
+                 make_model=make_model, weights_stem="model")

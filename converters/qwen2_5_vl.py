@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from converters.registry import ModelSpec, register
+from converters.registry import ModelSpec
 from converters.table import Rule, linear
 from wfm_jax.models.text.qwen2_5_vl import QwenTextConfig, make_model, passthrough_shapes
 
@@ -45,5 +45,5 @@ def build_table(config: Mapping[str, Any]) -> list[Rule]:
                                        for key in passthrough_shapes(config)]
 
 
-SPEC = register(ModelSpec(class_name="Qwen2_5_VLForConditionalGeneration",
-                          build_table=build_table, make_model=make_model, weights_stem="model"))
+SPEC = ModelSpec(class_name="Qwen2_5_VLForConditionalGeneration",
+                 build_table=build_table, make_model=make_model, weights_stem="model")

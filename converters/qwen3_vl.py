@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from converters.registry import ModelSpec, register
+from converters.registry import ModelSpec
 from converters.table import Rule, conv, convert_to_diffusers, convert_to_jax, linear, norm
 from converters.tied import check_equal
 from wfm_jax.io.atomic import atomic_directory
@@ -81,8 +81,8 @@ def build_table(config: Mapping[str, Any] | Qwen3VLConfig) -> list[Rule]:
     return vision_table(cfg) + text_table(cfg)
 
 
-SPEC = register(ModelSpec(class_name="Qwen3VLForConditionalGeneration", build_table=build_table,
-                          make_model=make_model, weights_stem="model", tied_copies=_TIED))
+SPEC = ModelSpec(class_name="Qwen3VLForConditionalGeneration", build_table=build_table,
+                 make_model=make_model, weights_stem="model", tied_copies=_TIED)
 
 
 def generation_config(cfg: Qwen3VLConfig) -> dict:

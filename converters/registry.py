@@ -1,31 +1,17 @@
 """Which wfm_jax model and mapping table serve a diffusers/transformers class name.
 
-Each model family registers a `ModelSpec` from its converter module; the CLI and the loaders look
+COMPONENTS names every converter module's `ModelSpec` as a lazy "module:attr" string (nothing
+registers itself on import, and `import converters` stays light); the CLI and the loaders look
 the class up here, so an unsupported class fails with one line naming it.
 """
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from collections.abc import Callable
 
 from converters.table import Rule
-
-# Modules that register specs on import (kept lazy so `import converters` stays light).
-_PROVIDERS = (
-    "converters.sd3_transformer",
-    "converters.vae",
-    "converters.wan_vae",
-    "converters.clip",
-    "converters.t5",
-    "converters.wan_transformer",
-    "converters.cosmos_transformer",
-    "converters.sana_transformer",
-    "converters.qwen2_5_vl",
-    "converters.gemma2",
-    "converters.dcae",
-    "converters.qwen3_vl",
-)
+from wfm_jax.core.errors import UserError
+from wfm_jax.core.registry import Registry
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,25 +27,32 @@ class ModelSpec:
     tied_copies: tuple[tuple[str, str], ...] = ()
 
 
-_REGISTRY: dict[str, ModelSpec] = {}
+COMPONENTS: Registry[ModelSpec] = Registry("model class", {
+    "SD3Transformer2DModel": "converters.sd3_transformer:SPEC",
+    "AutoencoderKL": "converters.vae:SPEC",
+    "AutoencoderKLWan": "converters.wan_vae:SPEC",
+    "AutoencoderDC": "converters.dcae:SPEC",
+    "CLIPTextModelWithProjection": "converters.clip:SPEC",
+    "T5EncoderModel": "converters.t5:SPEC",
+    "UMT5EncoderModel": "converters.t5:UMT5_SPEC",
+    "WanTransformer3DModel": "converters.wan_transformer:SPEC",
+    "CosmosTransformer3DModel": "converters.cosmos_transformer:SPEC",
+    "SanaTransformer2DModel": "converters.sana_transformer:SPEC",
+    "SanaVideoTransformer3DModel": "converters.sana_transformer:VIDEO_SPEC",
+    "Qwen2_5_VLForConditionalGeneration": "converters.qwen2_5_vl:SPEC",
+    "Gemma2Model": "converters.gemma2:SPEC",
+    "Qwen3VLForConditionalGeneration": "converters.qwen3_vl:SPEC",
+})
 
 
-class UnsupportedModelError(ValueError):
+class UnsupportedModelError(UserError, ValueError):
     """config.json names a class no converter handles (the message names the class)."""
 
 
 def register(spec: ModelSpec) -> ModelSpec:
-    _REGISTRY[spec.class_name] = spec
+    """Add (or replace) a spec under its class name: for tests and users' own models."""
+    COMPONENTS.register(spec.class_name, spec, replace=True)
     return spec
-
-
-def _load_providers() -> None:
-    for name in _PROVIDERS:
-        try:
-            importlib.import_module(name)
-        except ModuleNotFoundError as e:
-            if e.name != name:  # a provider that exists but fails to import is a real error
-                raise
 
 
 def class_name_of(config: dict) -> str:
@@ -70,9 +63,10 @@ def class_name_of(config: dict) -> str:
 
 
 def spec_for(config: dict) -> ModelSpec:
-    _load_providers()
     name = class_name_of(config)
-    if name not in _REGISTRY:
+    if name not in COMPONENTS:
+        hint = COMPONENTS.closest(name)
         raise UnsupportedModelError(
-            f"unsupported model class {name!r}; supported: {', '.join(sorted(_REGISTRY))}")
-    return _REGISTRY[name]
+            f"unsupported model class {name!r}" + (f" (did you mean {hint!r}?)" if hint else "")
+            + f"; supported: {', '.join(COMPONENTS.names())}")
+    return COMPONENTS.get(name)

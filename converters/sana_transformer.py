@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from converters.registry import ModelSpec, register
+from converters.registry import ModelSpec
 from converters.table import Rule, conv, linear, norm
 from wfm_jax.models.sana import SanaTransformer, SanaVideoTransformer, sana_config, sana_video_config
 
@@ -79,7 +79,7 @@ def make_video_model(config: dict, *, dtype=None, param_dtype=jnp.float32, rngs,
                                 **options)
 
 
-SPEC = register(ModelSpec(class_name="SanaTransformer2DModel", build_table=build_table,
-                          make_model=make_model))
-VIDEO_SPEC = register(ModelSpec(class_name="SanaVideoTransformer3DModel",
-                                build_table=build_video_table, make_model=make_video_model))
+SPEC = ModelSpec(class_name="SanaTransformer2DModel", build_table=build_table,
+                 make_model=make_model)
+VIDEO_SPEC = ModelSpec(class_name="SanaVideoTransformer3DModel",
+                       build_table=build_video_table, make_model=make_video_model)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from converters.registry import ModelSpec, register
+from converters.registry import ModelSpec
 from converters.table import Rule, conv, linear, norm
 from wfm_jax.models.sd3.transformer import SD3Transformer, sd3_config
 
@@ -66,5 +66,5 @@ def make_model(config: dict, *, dtype=None, param_dtype=jnp.float32, rngs, **opt
     return SD3Transformer(config, dtype=dtype, param_dtype=param_dtype, rngs=rngs, **options)
 
 
-SPEC = register(ModelSpec(class_name="SD3Transformer2DModel", build_table=build_table,
-                          make_model=make_model))
+SPEC = ModelSpec(class_name="SD3Transformer2DModel", build_table=build_table,
+                 make_model=make_model)

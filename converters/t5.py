@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from converters.registry import ModelSpec, register
+from converters.registry import ModelSpec
 from converters.table import Rule, linear
 from converters.tied import check_equal
 from wfm_jax.models.text.t5 import T5Config, make_model, make_umt5_model
@@ -70,9 +70,9 @@ def drop_tied_copy(loaders: Mapping[str, Callable]) -> dict[str, Callable]:
     return out
 
 
-SPEC = register(ModelSpec(class_name="T5EncoderModel", build_table=build_table,
-                          make_model=make_model, weights_stem="model",
-                          tied_copies=((TIED_COPY, SHARED),)))
-UMT5_SPEC = register(ModelSpec(class_name="UMT5EncoderModel", build_table=build_umt5_table,
-                               make_model=make_umt5_model, weights_stem="model",
-                               tied_copies=((TIED_COPY, SHARED),)))
+SPEC = ModelSpec(class_name="T5EncoderModel", build_table=build_table,
+                 make_model=make_model, weights_stem="model",
+                 tied_copies=((TIED_COPY, SHARED),))
+UMT5_SPEC = ModelSpec(class_name="UMT5EncoderModel", build_table=build_umt5_table,
+                      make_model=make_umt5_model, weights_stem="model",
+                      tied_copies=((TIED_COPY, SHARED),))

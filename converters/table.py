@@ -11,6 +11,8 @@ from collections.abc import Callable, Iterable, Mapping
 
 import numpy as np
 
+from wfm_jax.core.errors import UserError
+
 
 def _linear_to_jax(w):  # torch Linear (out, in) -> flax kernel (in, out)
     return np.ascontiguousarray(np.swapaxes(w, 0, 1))
@@ -47,7 +49,7 @@ class Rule:
     transform: str = "identity"
 
 
-class ConversionError(ValueError):
+class ConversionError(UserError, ValueError):
     """A checkpoint does not match the model: names the offending keys."""
 
 

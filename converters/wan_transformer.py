@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from converters.registry import ModelSpec, register
+from converters.registry import ModelSpec
 from converters.table import Rule, conv, linear, norm
 from wfm_jax.models.wan.transformer import WanTransformer, wan_config
 
@@ -47,5 +47,5 @@ def make_model(config: dict, *, dtype=None, param_dtype=jnp.float32, rngs, **opt
     return WanTransformer(config, dtype=dtype, param_dtype=param_dtype, rngs=rngs, **options)
 
 
-SPEC = register(ModelSpec(class_name="WanTransformer3DModel", build_table=build_table,
-                          make_model=make_model))
+SPEC = ModelSpec(class_name="WanTransformer3DModel", build_table=build_table,
+                 make_model=make_model)

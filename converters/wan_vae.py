@@ -10,7 +10,7 @@ import itertools
 
 import jax.numpy as jnp
 
-from converters.registry import ModelSpec, register
+from converters.registry import ModelSpec
 from converters.table import Rule, conv
 from wfm_jax.models.wan.vae import AutoencoderKLWan, WanVAEConfig
 
@@ -94,5 +94,5 @@ def make_model(config: dict, *, dtype=None, param_dtype=jnp.float32, rngs) -> Au
     return AutoencoderKLWan(config, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
 
 
-SPEC = register(ModelSpec(class_name="AutoencoderKLWan", build_table=build_table,
-                          make_model=make_model))
+SPEC = ModelSpec(class_name="AutoencoderKLWan", build_table=build_table,
+                 make_model=make_model)

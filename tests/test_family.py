@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from wfm_jax.families import FAMILIES
 from wfm_jax.families import base as fam
 from wfm_jax.families.base import PipelineError, PipelineFamily
 
@@ -103,9 +104,10 @@ def _decode(xp, latents, gain):
 
 
 @pytest.fixture
-def fake_family(monkeypatch):
-    monkeypatch.setitem(fam._FAMILIES, FakeVideo.pipeline_class, FakeVideo)
-    return FakeVideo
+def fake_family():
+    FAMILIES.register(FakeVideo.family, FakeVideo)
+    yield FakeVideo
+    FAMILIES.unregister(FakeVideo.family)
 
 
 # ----------------------------------------------------------------------------- registry and errors

@@ -6,7 +6,7 @@
     python -m wfm_jax.generate --model COSMOS_DIR --prompt "a cat" --video cond.mp4 \
         --num-conditional-frames 2 --out cat.mp4      (video2world: families that support it)
 
-The family comes from the dir's model_index.json (models.family); --steps, --guidance,
+The family comes from the dir's model_index.json (wfm_jax.families.FAMILIES); --steps, --guidance,
 --sampler, --max-sequence-length and --frames default to the family's (diffusers' pipeline
 defaults). `--latents` takes initial latents in diffusers layout ((B, C, h, w), or
 (B, C, T', h, w) for video), so a diffusers run can be reproduced exactly; `--save-array` writes

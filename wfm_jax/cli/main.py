@@ -26,24 +26,17 @@ EXIT_PREEMPTED = 143  # 128 + SIGTERM, what a scheduler expects from a preempted
 
 
 def _known_errors() -> tuple[tuple[type, ...], tuple[type, ...]]:
-    """(bad-input errors, training-failure errors), imported lazily (jax is heavy)."""
-    from converters.registry import UnsupportedModelError
-    from converters.table import ConversionError
+    """(bad-input errors, training-failure errors), imported lazily (jax is heavy). UserError
+    and RunFailure cover every class derived from them (config, pipeline, data, LoRA,
+    conversion, S3, reward errors); the train/ classes are listed until they derive too."""
     from reward_client.errors import RewardError
-    from wfm_jax.config.recipe import ConfigError
-    from wfm_jax.data.errors import DataError
-    from wfm_jax.families.base import PipelineError
-    from wfm_jax.io.lock import LockHeldError
-    from wfm_jax.io.storage.s3 import S3Error
-    from wfm_jax.models.lora import LoraError
+    from wfm_jax.core.errors import RunFailure, UserError
     from wfm_jax.train.checkpoint import CheckpointError
     from wfm_jax.train.metrics import NonFiniteLoss
-    from wfm_jax.train.setup import SetupError
-    bad_input = (ConfigError, SetupError, PipelineError, LoraError, ConversionError,
-                 UnsupportedModelError, CheckpointError, DataError, S3Error, FileNotFoundError,
-                 LockHeldError)
     from wfm_jax.train.s3_sync import S3UploadError
-    return bad_input, (NonFiniteLoss, RewardError, S3UploadError)
+    from wfm_jax.train.setup import SetupError
+    bad_input = (UserError, SetupError, CheckpointError, FileNotFoundError)
+    return bad_input, (RunFailure, NonFiniteLoss, RewardError, S3UploadError)
 
 
 def train(config) -> int:

@@ -20,7 +20,8 @@ import argparse
 import json
 import sys
 
-from wfm_jax.families.tiny import FAMILIES, build_tiny_pipeline
+from wfm_jax.families import FAMILIES
+from wfm_jax.families.tiny import build_tiny_pipeline
 from wfm_jax.train.pretrain import BuildStopped, PretrainSettings, ensure_pretrained
 from wfm_jax.train.pretrain_eval import SPLIT_SCENES, score_directory
 
@@ -31,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("directory", nargs="?", help="output pipeline directory (absent or empty)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--overwrite", action="store_true", help="replace an existing directory")
-    parser.add_argument("--family", choices=FAMILIES, default="sd3",
+    parser.add_argument("--family", choices=FAMILIES.names(), default="sd3",
                         help="which pipeline: sd3 (StableDiffusion3Pipeline, the default), wan "
                              "(WanPipeline), cosmos (Cosmos2_5_PredictBasePipeline), sana "
                              "(SanaPipeline) or sana_video (SanaVideoPipeline)")

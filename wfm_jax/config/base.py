@@ -11,9 +11,11 @@ from typing import Any
 import ml_collections
 from ml_collections import config_dict
 
+from wfm_jax.core.errors import UserError
+
 ConfigDict = ml_collections.ConfigDict
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A bad config: the message is one line naming the offending key or file."""
 
 def _leaf_paths(node: ConfigDict, prefix: str = "") -> Iterable[str]:

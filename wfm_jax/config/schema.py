@@ -15,20 +15,18 @@ import ml_collections
 from ml_collections.config_dict import placeholder
 
 from wfm_jax.config.base import ConfigError, get, register_check
+from wfm_jax.families import FAMILIES
+from wfm_jax.families import cosmos as cosmos_family
+from wfm_jax.families import sana as sana_family
+from wfm_jax.families import sd3 as sd3_family
+from wfm_jax.families import wan as wan_family
 
-SD3_LORA_TARGETS = (
-    "attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0",
-    "attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj", "attn.to_add_out",
-)
-# Wan2.1 (no cosmos-rl recipe exists): the analogue of its Cosmos-Predict2.5 NFT list, the self-
-# and cross-attention projections and both FFN linears (spec video_models.md §5.5)
-WAN_LORA_TARGETS = ("to_q", "to_k", "to_v", "to_out.0", "ffn.net.0.proj", "ffn.net.2")
-# SANA1.5 and SANA-Video: cosmos-rl's configs/sana/*-lora.toml and *-nft.toml (r 4, alpha 4):
-# the linear self-attention (attn1) and the cross-attention (attn2) projections, no FFN
-SANA_LORA_TARGETS = ("attn1.to_q", "attn1.to_k", "attn1.to_v", "attn1.to_out.0",
-                     "attn2.to_q", "attn2.to_k", "attn2.to_v", "attn2.to_out.0")
-# Cosmos-Predict2.5: cosmos-predict2-5-2b-720-nft.toml's list (attn1 and attn2, not crossattn_proj)
-COSMOS_LORA_TARGETS = ("to_q", "to_k", "to_v", "to_out.0", "ff.net.0.proj", "ff.net.2")
+# Each family's LoRA targets live with the family (`FAMILIES.get(f).lora_targets`, from its
+# light package module so the schema imports no model); these names stay for the recipes.
+SD3_LORA_TARGETS = sd3_family.LORA_TARGETS
+WAN_LORA_TARGETS = wan_family.LORA_TARGETS
+SANA_LORA_TARGETS = sana_family.LORA_TARGETS
+COSMOS_LORA_TARGETS = cosmos_family.LORA_TARGETS
 
 DEFAULTS = {
     "train": {
@@ -140,7 +138,7 @@ DEFAULTS = {
     },
     "policy": {
         "model_name_or_path": "",
-        # the recipe's model family (models.family.families()): the pipeline dir must hold one
+        # the recipe's model family (a wfm_jax.families.FAMILIES name): the pipeline dir must hold one
         "family": "sd3",
         "build_tiny": False,  # embedded defaults: build the tiny random pipeline there if missing
         # tiny RL recipes: build (or rebuild an incomplete) pretrained tiny shapes pipeline there
@@ -295,11 +293,10 @@ def _positive(config, keys, allow_zero=False):
 
 @register_check
 def check_family(config) -> None:
-    from wfm_jax.families.base import families
-    known = families()
-    if config.policy.family not in known:
+    if config.policy.family not in FAMILIES:  # names only: imports no family
+        hint = FAMILIES.closest(config.policy.family)
         raise ConfigError(f"config key 'policy.family' = {config.policy.family!r} is not one of "
-                          f"{sorted(known)}")
+                          f"{FAMILIES.names()}" + (f"; did you mean {hint!r}?" if hint else ""))
 
 
 @register_check

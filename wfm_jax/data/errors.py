@@ -1,7 +1,8 @@
 """The one error type of the data pipelines: its message is one line naming the file or numbers."""
+from wfm_jax.core.errors import UserError
 
 
-class DataError(ValueError):
+class DataError(UserError, ValueError):
     """Bad dataset input: a missing directory, a JSON without "prompt", a corrupt image ..."""
 
 

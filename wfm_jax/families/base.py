@@ -1,11 +1,12 @@
 """One model-family interface: what every trainer, sampler, `generate`, export, validation and
 the benchmark may ask of a diffusers pipeline, whichever pipeline it is.
 
-A family is a subclass of `PipelineFamily` registered under the `_class_name` its diffusers
-`model_index.json` carries (as cosmos-rl's `supported_model_types()`); `load_pipeline(dir)` reads
-that name and builds the right one. Callers never branch on the family: what differs (prompt
-encoding, latent geometry, the transformer's call and timestep convention, the CFG form, the VAE
-and its latent normalisation, export) is a method here.
+A family is a subclass of `PipelineFamily` named in `wfm_jax.families.FAMILIES` under its recipe
+name; its `pipeline_class` is the `_class_name` its diffusers `model_index.json` carries (as
+cosmos-rl's `supported_model_types()`), so `load_pipeline(dir)` reads that name and builds the
+right one. Callers never branch on the family: what differs (prompt encoding, latent geometry,
+the transformer's call and timestep convention, the CFG form, the VAE and its latent
+normalisation, export, which module trains) is a method or class attribute here.
 
 Jitted code takes modules as arguments (`*_with(module, ...)`), so a trainer can split them into
 (graphdef, state) and pass states through `jax.jit`; the family's python configs are static.
@@ -28,52 +29,31 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from wfm_jax.core.errors import UserError
+from wfm_jax.core.registry import resolve
+from wfm_jax.families import FAMILIES
 
-class PipelineError(ValueError):
+
+class PipelineError(UserError, ValueError):
     """A pipeline directory that is missing, of an unsupported class, or lacks a component."""
 
 
-_FAMILIES: dict[str, type[PipelineFamily]] = {}
-# Modules that register a family on import (lazy: importing one family must not import all).
-_PROVIDERS = ("wfm_jax.families.sd3.pipeline", "wfm_jax.families.wan.pipeline",
-              "wfm_jax.families.cosmos.pipeline", "wfm_jax.families.sana.pipeline",
-              "wfm_jax.families.sana.video_pipeline")
-
-
-def register_family(cls: type[PipelineFamily]) -> type[PipelineFamily]:
-    """Class decorator: `cls` serves model_index.json `_class_name == cls.pipeline_class`."""
-    _FAMILIES[cls.pipeline_class] = cls
-    return cls
-
-
-def _load_providers() -> None:
-    import importlib
-    for name in _PROVIDERS:
-        try:
-            importlib.import_module(name)
-        except ModuleNotFoundError as e:
-            if e.name != name:
-                raise
-
-
 def supported_pipelines() -> list[str]:
-    _load_providers()
-    return sorted(_FAMILIES)
+    """The model_index.json class names of every registered family (imports them all)."""
+    return sorted(cls.pipeline_class for cls in FAMILIES.values())
 
 
 def families() -> dict[str, str]:
     """recipe family name -> pipeline class, e.g. {"sd3": "StableDiffusion3Pipeline"}."""
-    _load_providers()
-    return {cls.family: name for name, cls in _FAMILIES.items()}
+    return {name: cls.pipeline_class for name, cls in FAMILIES.items()}
 
 
 def family_named(name: str) -> type[PipelineFamily]:
     """The class of the recipe family `name` ("sd3", "wan", ...); PipelineError naming the
-    known ones."""
-    known = families()
-    if name not in known:
-        raise PipelineError(f"unknown model family {name!r}; known: {', '.join(sorted(known))}")
-    return _FAMILIES[known[name]]
+    nearest and the known ones."""
+    if name not in FAMILIES:
+        raise PipelineError(FAMILIES.unknown(name))
+    return FAMILIES.get(name)
 
 
 def read_model_index(directory: str) -> dict:
@@ -90,11 +70,11 @@ def read_model_index(directory: str) -> dict:
 def family_class(directory: str) -> type[PipelineFamily]:
     """The family serving the pipeline in `directory`; one line naming the supported ones."""
     name = read_model_index(directory).get("_class_name", "<no _class_name>")
-    _load_providers()
-    if name not in _FAMILIES:
+    by_class = {cls.pipeline_class: cls for cls in FAMILIES.values()}
+    if name not in by_class:
         raise PipelineError(f"{directory} holds a {name!r}, which wfm_jax does not support; "
-                            f"supported pipelines: {', '.join(sorted(_FAMILIES))}")
-    return _FAMILIES[name]
+                            f"supported pipelines: {', '.join(sorted(by_class))}")
+    return by_class[name]
 
 
 def load_pipeline(directory: str, *, family: str | None = None, **options) -> PipelineFamily:
@@ -133,6 +113,15 @@ class PipelineFamily(abc.ABC):
     is_video: ClassVar[bool] = False
     display_name: ClassVar[str | None] = None  # for messages ("SD3", "Wan"); None: `family`
     lora_prefix: ClassVar[str] = "transformer"  # key prefix of exported LoRA weights
+    # The components the trainer may update (attribute names on the loaded pipeline); today's
+    # trainers update one, `trainable_module()`. A language-model family names its LM here.
+    trainable: ClassVar[tuple[str, ...]] = ("transformer",)
+    # The module paths a recipe's policy.lora.target_modules defaults to for this family
+    # (diffusers names; the recipes and the benchmark read them from here).
+    lora_targets: ClassVar[tuple[str, ...]] = ()
+    # "module:function" writing the tiny twin, write(directory, seed); loaded on use, since the
+    # writer reads this module's constants
+    tiny_writer: ClassVar[str | None] = None
     # what `generate` uses when the user names none (diffusers' pipeline defaults)
     default_solver: ClassVar[str] = "euler"  # sampling.samplers method; see sampler_schedule
     default_steps: ClassVar[int] = 28
@@ -165,6 +154,28 @@ class PipelineFamily(abc.ABC):
         """Every component of a local pipeline dir straight onto `mesh` (models.loading).
         frozen_param_dtype: weights of the VAE and text encoders, which training never updates."""
 
+    @classmethod
+    def write_tiny(cls, directory: str, seed: int = 0) -> None:
+        """Write the family's tiny twin (random weights, the real layout and configs) into the
+        existing empty `directory`; families.tiny.build_tiny_pipeline calls it atomically.
+        Default: the function `tiny_writer` names."""
+        if cls.tiny_writer is None:
+            raise PipelineError(f"the {cls.family!r} family has no tiny twin")
+        resolve(cls.tiny_writer)(directory, seed)
+
+    def trainable_module(self) -> Any:
+        """The module the trainer updates (the family's single `trainable` component). Callers
+        use this, never `pipe.transformer`, so a family may train another component."""
+        if len(self.trainable) != 1:
+            raise PipelineError(f"the {self.family!r} family trains {list(self.trainable)}; "
+                                f"trainable_module() serves families that train one module")
+        return getattr(self, self.trainable[0])
+
+    def set_trainable_module(self, module: Any) -> None:
+        """Put `module` (e.g. None once a trainer has split it into its state) where
+        `trainable_module()` finds it."""
+        setattr(self, self.trainable[0], module)
+
     def static_key(self) -> tuple:
         """Hashable identity of everything the *_with methods read from self."""
         return (type(self).__name__, hashable(self.transformer_config),
@@ -176,8 +187,29 @@ class PipelineFamily(abc.ABC):
         a model's weights alive."""
         import copy
         out = copy.copy(self)
-        out.transformer, out.vae, out.text_encoders = None, None, ()
+        out.vae, out.text_encoders = None, ()
+        for name in out.trainable:
+            setattr(out, name, None)
         return out
+
+    @classmethod
+    def weightless(cls, configs: Mapping[str, Any], directory: str | None = None,
+                   vae: Any = None) -> PipelineFamily:
+        """An instance holding `configs` and no weights, for the planner and the benchmark
+        (their *_with calls read only configs): configs has "transformer", "vae", "scheduler"
+        dicts and optionally "text_encoders" (a list of dicts); vae: an abstract VAE to keep.
+        Tokenizers are absent, so `tokenize` is unavailable. A family with more per-instance
+        state sets it in an override."""
+        pipe = object.__new__(cls)
+        pipe.directory = directory
+        for name in cls.trainable:
+            setattr(pipe, name, None)
+        pipe.vae, pipe.text_encoders = vae, ()
+        pipe.transformer_config, pipe.vae_config = dict(configs["transformer"]), dict(configs["vae"])
+        pipe.scheduler_config = dict(configs["scheduler"])
+        pipe.text_config = dict((configs.get("text_encoders") or [{}])[0])
+        pipe.tokenizer = pipe.tokenizers = None
+        return pipe
 
     # ------------------------------------------------------------------ geometry
     @property
@@ -249,7 +281,7 @@ class PipelineFamily(abc.ABC):
         takes another convention converts here."""
 
     def velocity(self, latents, timesteps, cond: Mapping) -> jax.Array:
-        return self.velocity_with(self.transformer, latents, timesteps, cond)
+        return self.velocity_with(self.trainable_module(), latents, timesteps, cond)
 
     def guide(self, v_cond: jax.Array, v_uncond: jax.Array, scale) -> jax.Array:
         """Classifier-free guidance: diffusers' v_u + w (v_c - v_u); Cosmos overrides."""
@@ -295,4 +327,4 @@ class PipelineFamily(abc.ABC):
     @classmethod
     def export_components(cls) -> tuple[str, ...]:
         """The components a full fine-tune rewrites (the rest are copied unchanged)."""
-        return ("transformer",)
+        return cls.trainable

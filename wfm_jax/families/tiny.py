@@ -287,21 +287,15 @@ def write_pipeline(directory: str, seed: int = 0, *, transformer: dict | None = 
     write_json(model_index(), os.path.join(directory, "model_index.json"))
 
 
-FAMILIES = ("sd3", "wan", "cosmos", "sana", "sana_video")  # the recipes' policy.family names
-_WRITERS = {"wan": ("wfm_jax.families.wan.tiny", "write_pipeline"),
-            "cosmos": ("wfm_jax.families.cosmos.tiny", "write_pipeline"),
-            "sana": ("wfm_jax.families.sana.tiny", "write_pipeline"),
-            "sana_video": ("wfm_jax.families.sana.tiny", "write_video_pipeline")}
-
-
 def build_tiny_pipeline(directory: str, seed: int = 0, overwrite: bool = False,
                         family: str = "sd3") -> str:
-    """Write the tiny pipeline of `family` to `directory` (must be absent or empty unless
-    overwrite)."""
+    """Write the tiny pipeline of `family` (its class's `write_tiny`, looked up in FAMILIES) to
+    `directory` (must be absent or empty unless overwrite)."""
+    from wfm_jax.families import FAMILIES
     from wfm_jax.io.atomic import atomic_directory
 
     if family not in FAMILIES:
-        raise ValueError(f"unknown tiny pipeline family {family!r}; choose one of {list(FAMILIES)}")
+        raise ValueError(f"unknown tiny pipeline family {family!r}; choose one of {FAMILIES.names()}")
     if seed < 0:  # numpy seeds are non-negative
         raise ValueError(f"seed must be >= 0, got {seed}")
     directory = os.path.abspath(directory)
@@ -309,12 +303,7 @@ def build_tiny_pipeline(directory: str, seed: int = 0, overwrite: bool = False,
         raise FileExistsError(f"{directory} is a file, not a pipeline directory")
     if os.path.isdir(directory) and os.listdir(directory) and not overwrite:
         raise FileExistsError(f"{directory} exists and is not empty (pass overwrite to replace it)")
-    if family == "sd3":
-        write = write_pipeline
-    else:  # each other family's builder lives in its own module
-        import importlib
-        module, name = _WRITERS[family]
-        write = getattr(importlib.import_module(module), name)
+    write = FAMILIES.get(family).write_tiny
     with atomic_directory(directory) as tmp:
         write(tmp, seed)
     return directory

@@ -12,8 +12,10 @@ import os
 import socket
 from collections.abc import Iterator
 
+from wfm_jax.core.errors import UserError
 
-class LockHeldError(RuntimeError):
+
+class LockHeldError(UserError, RuntimeError):
     """Another live process holds the lock."""
 
 

@@ -21,13 +21,14 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from wfm_jax.core.errors import UserError
 from wfm_jax.core.tree import path_str
 from wfm_jax.models.layers.linear import Linear
 
 INITS = ("gaussian", "default")
 
 
-class LoraError(ValueError):
+class LoraError(UserError, ValueError):
     """A LoRA request that cannot be honoured (unknown target, bad rank, unknown init)."""
 
 

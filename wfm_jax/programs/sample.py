@@ -62,7 +62,7 @@ def generate(pipe, prompts: Sequence[str], *, steps: int, guidance: float, heigh
                          f"(diffusers layout) for {len(prompts)} prompt(s) at {height}x{width}")
     if negative_prompt is None:
         negative_prompt = pipe.default_negative_prompt
-    graphdef, state = nnx.split(pipe.transformer)
+    graphdef, state = nnx.split(pipe.trainable_module())
     vae_def, vae_state = nnx.split(pipe.vae)
     family = pipe.shell()
     latents = jnp.asarray(latents, jnp.float32)

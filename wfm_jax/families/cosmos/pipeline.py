@@ -32,7 +32,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from converters.loading import load_model, read_json
-from wfm_jax.families.base import PipelineError, PipelineFamily, component_present, read_model_index, register_family
+from wfm_jax.families.base import PipelineError, PipelineFamily, component_present, read_model_index
+from wfm_jax.families.cosmos import LORA_TARGETS
 from wfm_jax.models.cosmos import text_embedding as te
 from wfm_jax.models.wan.vae import as_config
 from wfm_jax.models.wan.video_latents import WanVideoLatents
@@ -68,10 +69,10 @@ def karras_flow_sigmas(num_steps: int, sigma_min: float, sigma_max: float) -> np
     return np.concatenate([s / (s + 1), [0.0]]).astype(np.float32)
 
 
-@register_family
 class CosmosPipeline(WanVideoLatents, PipelineFamily):
     pipeline_class = "Cosmos2_5_PredictBasePipeline"
     family = "cosmos"
+    lora_targets = LORA_TARGETS
     display_name = "Cosmos"
     is_video = True
     supports_video_condition = True
@@ -81,6 +82,7 @@ class CosmosPipeline(WanVideoLatents, PipelineFamily):
     default_max_sequence_length = te.MAX_SEQUENCE_LENGTH
     default_negative_prompt = DEFAULT_NEGATIVE_PROMPT
     conditional_frame_timestep = CONDITIONAL_FRAME_TIMESTEP
+    tiny_writer = "wfm_jax.families.cosmos.tiny:write_pipeline"
 
     def __init__(self, directory: str, transformer, vae, text_encoder, tokenizer,
                  transformer_config: dict, vae_config: dict, scheduler_config: dict):

@@ -33,7 +33,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from converters.loading import load_model, read_json
-from wfm_jax.families.base import PipelineError, PipelineFamily, component_present, read_model_index, register_family
+from wfm_jax.families.base import PipelineError, PipelineFamily, component_present, read_model_index
+from wfm_jax.families.sana import LORA_TARGETS
 from wfm_jax.models.dcae import scale_latents, unscale_latents
 from wfm_jax.models.dcae.autoencoder_dc import as_config
 from wfm_jax.models.text.gemma2 import select_sana_tokens
@@ -81,6 +82,7 @@ class SanaFamily(PipelineFamily):
     `instruction_default`, and implement the geometry, the VAE and `_timesteps`."""
 
     default_solver = "dpm_solver"  # DPMSolverMultistepScheduler, flow sigmas, 2M midpoint
+    lora_targets = LORA_TARGETS
     default_max_sequence_length = DEFAULT_MAX_SEQUENCE_LENGTH
     instruction_default: ClassVar[tuple[str, ...]]
 
@@ -100,6 +102,12 @@ class SanaFamily(PipelineFamily):
         self.instruction = tuple(self.instruction_default if instruction is None else instruction)
 
     # ------------------------------------------------------------------ construction
+    @classmethod
+    def weightless(cls, configs, directory=None, vae=None) -> SanaFamily:
+        pipe = super().weightless(configs, directory, vae)
+        pipe.instruction = tuple(cls.instruction_default)  # the pipeline's default prefix
+        return pipe
+
     @classmethod
     def load(cls, directory: str, *, dtype=None, param_dtype=jnp.float32, mesh=None, rules=None,
              text_dtype=None, frozen_param_dtype=None, transformer_options: dict | None = None,
@@ -232,13 +240,13 @@ class SanaFamily(PipelineFamily):
         return out
 
 
-@register_family
 class SanaPipeline(SanaFamily):
     pipeline_class = "SanaPipeline"
     family = "sana"
     # SanaPipeline.__call__'s defaults
     default_steps, default_guidance = 20, 4.5
     instruction_default = IMAGE_INSTRUCTION
+    tiny_writer = "wfm_jax.families.sana.tiny:write_pipeline"
 
     @property
     def spatial_factor(self) -> int:

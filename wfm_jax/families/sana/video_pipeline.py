@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 
-from wfm_jax.families.base import PipelineError, register_family
+from wfm_jax.families.base import PipelineError
 from wfm_jax.families.sana.pipeline import SIZE_MULTIPLE, SanaFamily
 from wfm_jax.models.wan.vae import as_config
 from wfm_jax.models.wan.video_latents import WanVideoLatents
@@ -42,7 +42,6 @@ VIDEO_INSTRUCTION = (
 )
 
 
-@register_family
 class SanaVideoPipeline(WanVideoLatents, SanaFamily):
     pipeline_class = "SanaVideoPipeline"
     family = "sana_video"
@@ -50,6 +49,7 @@ class SanaVideoPipeline(WanVideoLatents, SanaFamily):
     # SanaVideoPipeline.__call__'s defaults (frames=81 at 16 fps)
     default_steps, default_guidance, default_frames, default_fps = 50, 6.0, 81, 16.0
     instruction_default = VIDEO_INSTRUCTION
+    tiny_writer = "wfm_jax.families.sana.tiny:write_video_pipeline"
 
     @classmethod
     def _refuse(cls, info, directory: str) -> None:

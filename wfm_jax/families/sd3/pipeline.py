@@ -1,4 +1,4 @@
-"""The SD3 text-to-image pipeline in JAX: the "sd3" model family (models.family).
+"""The SD3 text-to-image pipeline in JAX: the "sd3" model family (wfm_jax.families.FAMILIES).
 
 `SD3Pipeline` holds the NNX components of a diffusers `StableDiffusion3Pipeline` directory and
 implements `PipelineFamily`: conditioning {"prompt_embeds", "pooled_projections"} exactly as
@@ -19,7 +19,8 @@ import numpy as np
 
 from converters.loading import load_model
 from wfm_jax.families import base as fam
-from wfm_jax.families.base import PipelineError, PipelineFamily, register_family
+from wfm_jax.families.base import PipelineError, PipelineFamily
+from wfm_jax.families.sd3 import LORA_TARGETS
 from wfm_jax.models.vae.autoencoder_kl import scale_latents, unscale_latents, vae_scale_factor
 
 PIPELINE_CLASS = "StableDiffusion3Pipeline"
@@ -52,16 +53,17 @@ def _load_tokenizer(directory: str, name: str, entry):
     return cls.from_pretrained(os.path.join(directory, name))
 
 
-@register_family
 @dataclasses.dataclass(eq=False)
 class SD3Pipeline(PipelineFamily):
     pipeline_class = PIPELINE_CLASS
     family = "sd3"
+    lora_targets = LORA_TARGETS
     display_name = "SD3"
     # generate's defaults: diffusers' SD3.5 pipeline (28 Euler steps, guidance 4.5 in the docs)
     default_solver = "euler"
     default_steps = 28
     default_guidance = 4.5
+    tiny_writer = "wfm_jax.families.tiny:write_pipeline"
 
     directory: str
     transformer: Any

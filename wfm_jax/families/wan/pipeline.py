@@ -23,7 +23,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from converters.loading import load_model, read_json
-from wfm_jax.families.base import PipelineError, PipelineFamily, component_present, read_model_index, register_family
+from wfm_jax.families.base import PipelineError, PipelineFamily, component_present, read_model_index
+from wfm_jax.families.wan import LORA_TARGETS
 from wfm_jax.models.wan.vae import as_config
 from wfm_jax.models.wan.video_latents import WanVideoLatents
 
@@ -61,16 +62,17 @@ def _refuse_wan22(info: Mapping, directory: str) -> None:
                             f"supported; only Wan2.1 text-to-video is")
 
 
-@register_family
 class WanPipeline(WanVideoLatents, PipelineFamily):
     pipeline_class = "WanPipeline"
     family = "wan"
+    lora_targets = LORA_TARGETS
     display_name = "Wan"
     is_video = True
     default_solver = "unipc"  # Wan's scheduler (UniPC, flow sigmas, order 2, bh2)
     # WanPipeline.__call__'s defaults (generate uses them when the user names none)
     default_steps, default_guidance, default_frames, default_fps = 50, 5.0, 81, 16.0
     default_max_sequence_length = DEFAULT_MAX_SEQUENCE_LENGTH
+    tiny_writer = "wfm_jax.families.wan.tiny:write_pipeline"
 
     def __init__(self, directory: str, transformer, vae, text_encoder, tokenizer,
                  transformer_config: dict, vae_config: dict, scheduler_config: dict):

@@ -19,6 +19,8 @@ import os
 import threading
 from collections.abc import Mapping
 
+from wfm_jax.core.errors import UserError
+
 _SETTINGS = {  # field -> variables, in order of preference
     "access_key": ("PROD_S3_CHECKPOINT_ACCESS_KEY_ID", "AWS_ACCESS_KEY_ID"),
     "secret_key": ("PROD_S3_CHECKPOINT_SECRET_ACCESS_KEY", "AWS_SECRET_ACCESS_KEY"),
@@ -28,7 +30,7 @@ _SETTINGS = {  # field -> variables, in order of preference
 _REQUIRED = ("endpoint_url", "access_key", "secret_key")
 
 
-class S3Error(RuntimeError):
+class S3Error(UserError, RuntimeError):
     """S3 cannot be used as configured (credentials, endpoint, bucket, server); one line."""
 
 

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image, ImageDraw
 
+from wfm_jax.core.errors import UserError
+
 COLOURS = {"red": (220, 40, 40), "green": (40, 180, 60), "blue": (40, 70, 220),
            "yellow": (235, 210, 40)}
 BACKGROUNDS = {"white": (245, 245, 245), "black": (15, 15, 15)}
@@ -37,7 +39,7 @@ class Scene:
         return f"{COUNT_WORDS[self.count]} {self.colour} {noun} on a {self.background} background"
 
 
-class PromptGrammarError(ValueError):
+class PromptGrammarError(UserError, ValueError):
     """A prompt the shapes grammar does not produce."""
 
 
