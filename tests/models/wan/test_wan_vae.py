@@ -206,7 +206,7 @@ def test_temporal_resample_chunks_match_diffusers(mode, chunks):
             want.append(ref(piece, feat_cache=cache, feat_idx=[0]).numpy())
         y, jax_cache = model(jnp.asarray(piece.numpy()).transpose(0, 2, 3, 4, 1), jax_cache)
         got.append(np.asarray(y).transpose(0, 4, 1, 2, 3))
-    for i, (w, g) in enumerate(zip(want, got)):
+    for i, (w, g) in enumerate(zip(want, got, strict=True)):
         assert g.shape == w.shape, (i, g.shape, w.shape)
         np.testing.assert_allclose(g, w, rtol=0, atol=ATOL, err_msg=f"chunk {i}")
     # the first chunk keeps its frame count: upsample3d gives 1 frame, not 2; downsample3d too
@@ -256,7 +256,7 @@ def test_unsupported_configs_are_refused():
 def _raw(directory):
     with safe_open(os.path.join(directory, "diffusion_pytorch_model.safetensors"),
                    framework="numpy") as f:
-        return {k: (f.get_slice(k).get_dtype(), f.get_tensor(k).tobytes()) for k in f.keys()}
+        return {k: (f.get_slice(k).get_dtype(), f.get_tensor(k).tobytes()) for k in f.keys()}  # noqa: SIM118
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
