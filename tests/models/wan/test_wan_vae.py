@@ -1,12 +1,13 @@
 """AutoencoderKLWan (the Wan2.1 video VAE): parity with diffusers torch on identical weights
-(converted through the weight table), the chunked cache semantics, and bit-exact round trips."""
+(converted through the weight table), the chunked cache semantics, and the converter conformance
+checks (table, bit-exact round trips that diffusers loads, bad checkpoints naming the key)."""
 from __future__ import annotations
 
 import os
+from types import MappingProxyType
 
 import jax
 import jax.numpy as jnp
-import ml_dtypes
 import numpy as np
 import pytest
 import torch
@@ -17,10 +18,17 @@ from safetensors import safe_open
 
 from converters.cli import main as converters_main
 from converters.registry import spec_for
-from converters.table import ConversionError, convert_to_diffusers, convert_to_jax
-from converters.wan_vae import _resample, build_table
-from wfm_jax.core.tree import flat_arrays, flat_params, flat_shapes
-from wfm_jax.models.wan.vae import AutoencoderKLWan, WanVAEConfig, latent_frames, scale_latents, unscale_latents
+from converters.table import convert_to_jax
+from converters.wan_vae import _resample, build_table, make_model
+from tests.conformance import ConverterConformance
+from wfm_jax.core.tree import flat_params, flat_shapes
+from wfm_jax.models.wan.vae import (
+    AutoencoderKLWan,
+    WanVAEConfig,
+    latent_frames,
+    scale_latents,
+    unscale_latents,
+)
 from wfm_jax.models.wan.vae_layers import Resample
 
 ATOL = 2e-5  # module-level outputs (the encoder's moments)
@@ -42,6 +50,27 @@ def random_torch_vae(kwargs: dict = TINY, seed: int = 0) -> TorchWanVAE:
             if name.endswith("gamma"):
                 p.copy_(1.0 + 0.2 * torch.randn_like(p))
     return vae
+
+
+class TestWanVAEConverter(ConverterConformance):
+    torch_class = TorchWanVAE
+    build_table, make_model = staticmethod(build_table), staticmethod(make_model)
+    base, variants = TINY, {"tiny": {}}
+    config_from_torch = True
+    # and a wider decoder, 2 resnets per level, no temporal downsampling in the last stage
+    table_configs = MappingProxyType({"tiny": {}, "other": dict(
+        decoder_base_dim=12, num_res_blocks=2, temperal_downsample=[False, True, False])})
+    missing_key = "decoder.norm_out.gamma"
+    unexpected_key = "encoder.bogus.gamma"
+    wrong_shape = ("encoder.norm_out.gamma", (16, 1, 1, 1))
+
+    def build_torch(self, config):
+        return random_torch_vae(config)
+
+
+def test_registry_serves_the_wan_vae():
+    vae = random_torch_vae()
+    assert spec_for({**vae.config, "_class_name": "AutoencoderKLWan"}).build_table is build_table
 
 
 def torch_state(module) -> dict[str, np.ndarray]:
@@ -177,7 +206,7 @@ def test_temporal_resample_chunks_match_diffusers(mode, chunks):
             want.append(ref(piece, feat_cache=cache, feat_idx=[0]).numpy())
         y, jax_cache = model(jnp.asarray(piece.numpy()).transpose(0, 2, 3, 4, 1), jax_cache)
         got.append(np.asarray(y).transpose(0, 4, 1, 2, 3))
-    for i, (w, g) in enumerate(zip(want, got)):
+    for i, (w, g) in enumerate(zip(want, got, strict=True)):
         assert g.shape == w.shape, (i, g.shape, w.shape)
         np.testing.assert_allclose(g, w, rtol=0, atol=ATOL, err_msg=f"chunk {i}")
     # the first chunk keeps its frame count: upsample3d gives 1 frame, not 2; downsample3d too
@@ -203,20 +232,6 @@ def test_bf16_compute_keeps_fp32_norms_and_stays_close():
     assert 0 < error < 0.05 * float(jnp.max(jnp.abs(want)))
 
 
-# ------------------------------------------------------------------------------ weight table
-
-def test_table_maps_every_key_of_other_configs():
-    # a wider decoder, 2 resnets per level, no temporal downsampling in the last stage
-    kwargs = dict(TINY, decoder_base_dim=12, num_res_blocks=2,
-                  temperal_downsample=[False, True, False])
-    vae = TorchWanVAE(**kwargs)
-    table = build_table(dict(vae.config))
-    assert sorted(r.hf for r in table) == sorted(vae.state_dict())
-    model = nnx.eval_shape(lambda: AutoencoderKLWan(dict(vae.config), rngs=nnx.Rngs(0)))
-    assert sorted(r.jax for r in table) == sorted(flat_shapes(model))
-    convert_to_jax(table, loaders(torch_state(vae)), flat_shapes(model))  # shapes agree
-
-
 def test_released_config_maps_every_key_and_parameter():
     # diffusers' defaults are the released Wan2.1 VAE (126.9M parameters); no memory is spent
     with torch.device("meta"):
@@ -227,38 +242,6 @@ def test_released_config_maps_every_key_and_parameter():
     assert sorted(r.jax for r in table) == sorted(shapes)
     assert sum(int(np.prod(v)) for v in shapes.values()) == sum(
         p.numel() for p in vae.parameters()) == 126_892_531
-
-
-@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16])
-def test_round_trip_is_bit_exact(dtype):
-    vae = random_torch_vae()
-    state = {k: v.astype(dtype) for k, v in torch_state(vae).items()}
-    table = build_table(dict(vae.config))
-    assert spec_for({**vae.config, "_class_name": "AutoencoderKLWan"}).build_table is build_table
-    model = nnx.eval_shape(lambda: AutoencoderKLWan(dict(vae.config), param_dtype=dtype,
-                                                    rngs=nnx.Rngs(0)))
-    flat = convert_to_jax(table, loaders(state), flat_shapes(model))
-    for key, var in flat_params(model).items():
-        var.set_value(jnp.asarray(flat[key]))
-    back = convert_to_diffusers(table, flat_arrays(model))
-    assert set(back) == set(state)
-    for key, value in state.items():
-        assert back[key].dtype == value.dtype and back[key].shape == value.shape, key
-        assert back[key].tobytes() == value.tobytes(), key
-
-
-def test_wrong_keys_and_shapes_are_errors_naming_them():
-    vae = random_torch_vae()
-    state = torch_state(vae)
-    table = build_table(dict(vae.config))
-    shapes = flat_shapes(nnx.eval_shape(lambda: AutoencoderKLWan(TINY, rngs=nnx.Rngs(0))))
-    missing = dict(state)
-    missing.pop("decoder.norm_out.gamma")
-    with pytest.raises(ConversionError, match="missing keys: decoder.norm_out.gamma"):
-        convert_to_jax(table, loaders(missing), shapes)
-    bad = dict(state, **{"encoder.norm_out.gamma": np.ones((16, 1, 1, 1), np.float32)})
-    with pytest.raises(ConversionError, match="encoder.norm_out.gamma"):
-        convert_to_jax(table, loaders(bad), shapes)
 
 
 def test_unsupported_configs_are_refused():

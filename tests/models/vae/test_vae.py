@@ -1,9 +1,10 @@
-"""AutoencoderKL (SD3 VAE): parity with diffusers torch on identical weights, and the weight table."""
+"""AutoencoderKL (SD3 VAE): the converter conformance checks (table, bit-identical round trips
+that diffusers loads, bad checkpoints naming the key) plus encode/decode parity with diffusers
+torch on identical weights, bf16, sharding and the VAE's own behaviour."""
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import ml_dtypes
 import numpy as np
 import pytest
 import torch
@@ -11,10 +12,17 @@ from diffusers import AutoencoderKL as TorchAutoencoderKL
 from flax import nnx
 
 from converters.registry import spec_for
-from converters.table import ConversionError, convert_to_diffusers, convert_to_jax
-from converters.vae import build_table
-from wfm_jax.core.tree import flat_arrays, flat_params, flat_shapes
-from wfm_jax.models.vae import AutoencoderKL, DiagonalGaussian, scale_latents, unscale_latents, vae_scale_factor
+from converters.table import ConversionError, convert_to_jax
+from converters.vae import build_table, make_model
+from tests.conformance import ConverterConformance
+from wfm_jax.core.tree import flat_params, flat_shapes
+from wfm_jax.models.vae import (
+    AutoencoderKL,
+    DiagonalGaussian,
+    scale_latents,
+    unscale_latents,
+    vae_scale_factor,
+)
 
 ATOL = 2e-5
 
@@ -40,6 +48,20 @@ def random_torch_vae(kwargs: dict, seed: int = 0) -> TorchAutoencoderKL:
             # norm scales stay near 1 so activations keep their size through the network
             p.copy_(1.0 + noise if "norm" in name and name.endswith("weight") else noise)
     return vae
+
+
+class TestAutoencoderKLConverter(ConverterConformance):
+    torch_class = TorchAutoencoderKL
+    build_table, make_model = staticmethod(build_table), staticmethod(make_model)
+    variants = CONFIGS
+    config_from_torch = True
+    bad_checkpoint_variant = "two_blocks"
+    missing_key = "decoder.up_blocks.0.upsamplers.0.conv.weight"
+    unexpected_key = "encoder.mid_block.attentions.0.query.weight"
+    wrong_shape = ("encoder.conv_in.weight", (8, 3, 1, 1))
+
+    def build_torch(self, config):
+        return random_torch_vae(config)
 
 
 def loaders(state: dict) -> dict:
@@ -134,64 +156,12 @@ def test_bf16_compute_stays_close_to_fp32(outputs):
     assert 0 < error < 0.05 * np.max(np.abs(want))  # 0 would mean bf16 was not used
 
 
-def test_table_maps_every_key_and_round_trips_fp32():
-    vae = random_torch_vae(CONFIGS["two_blocks"])
-    state = torch_state(vae)
-    table = build_table(dict(vae.config))
-    assert sorted(r.hf for r in table) == sorted(state)
-    model = load_jax(vae, state=state)
-    back = convert_to_diffusers(table, flat_arrays(model))
-    assert set(back) == set(state)
-    for key, value in state.items():
-        assert back[key].dtype == value.dtype and np.array_equal(back[key], value), key
-    fresh = TorchAutoencoderKL(**CONFIGS["two_blocks"])
-    fresh.load_state_dict({k: torch.from_numpy(v) for k, v in back.items()}, strict=True)
-    assert all(torch.equal(fresh.state_dict()[k], vae.state_dict()[k]) for k in state)
-
-
-def test_round_trip_bf16_is_bit_identical():
-    vae = random_torch_vae(CONFIGS["one_block"]).to(torch.bfloat16)
-    state = {k: v.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-             for k, v in vae.state_dict().items()}
-    model = load_jax(vae, param_dtype=jnp.bfloat16, state=state)
-    back = convert_to_diffusers(build_table(dict(vae.config)), flat_arrays(model))
-    for key, value in state.items():
-        assert back[key].dtype == ml_dtypes.bfloat16, key
-        assert np.array_equal(back[key].view(np.int16), value.view(np.int16)), key
-    fresh = TorchAutoencoderKL(**CONFIGS["one_block"]).to(torch.bfloat16)
-    fresh.load_state_dict({k: torch.from_numpy(v.view(np.int16)).view(torch.bfloat16)
-                           for k, v in back.items()}, strict=True)
-    assert all(torch.equal(fresh.state_dict()[k], vae.state_dict()[k]) for k in state)
-
-
 @pytest.fixture(scope="module")
 def checkpoint():
     vae = random_torch_vae(CONFIGS["two_blocks"])
     config = dict(vae.config)
     shapes = flat_shapes(abstract_vae(config))
     return config, torch_state(vae), shapes
-
-
-def test_missing_key_is_named(checkpoint):
-    config, state, shapes = checkpoint
-    state = dict(state)
-    del state["decoder.up_blocks.0.upsamplers.0.conv.weight"]
-    with pytest.raises(ConversionError, match=r"missing.*decoder\.up_blocks\.0\.upsamplers\.0\.conv\.weight"):
-        convert_to_jax(build_table(config), loaders(state), shapes)
-
-
-def test_extra_key_is_named(checkpoint):
-    config, state, shapes = checkpoint
-    state = dict(state, **{"encoder.mid_block.attentions.0.query.weight": np.zeros((16, 16))})
-    with pytest.raises(ConversionError, match=r"unexpected.*encoder\.mid_block\.attentions\.0\.query\.weight"):
-        convert_to_jax(build_table(config), loaders(state), shapes)
-
-
-def test_wrong_shape_is_named(checkpoint):
-    config, state, shapes = checkpoint
-    state = dict(state, **{"encoder.conv_in.weight": np.zeros((8, 3, 1, 1), np.float32)})
-    with pytest.raises(ConversionError, match=r"encoder\.conv_in\.weight"):
-        convert_to_jax(build_table(config), loaders(state), shapes)
 
 
 def test_config_without_quant_convs_rejects_checkpoint_with_them(checkpoint):

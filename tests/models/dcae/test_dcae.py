@@ -1,20 +1,21 @@
-"""AutoencoderDC (SANA's DC-AE): parity with diffusers torch on identical weights, the weight
-table's round trips and its errors."""
+"""AutoencoderDC (SANA's DC-AE): the converter conformance checks (table, bit-identical round
+trips that diffusers loads, bad checkpoints naming the key) plus encode/decode parity with
+diffusers torch on identical weights, bf16, sharding and the DC-AE's own configs and errors."""
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import ml_dtypes
 import numpy as np
 import pytest
 import torch
 from diffusers import AutoencoderDC as TorchAutoencoderDC
 from flax import nnx
 
-from converters.dcae import build_table
+from converters.dcae import build_table, make_model
 from converters.registry import spec_for
-from converters.table import ConversionError, convert_to_diffusers, convert_to_jax
-from wfm_jax.core.tree import flat_arrays, flat_params, flat_shapes
+from converters.table import convert_to_jax
+from tests.conformance import ConverterConformance
+from wfm_jax.core.tree import flat_params, flat_shapes
 from wfm_jax.models.dcae import AutoencoderDC, DCAEConfig, scale_latents, unscale_latents
 
 ATOL = 2e-5
@@ -56,6 +57,20 @@ def random_torch_vae(kwargs: dict, seed: int = 0) -> TorchAutoencoderDC:
             # norm scales stay near 1 so activations keep their size through the network
             p.copy_(1.0 + noise if "norm" in name and name.endswith("weight") else noise)
     return vae
+
+
+class TestAutoencoderDCConverter(ConverterConformance):
+    torch_class = TorchAutoencoderDC
+    build_table, make_model = staticmethod(build_table), staticmethod(make_model)
+    variants = CONFIGS
+    config_from_torch = True
+    bad_checkpoint_variant = "spec"
+    missing_key = "decoder.up_blocks.1.0.attn.to_qkv_multiscale.0.proj_out.weight"
+    unexpected_key = "encoder.down_blocks.0.0.norm.running_mean"
+    wrong_shape = ("encoder.down_blocks.1.0.conv_out.conv_depth.weight", (64, 2, 3, 3))  # depthwise
+
+    def build_torch(self, config):
+        return random_torch_vae(config)
 
 
 def loaders(state: dict) -> dict:
@@ -131,66 +146,11 @@ def test_bf16_compute_tracks_fp32_like_diffusers_bf16(pairs):
     assert 0 < err < 1.5 * torch_err, (err, torch_err)  # 0 would mean bf16 was not used
 
 
-@pytest.mark.parametrize("name", sorted(CONFIGS))
-def test_table_maps_every_key_and_round_trips_fp32(name):
-    vae = random_torch_vae(CONFIGS[name])
-    state = torch_state(vae)
-    table = build_table(dict(vae.config))
-    assert sorted(r.hf for r in table) == sorted(state)
-    back = convert_to_diffusers(table, flat_arrays(load_jax(vae, state=state)))
-    assert set(back) == set(state)
-    for key, value in state.items():
-        assert back[key].dtype == value.dtype and np.array_equal(back[key], value), key
-    fresh = TorchAutoencoderDC(**CONFIGS[name])
-    fresh.load_state_dict({k: torch.from_numpy(v) for k, v in back.items()}, strict=True)
-    assert all(torch.equal(fresh.state_dict()[k], vae.state_dict()[k]) for k in state)
-
-
-def test_round_trip_bf16_is_bit_identical():
-    vae = random_torch_vae(CONFIGS["shuffle"]).to(torch.bfloat16)
-    state = {k: v.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-             for k, v in vae.state_dict().items()}
-    model = load_jax(vae, param_dtype=jnp.bfloat16, state=state)
-    back = convert_to_diffusers(build_table(dict(vae.config)), flat_arrays(model))
-    for key, value in state.items():
-        assert back[key].dtype == ml_dtypes.bfloat16, key
-        assert np.array_equal(back[key].view(np.int16), value.view(np.int16)), key
-    fresh = TorchAutoencoderDC(**CONFIGS["shuffle"]).to(torch.bfloat16)
-    fresh.load_state_dict({k: torch.from_numpy(v.view(np.int16)).view(torch.bfloat16)
-                           for k, v in back.items()}, strict=True)
-    assert all(torch.equal(fresh.state_dict()[k], vae.state_dict()[k]) for k in state)
-
-
 @pytest.fixture(scope="module")
 def checkpoint():
     vae = random_torch_vae(CONFIGS["spec"])
     config = dict(vae.config)
     return config, torch_state(vae), flat_shapes(abstract_vae(config))
-
-
-def test_missing_key_is_named(checkpoint):
-    config, state, shapes = checkpoint
-    key = "decoder.up_blocks.1.0.attn.to_qkv_multiscale.0.proj_out.weight"
-    assert key in state
-    state = {k: v for k, v in state.items() if k != key}
-    with pytest.raises(ConversionError, match="missing keys: .*" + key.replace(".", r"\.")):
-        convert_to_jax(build_table(config), loaders(state), shapes)
-
-
-def test_extra_key_is_named(checkpoint):
-    config, state, shapes = checkpoint
-    state = dict(state, **{"encoder.down_blocks.0.0.norm.running_mean": np.zeros(8, np.float32)})
-    with pytest.raises(ConversionError, match=r"unexpected keys: .*norm\.running_mean"):
-        convert_to_jax(build_table(config), loaders(state), shapes)
-
-
-def test_wrong_shape_is_named(checkpoint):
-    config, state, shapes = checkpoint
-    key = "encoder.down_blocks.1.0.conv_out.conv_depth.weight"  # depthwise: (64, 1, 3, 3)
-    assert state[key].shape == (64, 1, 3, 3)
-    state = dict(state, **{key: np.zeros((64, 2, 3, 3), np.float32)})
-    with pytest.raises(ConversionError, match="wrong shape for " + key.replace(".", r"\.")):
-        convert_to_jax(build_table(config), loaders(state), shapes)
 
 
 def test_registry_serves_the_dcae(checkpoint):
