@@ -5,8 +5,10 @@ from wfm_jax.algorithms.base import AlgorithmConfigError, RLAlgorithm
 from wfm_jax.algorithms.ddrl.algorithm import DDRL
 from wfm_jax.algorithms.grpo.algorithm import GRPO
 from wfm_jax.algorithms.nft.algorithm import NFT
+from wfm_jax.algorithms.wfm.algorithm import WFMRL
 
-ALGORITHMS: dict[str, type[RLAlgorithm]] = {"nft": NFT, "grpo": GRPO, "ddrl": DDRL}
+# wfm_rl: cosmos-rl's world-model RL step (its Cosmos-Predict2.5 "GRPO" and DDRL recipes)
+ALGORITHMS: dict[str, type[RLAlgorithm]] = {"nft": NFT, "grpo": GRPO, "ddrl": DDRL, "wfm_rl": WFMRL}
 
 
 def algorithm_named(name: str) -> type[RLAlgorithm]:

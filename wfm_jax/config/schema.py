@@ -114,6 +114,30 @@ DEFAULTS = {
             "loss_scale": 10.0,            # DDRL total-loss factor
             "data_sigma_p_mean": 1.3862943611198906,  # log 4: DDRL data sigma ~ lognormal
             "data_sigma_p_std": 1.2,
+            # wfm_rl: cosmos-rl's world-model RL step (its "GRPO" and DDRL recipes), keys as
+            # cosmos-rl's [model.rl] / model.loss_scale / [model.sde] name them, its defaults
+            # (what the "GRPO" recipes run). The group size is rollout.n_generation (num_rollout),
+            # the conditional frames policy.diffusers.{min,max}_num_conditional_frames, the
+            # advantage clamp advantage_low / advantage_high (adv_clip_min / adv_clip_max)
+            "wfm": {
+                "sample_steps": 10,
+                "train_on": tuple(range(8)),   # trained trajectory steps; -1 = a random other one
+                "kl_beta": 0.01,
+                "data_beta": 0.0,
+                "clip_ratio": 1e-4,
+                "update_ref_every_iter": 16,   # copy the policy into the reference (0: never)
+                "use_same_seed": True,         # one initial noise per group
+                "guidance": 0.0,               # cosmos form x0 = c + g (c - u); 0: no CFG
+                "solver_option": "2ab",
+                "s_churn": 1.0, "s_noise": 1.0, "s_t_min": 0.0, "s_t_max": float("inf"),
+                "on_policy": True,
+                "exp_reward": False,
+                "use_rl_sigma_and_noise": True,
+                "data_on_first_only": False,
+                "loss_scale": 10.0,            # model.loss_scale
+                "sigma_min": 0.01, "sigma_max": 200.0,  # model.sde
+                "p_mean": 1.3862943611198906, "p_std": 1.2,
+            },
             "use_remote_reward": False,
             "remote_reward": {
                 "enqueue_url": "",  # empty: REMOTE_REWARD_ENQUEUE_URL (or WFM_REWARD_*) env
@@ -231,7 +255,8 @@ CHOICES = {
     "train.wandb.mode": ("online", "offline", "disabled"),
     "train.ckpt.save_mode": ("async", "sync"),
     "train.ckpt.upload_s3": ("", "final", "all"),
-    "train.train_policy.type": ("sft", "nft", "grpo", "ddrl"),
+    "train.train_policy.type": ("sft", "nft", "grpo", "ddrl", "wfm_rl"),
+    "train.train_policy.wfm.solver_option": ("2ab", "1euler", "2heun_edm"),
     "train.train_policy.remote_reward.on_failure": ("raise", "drop"),
     "train.train_policy.remote_reward.media_type": ("pixels", "latent"),
     "train.train_policy.dataset.layout": ("paired", "wfm", "prompts", "mock"),
@@ -249,7 +274,7 @@ CHOICES = {
 }
 
 REWARD_FN_KEYS = ("name", "weight", "score_key", "clip_min", "clip_max")
-RL_TYPES = ("nft", "grpo", "ddrl")
+RL_TYPES = ("nft", "grpo", "ddrl", "wfm_rl")
 
 
 # (path key, build key): the tiny recipes build a random model / dataset at the path when absent
