@@ -1,25 +1,22 @@
-"""Flow-GRPO post-training of Cosmos-Predict2.5-2B: cosmos-rl's 480 GRPO recipe
-(cosmos-predict2-5-2b-480-grpo*.toml, native WFM stack; spec video_models.md §5.2): 93 frames at
-432x768 (its video_size [768, 432]), context parallel 1.
+"""cosmos-rl's world-model "GRPO" on Cosmos-Predict2.5-2B: its 480 GRPO recipe
+(cosmos-predict2-5-2b-480-grpo*.toml, native WFM stack; spec cosmos_rl_wfm.md §1), run by the
+"wfm_rl" algorithm (cosmos-rl's one world-model RL step; it is not Flow-GRPO, which stays
+available as train_policy.type = "grpo"). 93 frames at 432x768 (its video_size [768, 432]),
+video2world on one conditional latent frame, context parallel 1.
 
     python -m wfm_jax.main --config configs/cosmos25_2b_grpo.py \
-        --config.train.train_policy.dataset.local_dir=/path/to/prompts.txt
+        --config.train.train_policy.dataset.local_dir=/path/to/wfm   # videos/ + metas/ (+ t5_xxl/)
     python -m wfm_jax.main --config configs/cosmos25_2b_grpo.py:mock_data   # no dataset
 
-`:mock_data` (cosmos-rl's ...-480-grpo-mock-data.toml, a quick rollout of the pipeline) trains on
-the bundled prompt file configs/prompts/tiny.txt instead of a dataset.
+`:mock_data` is cosmos-rl's ...-480-grpo-mock-data.toml: random videos and T5-like text
+embeddings of the recipe's shapes (wfm_jax.data.mock), 25 iterations, the built-in JPEG reward.
 
-cosmos-rl's values (RLConfig defaults, config/wfm/__init__.py): num_rollout 2 videos per prompt,
-10 sample steps, no CFG (guidance 0 in its form: w = 1 in the standard one), clip_ratio 1e-4,
-kl_beta 0.01, use_same_seed within a group. Its native stack samples with EDM 2ab + churn; the
-Flow-GRPO log-prob needs the flow SDE, which wfm_jax runs on Cosmos' Karras flow-sigma range
-(the family's sampler_schedule) with noise_level 0.7. Full fine-tune (the native stack has no
-LoRA), bf16 compute on fp32 master weights. Text2world (conditional frames 0); video2world
-as cosmos-rl's world-model stack (RLConfig default min = max = 1) on a dataset of videos:
-    --config.policy.diffusers.max_num_conditional_frames=1 \
-    --config.train.train_policy.dataset.local_dir=/path/to/wfm   # videos/ + metas/
-(each item's clip window and count fixed by (seed, step, item); with CFG both branches see the
-frames; the conditioned latent frames add nothing to the loss: their velocity is exact).
+cosmos-rl's values (RLConfig defaults, the "GRPO" recipes have no [model.rl]): 8 rollouts per
+data item sharing their initial noise, EDM 2ab sampler with churn over 10 steps (sigma 200 ->
+0.01), steps 0..7 trained, clip_ratio 1e-4, kl_beta 0.01 to a reference refreshed every 16
+iterations, no data term, no CFG (guidance 0), advantages over the group's unbiased std clamped
+to +-5, loss x10. Full fine-tune, AdamW lr 1e-5 betas (0.9, 0.99) wd 1e-4 after a 50-step
+warm-up, grad clip 1, bf16 compute on fp32 master weights, EMA.
 """
 import os
 
@@ -34,21 +31,30 @@ def get_config(arg=None):
         raise ValueError(f"unknown recipe argument {arg!r}; the one argument is 'mock_data'")
     c = default_config()
     c.train.output_dir = "./outputs/cosmos25_2b_grpo"
-    c.train.train_policy.type = "grpo"
-    c.train.max_steps = 2000
-    c.train.train_batch_per_replica = 64  # 32 prompts x 2 rollouts
+    c.train.train_policy.type = "wfm_rl"
+    c.train.max_steps = 2001
+    c.train.train_batch_per_replica = 8  # one group: 8 data-parallel ranks x 1 video
     c.train.optm_lr = 1e-5
+    c.train.optm_weight_decay = 1e-4
+    c.train.optm_betas = (0.9, 0.99)
+    c.train.optm_eps = 1e-8
+    c.train.optm_warmup_steps = 50
+    c.train.lr_schedule = "constant"
+    c.train.optm_grad_norm_clip = 1.0
     c.train.ema_enable = True
-    c.train.ckpt.save_freq = 50
+    c.train.compute_dtype = "bfloat16"
+    c.train.param_dtype = "float32"
+    c.train.ckpt.save_freq = 1000
     tp = c.train.train_policy
-    tp.kl_beta = 0.01
+    tp.advantage_low, tp.advantage_high = -5.0, 5.0
+    tp.mu_iterations = 1
+    # train_policy.wfm keeps cosmos-rl's RLConfig defaults (schema.py), as the recipe does
     tp.use_remote_reward = True
+    tp.remote_reward.media_type = "latent"  # cosmos-rl sends the latents
     tp.remote_reward.reward_fns = [
         {"name": "dance_grpo", "weight": 1.0, "score_key": "overall_reward"}]
-    if arg == "mock_data":
-        c.train.output_dir = "./outputs/cosmos25_2b_grpo_mock"
-        tp.dataset.local_dir = os.path.join(HERE, "prompts", "tiny.txt")
-    c.rollout.n_generation = 2  # num_rollout
+    tp.dataset.layout = "wfm"
+    c.rollout.n_generation = 8  # num_rollout
     c.policy.model_name_or_path = MODEL
     c.policy.family = "cosmos"
     d = c.policy.diffusers
@@ -57,12 +63,21 @@ def get_config(arg=None):
     d.train_frames = 93
     d.inference_frames = 93
     d.max_prompt_length = 512
-    d.sample.eval_num_steps = 36
-    d.sample.solver = "sde"
-    d.sample.deterministic_sampling = False
+    d.min_num_conditional_frames = d.max_num_conditional_frames = 1
+    d.sample.eval_num_steps = 35
     c.policy.parallelism.data = 1
     c.policy.parallelism.fsdp = -1
     c.policy.remat = "full"
-    c.validation.enable = True
-    c.validation.freq = 50
+    c.validation.enable = False  # cosmos-rl's visualisation samples the RL batch itself
+    if arg == "mock_data":
+        c.train.output_dir = "./outputs/cosmos25_2b_grpo_mock"
+        c.train.max_steps = 25
+        c.train.optm_warmup_steps = 1000  # the mock recipe keeps cosmos-rl's default warm-up
+        tp.dataset.layout = "mock"
+        tp.dataset.local_dir = ""
+        tp.dataset.mock_text_dim = 1024
+        tp.use_remote_reward = False
+        tp.remote_reward.media_type = "pixels"
+        tp.remote_reward.reward_fns = [
+            {"name": "jpeg_compressibility", "weight": 1.0, "score_key": ""}]
     return c

@@ -13,8 +13,8 @@ from wfm_jax.config import recipe as cfg
 from wfm_jax.config.schema import COSMOS_LORA_TARGETS
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-KINDS = {"cosmos25_2b_nft": "nft", "cosmos25_2b_grpo": "grpo", "cosmos25_2b_grpo.py:mock_data":
-         "grpo", "cosmos25_2b_ddrl": "ddrl", "cosmos25_14b_ddrl": "ddrl",
+KINDS = {"cosmos25_2b_nft": "nft", "cosmos25_2b_grpo": "wfm_rl", "cosmos25_2b_grpo.py:mock_data":
+         "wfm_rl", "cosmos25_2b_flow_grpo": "grpo", "cosmos25_2b_flow_grpo.py:mock_data": "grpo", "cosmos25_2b_ddrl": "ddrl", "cosmos25_14b_ddrl": "ddrl",
          "cosmos25_2b_sft": "sft", "tiny_cosmos_nft": "nft", "tiny_cosmos_ddrl": "ddrl"}
 TINY = ("tiny_cosmos_nft", "tiny_cosmos_ddrl")
 
@@ -78,10 +78,23 @@ def test_recipes_carry_cosmos_rl_values():
 
 def test_grpo_mock_data_needs_no_dataset():
     assert _load("cosmos25_2b_grpo").train.train_policy.dataset.local_dir == ""
-    mock = _load("cosmos25_2b_grpo.py:mock_data").train.train_policy.dataset.local_dir
-    assert os.path.isfile(mock)
-    with pytest.raises(cfg.ConfigError, match="unknown recipe argument 'mock'"):
-        _load("cosmos25_2b_grpo.py:mock")
+    mock = _load("cosmos25_2b_grpo.py:mock_data")  # cosmos-rl's mock-data mode
+    assert (mock.train.train_policy.dataset.layout, mock.train.max_steps) == ("mock", 25)
+    assert os.path.isfile(_load("cosmos25_2b_flow_grpo.py:mock_data").train.train_policy.dataset.local_dir)
+    for name in ("cosmos25_2b_grpo.py:mock", "cosmos25_2b_flow_grpo.py:mock"):
+        with pytest.raises(cfg.ConfigError, match="unknown recipe argument 'mock'"):
+            _load(name)
+
+
+def test_cosmos_grpo_recipe_is_cosmos_rls_world_model_step():
+    """configs/cosmos25_2b_grpo.py takes the world-model step with cosmos-rl's RLConfig defaults,
+    as the 480 "GRPO" TOML resolves."""
+    from wfm_jax.algorithms.registry import algorithm_named
+    ours = _load("cosmos25_2b_grpo")
+    theirs = cfg.load_config(os.path.join(REPO, "tests", "recipes", "cosmos_rl",
+                                          "cosmos-predict2-5-2b-480-grpo.toml"))
+    cls = algorithm_named("wfm_rl")
+    assert cls.Config.from_recipe(ours).step == cls.Config.from_recipe(theirs).step
 
 
 def test_lora_targets_address_the_released_2b_model():

@@ -51,7 +51,7 @@ def _config(recipe, *overrides):
 
 def test_grpo_update_recomputes_the_rollout_log_probs_under_its_video_condition(tiny):
     from wfm_jax.algorithms.grpo.algorithm import GRPO
-    c = _config("cosmos25_2b_grpo.py", ("policy.diffusers.sample.num_steps", "2"),
+    c = _config("cosmos25_2b_flow_grpo.py", ("policy.diffusers.sample.num_steps", "2"),
                 ("policy.diffusers.sample.guidance_scale", "3.0"),
                 ("policy.diffusers.max_num_conditional_frames", "2"),
                 ("train.train_policy.timesteps_fraction", "1.0"))

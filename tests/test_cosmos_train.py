@@ -45,7 +45,7 @@ def test_rl_rollouts_step_on_the_family_sigma_range():
         nft = NFT.from_recipe(c, pipe)
         np.testing.assert_array_equal(np.asarray(nft.sigmas), want)
         np.testing.assert_array_equal(np.asarray(nft.rollout_sigmas), want)
-    c = cfg.load_config(os.path.join(CONFIGS, "cosmos25_2b_grpo.py"))
+    c = cfg.load_config(os.path.join(CONFIGS, "cosmos25_2b_flow_grpo.py"))
     np.testing.assert_array_equal(np.asarray(GRPO.from_recipe(c, pipe).sigmas), want)
     # a bare shift (and every family that does not override flow_schedule) keeps the
     # flow-matching schedulers' grids

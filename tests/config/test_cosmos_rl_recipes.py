@@ -87,30 +87,40 @@ def test_nft_recipes_read_both_reward_forms():
 
 
 # spec §1 table: the "GRPO" recipes run the RLConfig defaults, the DDRL recipes their [model.rl]
-GRPO = dict(num_steps=10, train_on=tuple(range(8)), n_generation=8, kl=0.01, data=0.0, ref=16,
-            frames=(1, 1))
-DDRL = dict(num_steps=20, train_on=tuple(range(0, 20, 2)), n_generation=8, kl=0.0, data=0.01, ref=0,
-            frames=(0, 1))
+GRPO = dict(sample_steps=10, train_on=tuple(range(8)), n_generation=8, kl_beta=0.01, data_beta=0.0,
+            update_ref_every_iter=16, use_same_seed=True, frames=(1, 1))
+DDRL = dict(sample_steps=20, train_on=tuple(range(0, 20, 2)), n_generation=8, kl_beta=0.0,
+            data_beta=0.01, update_ref_every_iter=0, use_same_seed=True, frames=(0, 1))
+# the 2B DDRL file leaves use_same_seed at the RLConfig default (true); the 14B one sets false
 
 
 @pytest.mark.parametrize("name, rl, mesh, size, warmup, steps", [
     (MOCK, GRPO, (8, 1, 1), (432, 768), 1000, 25),
     ("cosmos-predict2-5-2b-480-grpo.toml", GRPO, (8, 1, 1), (432, 768), 50, 2001),
     ("cosmos-predict2-5-2b-720-reason-embedding-ddrl.toml", DDRL, (8, 16, 2), (720, 1280), 50, 2001),
-    ("cosmos-predict2-5-14b-720-reason-embedding-ddrl.toml", DDRL, (32, 4, 8), (720, 1280), 50, 2001),
+    ("cosmos-predict2-5-14b-720-reason-embedding-ddrl.toml", dict(DDRL, use_same_seed=False),
+     (32, 4, 8), (720, 1280), 50, 2001),
 ])
-def test_world_model_recipes_map_onto_the_ddrl_trainer(name, rl, mesh, size, warmup, steps):
+def test_world_model_recipes_select_the_wfm_rl_step(name, rl, mesh, size, warmup, steps, capsys):
     c = cfg.load_config(_path(name))
-    tp, d, s = c.train.train_policy, c.policy.diffusers, c.policy.diffusers.sample
-    assert (tp.type, c.policy.family, s.solver, s.deterministic_sampling) == ("ddrl", "cosmos", "edm", False)
-    assert (s.num_steps, tuple(tp.train_on), c.rollout.n_generation) == (
-        rl["num_steps"], rl["train_on"], rl["n_generation"])
-    assert (tp.kl_beta, tp.data_beta, tp.update_ref_every_iter) == (rl["kl"], rl["data"], rl["ref"])
+    tp, d, w = c.train.train_policy, c.policy.diffusers, c.train.train_policy.wfm
+    assert (tp.type, c.policy.family) == ("wfm_rl", "cosmos")
+    for key in ("sample_steps", "kl_beta", "data_beta", "update_ref_every_iter", "use_same_seed"):
+        assert w[key] == rl[key], key
+    assert tuple(w.train_on) == rl["train_on"] and c.rollout.n_generation == rl["n_generation"]
     assert (d.min_num_conditional_frames, d.max_num_conditional_frames) == rl["frames"]
-    assert s.guidance_scale == 1.0  # cosmos guidance 0: one conditional pass
-    assert (tp.clip_range, tp.loss_scale, tp.advantage_low, tp.advantage_high) == (1e-4, 10.0, -5.0, 5.0)
-    assert (s.s_churn, s.s_noise, s.s_tmin, s.s_tmax) == (1.0, 1.0, 0.0, math.inf)
-    assert (s.edm_sigma_min, s.edm_sigma_max, s.edm_rho) == (0.01, 200.0, 7.0)
+    assert w.guidance == 0.0 and d.sample.guidance_scale == 1.0  # one conditional pass
+    assert (w.clip_ratio, w.loss_scale, tp.advantage_low, tp.advantage_high) == (1e-4, 10.0, -5.0, 5.0)
+    assert (w.s_churn, w.s_noise, w.s_t_min, w.s_t_max, w.solver_option) == (1.0, 1.0, 0.0, math.inf, "2ab")
+    assert (w.sigma_min, w.sigma_max, w.p_mean, w.p_std) == (0.01, 200.0, math.log(4.0), 1.2)
+    # the algorithm's typed config takes them as they are
+    from wfm_jax.algorithms.registry import algorithm_named
+    step = algorithm_named("wfm_rl").Config.from_recipe(c).step
+    assert (step.sample_steps, step.train_on, step.num_rollout, step.kl_beta, step.data_beta) == (
+        rl["sample_steps"], rl["train_on"], rl["n_generation"], rl["kl_beta"], rl["data_beta"])
+    assert step.plan().num_intervals == rl["sample_steps"]
+    assert wmain.main(["--config", _path(name), "--dry-run"]) == 0
+    assert "would load: trainer: wfm_rl on the cosmos family" in capsys.readouterr().out
     par = c.policy.parallelism
     assert (par.fsdp, par.data, par.context) == mesh
     assert c.train.train_batch_per_replica == mesh[0] * mesh[1]  # one video per data-parallel rank

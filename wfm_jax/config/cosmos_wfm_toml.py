@@ -7,8 +7,9 @@ spec cosmos_rl_wfm.md §2) run cosmos-rl's world-model RL step: the "GRPO" recip
 not define is an error naming the nearest one, except the few cosmos-rl's own recipes carry
 and cosmos-rl silently drops (listed in COSMOS_DROPS), which load with a note.
 
-The step maps onto the "ddrl" trainer's keys (WFM_TO_DDRL below lists them); the algorithm
-wfm_jax.algorithms.wfm_rl, once registered, takes the same values.
+The step runs on the "wfm_rl" algorithm (wfm_jax.algorithms.wfm), which takes the [model.rl]
+keys by their cosmos-rl names (train.train_policy.wfm); WFM_LOOP_KEYS lists the few the shared
+RL loop owns.
 """
 from __future__ import annotations
 
@@ -91,34 +92,18 @@ WFM_MODULE = "cosmos_rl.tools.dataset.wfm_rl"
 BUILTIN_REWARD = "jpeg_compressibility"
 REMOTE_ENV = "REMOTE_REWARD_ENQUEUE_URL"
 
-# cosmos-rl key -> the wfm_jax key it sets (the "ddrl" trainer's; docs/cosmos_rl_migration.md)
-WFM_TO_DDRL = {
-    "model.rl.sample_steps": "policy.diffusers.sample.num_steps",
-    "model.rl.train_on": "train.train_policy.train_on",
+# cosmos-rl keys the shared RL loop owns (group size, conditional frames, the advantage clamp):
+# cosmos-rl key -> the wfm_jax key it sets. Every other [model.rl] key, model.loss_scale and
+# model.sde.{sigma_min,sigma_max,p_mean,p_std} go verbatim to train.train_policy.wfm.<name>,
+# which the "wfm_rl" algorithm reads (docs/cosmos_rl_migration.md).
+WFM_LOOP_KEYS = {
     "model.rl.num_rollout": "rollout.n_generation",
-    "model.rl.kl_beta": "train.train_policy.kl_beta",
-    "model.rl.data_beta": "train.train_policy.data_beta",
-    "model.rl.update_ref_every_iter": "train.train_policy.update_ref_every_iter",
     "model.rl.min_num_conditional_frames": "policy.diffusers.min_num_conditional_frames",
     "model.rl.max_num_conditional_frames": "policy.diffusers.max_num_conditional_frames",
-    "model.rl.guidance": "policy.diffusers.sample.guidance_scale (g + 1)",
-    "model.rl.clip_ratio": "train.train_policy.clip_range",
-    "model.rl.s_churn": "policy.diffusers.sample.s_churn",
-    "model.rl.s_noise": "policy.diffusers.sample.s_noise",
-    "model.rl.s_t_min": "policy.diffusers.sample.s_tmin",
-    "model.rl.s_t_max": "policy.diffusers.sample.s_tmax",
-    "model.rl.solver_option": "policy.diffusers.sample.solver = \"edm\" (2ab)",
-    "model.rl.exp_reward": "train.train_policy.exp_reward",
-    "model.rl.use_rl_sigma_and_noise": "train.train_policy.use_rl_sigma_and_noise",
-    "model.rl.data_on_first_only": "train.train_policy.data_on_first_only",
     "model.rl.reward_config.adv_clip_min": "train.train_policy.advantage_low",
     "model.rl.reward_config.adv_clip_max": "train.train_policy.advantage_high",
-    "model.loss_scale": "train.train_policy.loss_scale",
-    "model.sde.sigma_min": "policy.diffusers.sample.edm_sigma_min",
-    "model.sde.sigma_max": "policy.diffusers.sample.edm_sigma_max",
-    "model.sde.p_mean": "train.train_policy.data_sigma_p_mean",
-    "model.sde.p_std": "train.train_policy.data_sigma_p_std",
 }
+_LOOP_OWNED = ("num_rollout", "min_num_conditional_frames", "max_num_conditional_frames")
 
 
 def is_wfm_recipe(tree: dict) -> bool:
@@ -221,53 +206,40 @@ def read_wfm_recipe(tree: dict, source: str) -> tuple[dict[str, Any], list[str]]
     trainer = tree.get("trainer", {})
     callbacks = _callbacks(trainer.get("callbacks", []), source, notes)
     out: dict[str, Any] = {"policy.family": "cosmos", "policy.diffusers.is_video": True,
-                           "train.train_policy.type": "ddrl", "train.compute_dtype": "bfloat16",
+                           "train.train_policy.type": "wfm_rl", "train.compute_dtype": "bfloat16",
                            "train.param_dtype": "float32"}
-    # -- the RL step (spec §1) --
+    # -- the RL step (spec §1): the wfm_rl algorithm takes cosmos-rl's keys as they are --
     if rl["solver_option"] != "2ab":
-        notes.append(f"model.rl.solver_option = {rl['solver_option']!r}: cosmos-rl's rollout "
-                     f"samples with 2ab whatever it says; so does wfm_jax")
+        notes.append(f"model.rl.solver_option = {rl['solver_option']!r}: cosmos-rl rolls out with "
+                     f"2ab whatever it says; wfm_jax rolls out and trains with "
+                     f"{rl['solver_option']!r}")
     if not rl["on_policy"]:
         raise ConfigError(f"{source}: model.rl.on_policy = false: wfm_jax's world-model RL step is "
                           f"on-policy only")
+    wfm = "train.train_policy.wfm."
+    out.update({wfm + k: type(RL_DEFAULTS[k])(v) for k, v in rl.items()
+                if k not in _LOOP_OWNED and k != "train_on"})
+    out[wfm + "train_on"] = tuple(int(i) for i in rl["train_on"])
+    sde = model.get("sde", {})
+    out.update({wfm + "loss_scale": float(model.get("loss_scale", 10.0)),
+                wfm + "sigma_min": float(sde.get("sigma_min", 0.01)),
+                wfm + "sigma_max": float(sde.get("sigma_max", 200.0)),
+                wfm + "p_mean": float(sde.get("p_mean", math.log(4.0))),
+                wfm + "p_std": float(sde.get("p_std", 1.2))})
     out.update({
-        "policy.diffusers.sample.solver": "edm",
-        "policy.diffusers.sample.deterministic_sampling": False,
-        "policy.diffusers.sample.num_steps": int(rl["sample_steps"]),
-        "train.train_policy.train_on": tuple(int(i) for i in rl["train_on"]),
         "rollout.n_generation": int(rl["num_rollout"]),
-        "train.train_policy.kl_beta": float(rl["kl_beta"]),
-        "train.train_policy.data_beta": float(rl["data_beta"]),
-        "train.train_policy.update_ref_every_iter": int(rl["update_ref_every_iter"]),
         "policy.diffusers.min_num_conditional_frames": int(rl["min_num_conditional_frames"]),
         "policy.diffusers.max_num_conditional_frames": int(rl["max_num_conditional_frames"]),
-        # cosmos x0 = c + g (c - u) is standard CFG at scale g + 1
-        "policy.diffusers.sample.guidance_scale": float(rl["guidance"]) + 1.0,
-        "train.train_policy.clip_range": float(rl["clip_ratio"]),
-        "policy.diffusers.sample.s_churn": float(rl["s_churn"]),
-        "policy.diffusers.sample.s_noise": float(rl["s_noise"]),
-        "policy.diffusers.sample.s_tmin": float(rl["s_t_min"]),
-        "policy.diffusers.sample.s_tmax": float(rl["s_t_max"]),
-        "train.train_policy.exp_reward": bool(rl["exp_reward"]),
-        "train.train_policy.use_rl_sigma_and_noise": bool(rl["use_rl_sigma_and_noise"]),
-        "train.train_policy.data_on_first_only": bool(rl["data_on_first_only"]),
         "train.train_policy.advantage_low": float(reward_cfg.get("adv_clip_min", -5.0)),
         "train.train_policy.advantage_high": float(reward_cfg.get("adv_clip_max", 5.0)),
-        "train.train_policy.loss_scale": float(model.get("loss_scale", 10.0)),
         "train.train_policy.mu_iterations": 1,
+        # validation samples with the family's sampler; cosmos x0 = c + g (c - u) is standard
+        # CFG at scale g + 1
+        "policy.diffusers.sample.guidance_scale": float(rl["guidance"]) + 1.0,
     })
-    sde = model.get("sde", {})
-    out.update({"policy.diffusers.sample.edm_sigma_min": float(sde.get("sigma_min", 0.01)),
-                "policy.diffusers.sample.edm_sigma_max": float(sde.get("sigma_max", 200.0)),
-                "policy.diffusers.sample.edm_rho": 7.0,
-                "train.train_policy.data_sigma_p_mean": float(sde.get("p_mean", math.log(4.0))),
-                "train.train_policy.data_sigma_p_std": float(sde.get("p_std", 1.2))})
-    if rl["use_same_seed"]:
-        notes.append("model.rl.use_same_seed: the ddrl trainer draws each rollout's initial noise "
-                     "independently (the world-model RL algorithm shares it per group)")
     if dropout:
         notes.append(f"text dropout_rate {dropout} (the data loss's conditioning) is not applied "
-                     f"by the ddrl trainer")
+                     f"by wfm_jax's world-model RL step")
     if model.get("use_rf_ckpts"):
         notes.append("model.use_rf_ckpts: conditioned frames get the Cosmos pipeline's "
                      "conditional timestep, not the noisy frames' one")
