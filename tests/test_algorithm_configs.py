@@ -12,6 +12,7 @@ from wfm_jax.algorithms.ddrl import DDRL, DDRLConfig
 from wfm_jax.algorithms.grpo import GRPO, GRPOConfig
 from wfm_jax.algorithms.nft import NFT, NFTConfig
 from wfm_jax.algorithms.registry import ALGORITHMS, algorithm_named
+from wfm_jax.algorithms.wfm import WFMRL, WFMRLAlgorithmConfig
 from wfm_jax.config.schema import default_config
 
 
@@ -25,13 +26,20 @@ def _recipe(kind: str):
     return c
 
 
-@pytest.mark.parametrize("cls", [NFTConfig, GRPOConfig, DDRLConfig])
+@pytest.mark.parametrize("cls", [NFTConfig, GRPOConfig, DDRLConfig, WFMRLAlgorithmConfig])
 def test_config_defaults_are_the_recipe_defaults(cls):
-    kind = {NFTConfig: "nft", GRPOConfig: "grpo", DDRLConfig: "ddrl"}[cls]
-    got = cls.from_recipe(_recipe(kind))
+    kind = {NFTConfig: "nft", GRPOConfig: "grpo", DDRLConfig: "ddrl",
+            WFMRLAlgorithmConfig: "wfm_rl"}[cls]
+    c = _recipe(kind)
+    if cls is WFMRLAlgorithmConfig:  # cosmos-rl's group of 8 (the schema's n_generation is 24)
+        c.rollout.n_generation = 8
+    got = cls.from_recipe(c)
     want = cls()
     if cls is DDRLConfig:
         want = dataclasses.replace(want, num_steps=20)
+    if cls is WFMRLAlgorithmConfig:  # the schema's text2world default; cosmos-rl's recipes set 1
+        want = dataclasses.replace(want, step=dataclasses.replace(
+            want.step, min_num_conditional_frames=0, max_num_conditional_frames=0))
     assert got == want
     assert got.media == MediaConfig()  # seed 42, 512^2, 16 frames, text2world
 
@@ -49,12 +57,12 @@ def test_a_recipe_reaches_every_field():
 
 
 def test_name_table_and_typed_errors():
-    assert dict(ALGORITHMS) == {"nft": NFT, "grpo": GRPO, "ddrl": DDRL}
+    assert dict(ALGORITHMS) == {"nft": NFT, "grpo": GRPO, "ddrl": DDRL, "wfm_rl": WFMRL}
     for name, cls in ALGORITHMS.items():
         assert algorithm_named(name) is cls and cls.name == name
         assert issubclass(cls, RLAlgorithm) and issubclass(cls.Config, AlgorithmConfig)
     with pytest.raises(AlgorithmConfigError, match=r"'sfx' has no RL trainer; available: "
-                                                    r"\['ddrl', 'grpo', 'nft'\]"):
+                                                    r"\['ddrl', 'grpo', 'nft', 'wfm_rl'\]"):
         algorithm_named("sfx")
     c = _recipe("ddrl")
     c.policy.diffusers.sample.num_steps = 10

@@ -57,6 +57,7 @@ _STEP_FIELDS = ("noise_x", "sigma", "sigma_next", "mu_old", "sample", "x0_prev",
 class WFMRLAlgorithmConfig(AlgorithmConfig):
     """The step's settings (algorithms.wfm_rl.WFMRLConfig: cosmos-rl's keys and defaults) plus
     what every algorithm reads (kl_beta = step.kl_beta, the media of video2world)."""
+    kl_beta: float = W.WFMRLConfig.kl_beta  # = step.kl_beta (the loop keeps a reference by it)
     step: W.WFMRLConfig = dataclasses.field(default_factory=W.WFMRLConfig)
 
     @classmethod
