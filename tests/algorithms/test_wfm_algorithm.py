@@ -133,6 +133,10 @@ def test_same_initial_noise_within_a_group_only(rolled):
     np.testing.assert_array_equal(noise[0], noise[1])
     np.testing.assert_array_equal(noise[2], noise[3])
     assert not np.allclose(noise[0], noise[2])
+    # a group's seed depends on (run seed, step, group) only: any chunk or process agrees
+    s = algo.group_seeds(3, np.array([5, 2, 5, 2]))
+    assert s[0] == s[2] != s[1] == s[3] and s[0] == algo.group_seeds(3, np.array([5]))[0]
+    assert algo.group_seeds(4, np.array([5]))[0] != s[0]
     # the churn is never shared: same-seed members part at step 0
     assert not np.allclose(np.asarray(fields["noise_x"])[0, 0], np.asarray(fields["noise_x"])[1, 0])
     # use_same_seed off: the loop's independent draw is used as it is
