@@ -248,3 +248,18 @@ def test_bad_settings_name_the_key():
         algo_of(train_on=(0, 9))
     with pytest.raises(AlgorithmConfigError, match="on_policy"):
         algo_of(on_policy=False)
+
+
+def test_data_term_off_the_rollout_sigma_draws_its_own(rolled):
+    """use_rl_sigma_and_noise off: the data term's sigma and noise come from the update key
+    (cosmos's lognormal x sqrt(state_t) with the high-sigma share), not the rollout's."""
+    algo, params, cond, key, fields = rolled
+    x0 = jnp.asarray(np.random.default_rng(3).normal(size=(toy.B, toy.C, toy.H, toy.W)), jnp.float32)
+    batch = {name: fields[name] for name in algo.train_fields if name != "data_x0"}
+    batch.update(cond=cond, advantage=jnp.zeros((toy.B,), jnp.float32), data_x0=x0)
+    on = algo.grads(toy.velocity, toy.Holder(params), params, batch, jax.random.key(0))[1]
+    drawn = algo_of(use_rl_sigma_and_noise=False)
+    a = drawn.grads(toy.velocity, toy.Holder(params), params, batch, jax.random.key(0))[1]
+    b = drawn.grads(toy.velocity, toy.Holder(params), params, batch, jax.random.key(1))[1]
+    assert np.isfinite(float(a["data_loss"])) and float(a["data_loss"]) != float(on["data_loss"])
+    assert float(a["data_loss"]) != float(b["data_loss"])  # fresh per update key
