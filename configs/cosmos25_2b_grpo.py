@@ -59,7 +59,7 @@ def get_config(arg=None):
     d.sample.eval_num_steps = 35
     c.policy.parallelism.data = 1
     c.policy.parallelism.fsdp = -1
-    c.policy.remat = "full"
+    c.policy.remat = "nothing_saveable"
     c.validation.enable = False  # cosmos-rl's visualisation samples the RL batch itself
     if arg == "mock_data":
         c.train.output_dir = "./outputs/cosmos25_2b_grpo_mock"

@@ -40,7 +40,7 @@ def test_nft_recipe_resolves_to_its_meaning(capsys):
     assert t.ema_enable and t.ema_decay == 0.9 and t.param_dtype == "bfloat16" and t.seed == 42
     assert t.ckpt.save_freq == 20 and t.wandb.enable and t.wandb.project == "cosmos_rl"
     assert t.wandb.name == "" and c.rollout.n_generation == 24
-    assert c.policy.parallelism.fsdp == 8 and c.policy.remat == "full"
+    assert c.policy.parallelism.fsdp == 8 and c.policy.remat == "nothing_saveable"
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("note: cosmos-rl keys with no meaning in wfm_jax")
     for key in ("redis", "train.optm_impl", "train.async_tp_enabled", "train.fsdp_offload",

@@ -11,6 +11,7 @@ import pytest
 
 from wfm_jax.config.schema import default_config
 from wfm_jax.core import mesh as wmesh
+from wfm_jax.models.layers.remat import check_remat
 from wfm_jax.programs.sft import sft_step
 from wfm_jax.train import setup as setup_lib
 
@@ -63,7 +64,7 @@ def _run(family_dir, out_dir, monkeypatch, n_devices, remat="none"):
     try:
         pipe, rows = setup.pipe, setup.batch_sharding()
         # the recipe's policy.remat reached the DiT the step runs
-        assert setup_lib.merge(setup.graphdef, setup.state.params, setup.frozen).remat == remat
+        assert setup_lib.merge(setup.graphdef, setup.state.params, setup.frozen).remat == check_remat(remat)
         x0, cond, ids = (jax.device_put(a, rows) for a in jax.tree.map(jnp.asarray,
                                                                         _inputs(pipe, family_dir[0])))
         t = jax.device_put(jnp.array([999.0, 700.0, 300.0, 20.0]), rows)

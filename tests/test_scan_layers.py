@@ -10,7 +10,7 @@ import pytest
 from flax import nnx
 
 from wfm_jax.models.cosmos.transformer import CosmosTransformer
-from wfm_jax.models.layers.remat import REMAT_POLICIES, block_groups, resolve_remat
+from wfm_jax.models.layers.remat import REMAT_POLICIES, block_groups, check_remat, resolve_remat
 from wfm_jax.models.sana.transformer import SanaTransformer
 from wfm_jax.models.sana.video import SanaVideoTransformer
 from wfm_jax.models.sd3.transformer import SD3Transformer
@@ -83,10 +83,11 @@ def _value_and_grads(family, scan_layers, remat):
 
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_scanned_and_rematerialised_blocks_equal_the_plain_loop(family):
-    want_out, want_grads = _value_and_grads(family, False, "none")
+    want_out, want_grads = _value_and_grads(family, False, "everything_saveable")
     # scan + a policy against the plain loop (each compile is seconds on a shared 2-core box)
-    for scan_layers, remat in ((True, "full"),) if family != "wan" else (
-            (True, "none"), (True, "full"), (False, "dots")):
+    for scan_layers, remat in ((True, "nothing_saveable"),) if family != "wan" else (
+            (True, "everything_saveable"), (True, "nothing_saveable"),
+            (False, "dots_with_no_batch_dims_saveable")):
         out, grads = _value_and_grads(family, scan_layers, remat)
         np.testing.assert_allclose(out, want_out, atol=2e-5, rtol=0,
                                    err_msg=f"scan={scan_layers} remat={remat}")
@@ -97,8 +98,9 @@ def test_scanned_and_rematerialised_blocks_equal_the_plain_loop(family):
 
 
 def test_every_named_policy_gives_the_same_gradients():
-    want_out, want_grads = _value_and_grads("wan", True, "none")
-    for remat in ("dots_no_batch", "offload"):  # offload runs as dots on CPU
+    want_out, want_grads = _value_and_grads("wan", True, "everything_saveable")
+    # offloading runs as dots_with_no_batch_dims_saveable on CPU
+    for remat in ("dots_saveable", "offload_dot_with_no_batch_dims"):
         out, grads = _value_and_grads("wan", True, remat)
         np.testing.assert_allclose(out, want_out, atol=2e-5, rtol=0)
         for k, g in grads.items():
@@ -134,12 +136,27 @@ def test_identical_blocks_run_as_one_scan_with_the_policy_inside(family):
     scans = [e for e in jaxpr.eqns if e.primitive.name == "scan"]
     assert len(scans) == 1 and scans[0].params["length"] == 3
     checkpoints = [e for e in _eqns(jaxpr) if e.primitive.name in ("checkpoint", "remat2")]
-    assert len(checkpoints) == 1 and checkpoints[0].params["policy"] is REMAT_POLICIES["dots"]
+    assert len(checkpoints) == 1 and checkpoints[0].params["policy"] is (
+        REMAT_POLICIES["dots_with_no_batch_dims_saveable"])
+
+
+def test_policies_carry_jax_names_and_the_short_names_map_onto_them():
+    assert {check_remat(n) for n in REMAT_POLICIES} == set(REMAT_POLICIES)
+    for name in REMAT_POLICIES:  # a policy's name is its jax.checkpoint_policies name
+        if REMAT_POLICIES[name] is not None and name != "offload_dot_with_no_batch_dims":
+            assert REMAT_POLICIES[name] is getattr(jax.checkpoint_policies, name)
+    assert REMAT_POLICIES["everything_saveable"] is None  # kept everything: no checkpoint at all
+    assert {a: check_remat(a) for a in ("none", "full", "dots", "dots_no_batch", "offload")} == {
+        "none": "everything_saveable", "full": "nothing_saveable",
+        "dots": "dots_with_no_batch_dims_saveable", "dots_no_batch": "dots_saveable",
+        "offload": "offload_dot_with_no_batch_dims"}
+    model = nnx.eval_shape(lambda: _model("wan", scan_layers=True, remat="full"))
+    assert model.remat == "nothing_saveable"  # the model stores the JAX name
 
 
 def test_offload_on_cpu_falls_back_to_dots_with_one_warning():
     with pytest.warns(UserWarning, match="no pinned host memory") as record:
-        assert resolve_remat("offload") == "dots"
+        assert resolve_remat("offload_dot_with_no_batch_dims") == "dots_with_no_batch_dims_saveable"
     assert len(record) == 1
     with pytest.raises(ValueError, match="remat must be one of"):
         WanTransformer(FAMILIES["wan"][1], rngs=nnx.Rngs(0), remat="selective")

@@ -24,6 +24,7 @@ from wfm_jax.families.base import PipelineError, families, family_class, load_pi
 from wfm_jax.families.tiny import t5_tokenizer
 from wfm_jax.families.wan.pipeline import WanPipeline as JaxWanPipeline
 from wfm_jax.families.wan.pipeline import prompt_clean
+from wfm_jax.models.options import ModelOptions
 from wfm_jax.sampling.samplers import sample
 
 ATOL = 2e-5          # module outputs (UMT5, the VAE encoder's moments)
@@ -98,8 +99,8 @@ def test_load_options_reach_the_models(pipes):
     and the velocity stays within bf16 rounding of the fp32 one."""
     _, pipe, directory = pipes
     low = load_pipeline(directory, dtype=jnp.bfloat16, frozen_param_dtype=jnp.bfloat16,
-                        text_dtype=jnp.bfloat16, transformer_options=dict(remat="full"))
-    assert low.transformer.remat == "full" and low.transformer.dtype == jnp.bfloat16
+                        text_dtype=jnp.bfloat16, options=ModelOptions(remat="full"))
+    assert low.transformer.remat == "nothing_saveable" and low.transformer.dtype == jnp.bfloat16
     assert low.vae.decoder.conv_in.kernel[...].dtype == jnp.bfloat16
     assert low.text_encoders[0].shared[...].dtype == jnp.bfloat16
     z = jnp.asarray(np.random.default_rng(4).standard_normal(
