@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 # = wfm_jax.config.schema.SD3_LORA_TARGETS (not imported: it needs ml_collections, which GPU
-# machines lack; tests/test_bench.py checks the two agree).
+# machines lack; tests/bench/test_bench.py checks the two agree).
 LORA_TARGETS = ("attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0",
                 "attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj", "attn.to_add_out")
 # = wfm_jax.config.schema.COSMOS_LORA_TARGETS (configs/cosmos25_2b_nft.py: attn1 and attn2, the
