@@ -33,7 +33,11 @@ __all__ = ["main", "parse_args", "virtual_devices"]
 
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    virtual_devices(args.devices)
+    if args.topology:  # the topology's compile-only devices, on the CPU backend
+        from wfm_jax.plan.topology import prepare_environment
+        prepare_environment()
+    else:
+        virtual_devices(args.devices)
     from wfm_jax.config.recipe import ConfigError
     from wfm_jax.plan.report import describe, plan
     try:
