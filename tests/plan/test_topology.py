@@ -62,6 +62,9 @@ def _check_program(name, p, r):
     assert p["flops_per_device"] == pytest.approx(p["flops"] / r["devices"])
     # the cost model's time (labelled an estimate), and MFU against v5p's 459 TFLOP/s
     t = p["estimated_step_seconds"]
+    if p["optimal_seconds"] <= 0:  # the cost model's "no estimate" (-1: Ulysses' all-to-all)
+        assert t is None and p["estimated_mfu"] is None and "no estimate" in p["estimate_note"]
+        return
     assert t >= p["optimal_seconds"] > 0
     assert p["estimated_mfu"] == pytest.approx(p["flops_per_device"] / (t * 459e12))
 
@@ -92,7 +95,7 @@ def test_tiny_nft_planned_for_v5p(sd3_dir, capsys):
     r = _main_json(["--topology", "v5p:2x2x1",
                     *_tiny("configs/tiny_nft.py", sd3_dir,
                            "--config.train.train_batch_per_replica=8",
-                           "--config.train.train_policy.mini_batch=4")], capsys)
+                           "--config.train.train_policy.mini_batch=2")], capsys)
     assert r["algorithm"] == "nft" and r["devices"] == 4
     assert set(r["programs"]) == {"rollout", "update", "evaluate"}
     for name, p in r["programs"].items():
@@ -135,6 +138,7 @@ def test_a_program_out_of_memory_is_a_result_and_the_others_are_planned(sd3_dir,
     assert "update: not compiled: RESOURCE_EXHAUSTED" in text and "does not fit" in text
 
 
+@pytest.mark.slow  # a CPU compile of the tiny SFT step: 30-120 s on 2 loaded cores
 def test_hbm_override_decides_the_verdict(sd3_dir, capsys):
     r = _main_json(["--devices", "2", "--batch-per-device", "1", "--hbm-gib", "0.001",
                     *_tiny("configs/tiny_sft.py", sd3_dir, "--config.policy.parallelism.data=2")],

@@ -120,9 +120,12 @@ def estimate(stats: dict, devices: int, peak_flops: float) -> dict:
     flops_dev = stats["flops"] / devices
     xla = stats.get("xla_flops_per_device", 0.0)
     seconds = stats.get("optimal_seconds", 0.0)
-    if seconds <= 0:  # no cost model (CPU), or a meaningless one (negative: seen for v5e)
+    if seconds <= 0:
+        # CPU has no cost model; a negative one is no estimate (seen: -1 for a program with
+        # Ulysses' all-to-all on v5p, -14.8 for v5e's SFT step)
         return {"flops_per_device": flops_dev, "estimated_step_seconds": None,
-                "estimated_mfu": None, "loop_scale": None}
+                "estimated_mfu": None, "loop_scale": None,
+                "estimate_note": f"no estimate: XLA's cost model gave optimal_seconds={seconds:.4g}"}
     scale = max(1.0, flops_dev / xla) if xla else 1.0
     t = seconds * scale
     return {"flops_per_device": flops_dev, "estimated_step_seconds": t,
