@@ -111,7 +111,7 @@ def _plan(args, config) -> dict:
         out["batch_per_device"] = args.batch_per_device
         out["global_batch"] = batch = args.batch_per_device * mesh.devices.size // context
         programs = build(setup, batch=batch, size=size, frames=frames)
-        step = _compile(programs.sft_step)
+        step = _compile(programs.sft_step, topo is not None)
         step["batch_bytes"] = per_device_bytes(programs.abstract_args("sft_step")[2:])
         compiled = {"step": step}
         # donated state: the step's outputs reuse its arguments (alias), temp comes on top
@@ -122,7 +122,8 @@ def _plan(args, config) -> dict:
         layout = programs.layout
         rollout_args, update_args = (programs.abstract_args("rollout"),
                                      programs.abstract_args("update"))
-        rollout, update = _compile(programs.rollout), _compile(programs.update)
+        on_tpu = topo is not None
+        rollout, update = _compile(programs.rollout, on_tpu), _compile(programs.update, on_tpu)
         update["batch_bytes"] = per_device_bytes(update_args[2])  # the whole batch's fields
         rollout["vae_bytes"] = per_device_bytes(rollout_args[2])
         rollout["chunk_bytes"] = per_device_bytes((rollout_args[3], rollout_args[4],
@@ -141,7 +142,7 @@ def _plan(args, config) -> dict:
     sampler = programs.evaluate if rl else programs.sample
     if topo is not None and sampler is not None:  # what a TPU run also compiles: validation
         name = "evaluate" if rl else "sample"
-        p = compiled[name] = _compile(sampler)
+        p = compiled[name] = _compile(sampler, True)
         _peak(p, resident + per_device_bytes(programs.abstract_args(name)[3:]), True)
     if topo is not None:
         out.update({k: topo[k] for k in ("topology", "num_slices", "chips", "chip",
@@ -183,9 +184,10 @@ def _memory_limit(args, topo) -> float:
     return topo["hbm_bytes"] if topo else DEVICE_MEMORY[args.device_kind]
 
 
-def _compile(program) -> dict:
+def _compile(program, progress: bool) -> dict:
     """program.stats(), or, when the compiler refuses it (on TPU: RESOURCE_EXHAUSTED when its
-    temporaries exceed HBM), the failure as a result, so the plan goes on to the next program."""
+    temporaries exceed HBM), the failure as a result, so the plan goes on to the next program.
+    progress: a line on stderr per program (a TPU compile of a large model takes minutes)."""
     import time
 
     import jax
@@ -196,7 +198,7 @@ def _compile(program) -> dict:
         p = dict(program.stats())
     except jax.errors.JaxRuntimeError as e:
         p = topology.compile_failure(e)
-        say(f"wfm_jax.plan: {program.name}: not compiled after "
+        progress and say(f"wfm_jax.plan: {program.name}: not compiled after "
             f"{time.perf_counter() - start:.0f} s: {p['error']}")
         p.update({"compile_seconds": round(time.perf_counter() - start, 1),
                   "argument_bytes": per_device_bytes(program.abstract_args()),
@@ -205,11 +207,12 @@ def _compile(program) -> dict:
                   "xla_flops_per_device": None, "collective_bytes": None})
         return p
     p["compiled"] = True
-    # progress (minutes per program for a large model on the TPU compiler), on stderr
-    say(f"wfm_jax.plan: {program.name}: compiled in {p['compile_seconds']} s: temp "
-        f"{p['temp_bytes']}, argument {p['argument_bytes']}, output {p['output_bytes']}, alias "
-        f"{p['alias_bytes']} bytes per device, {p['flops']:.4g} FLOP, XLA {p['xla_flops_per_device']:.4g} "
-        f"FLOP/device, optimal_seconds {p['optimal_seconds']:.4g}, kernels {p['custom_calls']}")
+    if progress:
+        say(f"wfm_jax.plan: {program.name}: compiled in {p['compile_seconds']} s: temp "
+            f"{p['temp_bytes']}, argument {p['argument_bytes']}, output {p['output_bytes']}, "
+            f"alias {p['alias_bytes']} bytes per device, {p['flops']:.4g} FLOP, XLA "
+            f"{p['xla_flops_per_device']:.4g} FLOP/device, optimal_seconds "
+            f"{p['optimal_seconds']:.4g}, kernels {p['custom_calls']}")
     return p
 
 
