@@ -28,6 +28,13 @@ def parse_args(argv):
                    help="text encoders / VAE weights (default: train.compute_dtype)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="a config override, e.g. policy.parallelism.fsdp=1")
+    p.add_argument("--topology", default=None, metavar="NAME",
+                   help="compile for this TPU topology with libtpu, no TPU needed (e.g. v5p:2x2x1, "
+                        "v5e:2x2, v4:2x2x1, v6e:2x2): its devices replace --devices/--device-kind")
+    p.add_argument("--num-slices", type=int, default=1,
+                   help="with --topology: that many slices of it (multi-slice)")
+    p.add_argument("--hbm-gib", type=float, default=None,
+                   help="per-device memory the fit verdict uses, GiB (default: the device's)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     args, rest = p.parse_known_args(argv)
     for item in rest:  # --config.a.b=v, as wfm_jax.cli.main takes them

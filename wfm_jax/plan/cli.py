@@ -3,7 +3,12 @@ analysis of the compiled programs on N simulated devices, before a single weight
 
     python -m wfm_jax.plan --config X.py [--config.a.b=v ...] [--devices N]
         [--device-kind h100|h200|v5p|v6e] [--batch-per-device 4] [--size 1024] [--frames 81]
-        [--remat dots] [--no-scan] [--frozen-dtype float32] [--json]
+        [--remat dots] [--no-scan] [--frozen-dtype float32] [--hbm-gib G] [--json]
+    python -m wfm_jax.plan --config X.py --topology v5p:2x2x1 [--num-slices N] [...]
+
+--topology compiles for a TPU topology with libtpu's compiler, no TPU needed (plan/topology.py;
+docs/sharding_and_memory.md): per program compiled or the compiler's error, bytes per device
+against the chip's HBM, the cost model's step time and MFU (estimates), the attention kernel.
 
 Compiles the recipe's own programs (the trainers' jits with the recipe's mesh, rules,
 shardings, optimizer, EMA and LoRA): SFT's train step; for NFT / GRPO / DDRL the rollout of one
@@ -33,7 +38,11 @@ __all__ = ["main", "parse_args", "virtual_devices"]
 
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    virtual_devices(args.devices)
+    if args.topology:  # the topology's compile-only devices, on the CPU backend
+        from wfm_jax.plan.topology import prepare_environment
+        prepare_environment()
+    else:
+        virtual_devices(args.devices)
     from wfm_jax.config.recipe import ConfigError
     from wfm_jax.plan.report import describe, plan
     try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 
+from wfm_jax.plan import topology
 from wfm_jax.plan.args import DEVICE_MEMORY, GiB, parse_args
 
 MEMORY_ENV = "WFM_JAX_DEVICE_MEMORY_BYTES"  # per-device limit main checks against (any backend)
@@ -51,13 +52,23 @@ def _plan(args, config) -> dict:
     family = str(config.policy.family)
     remat = args.remat or config.policy.remat
     scan = bool(config.policy.scan_layers) and not args.no_scan
-    if len(jax.devices()) < args.devices:
-        raise SystemExit(f"wfm_jax.plan: {args.devices} devices asked, the backend has "
-                         f"{len(jax.devices())} (run it as a fresh process: python -m wfm_jax.plan)")
+    topo = None
+    if getattr(args, "topology", None):
+        devices, topo = topology.topology_devices(args.topology, args.num_slices)
+        where = f"the {len(devices)} devices of {args.topology}"
+    else:
+        if len(jax.devices()) < args.devices:
+            raise SystemExit(f"wfm_jax.plan: {args.devices} devices asked, the backend has "
+                             f"{len(jax.devices())} (run it as a fresh process: python -m "
+                             f"wfm_jax.plan)")
+        devices, where = jax.devices()[:args.devices], f"{args.devices} devices"
     try:
-        mesh = wmesh.make_mesh(config.policy.parallelism, devices=jax.devices()[:args.devices])
+        mesh = wmesh.make_mesh(config.policy.parallelism, devices=devices)
     except ValueError as e:
-        raise SystemExit(f"wfm_jax.plan: policy.parallelism on {args.devices} devices: {e}") from e
+        sizes = {k: int(v) for k, v in dict(config.policy.parallelism).items()}
+        raise SystemExit(f"wfm_jax.plan: policy.parallelism {sizes} does not fit {where}: {e} "
+                         f"(override, e.g. --config.policy.parallelism.fsdp=-1 "
+                         f"--config.policy.parallelism.data=1)") from e
     rules = wmesh.active_rules()
     setup_lib.ensure_tiny_assets(config)  # a tiny recipe's dir: its config.json files
     size = (args.size, args.size) if args.size else tuple(int(v) for v in d.inference_size)
@@ -75,8 +86,9 @@ def _plan(args, config) -> dict:
     aux = state.aux or {}
     out = {
         "config": args.config, "family": family, "algorithm": kind, "model_configs": source,
-        "devices": int(mesh.devices.size), "device_kind": args.device_kind,
-        "device_memory_bytes": int(DEVICE_MEMORY[args.device_kind]),
+        "devices": int(mesh.devices.size),
+        "device_kind": topo["chip"] if topo else args.device_kind,
+        "device_memory_bytes": int(_memory_limit(args, topo)),
         "mesh": {k: int(v) for k, v in mesh.shape.items()},
         "size": size[0] if size[0] == size[1] else list(size),
         "frames": frames if setup.pipe.is_video else None, "remat": remat, "scan_layers": scan,
@@ -99,19 +111,19 @@ def _plan(args, config) -> dict:
         out["batch_per_device"] = args.batch_per_device
         out["global_batch"] = batch = args.batch_per_device * mesh.devices.size // context
         programs = build(setup, batch=batch, size=size, frames=frames)
-        step = dict(programs.sft_step.stats())
+        step = _compile(programs.sft_step, topo is not None)
         step["batch_bytes"] = per_device_bytes(programs.abstract_args("sft_step")[2:])
         compiled = {"step": step}
         # donated state: the step's outputs reuse its arguments (alias), temp comes on top
-        step["peak_bytes"] = (resident + step["temp_bytes"] + step["output_bytes"]
-                              - step["alias_bytes"])
+        _peak(step, resident, topo is not None)
     else:
         programs = build(setup, algo_cls(algo_config, setup.pipe.shell()), size=size,
                          frames=frames)
         layout = programs.layout
         rollout_args, update_args = (programs.abstract_args("rollout"),
                                      programs.abstract_args("update"))
-        rollout, update = dict(programs.rollout.stats()), dict(programs.update.stats())
+        on_tpu = topo is not None
+        rollout, update = _compile(programs.rollout, on_tpu), _compile(programs.update, on_tpu)
         update["batch_bytes"] = per_device_bytes(update_args[2])  # the whole batch's fields
         rollout["vae_bytes"] = per_device_bytes(rollout_args[2])
         rollout["chunk_bytes"] = per_device_bytes((rollout_args[3], rollout_args[4],
@@ -122,25 +134,101 @@ def _plan(args, config) -> dict:
                     "mu_iterations": layout.mu_iterations})
         compiled = {"rollout": rollout, "update": update}
         stored = update["batch_bytes"]  # the whole batch's rollout fields, kept for the update
-        update["peak_bytes"] = (resident + stored + update["temp_bytes"]
-                                + update["output_bytes"] - update["alias_bytes"])
+        _peak(update, resident + stored, topo is not None)
         # (the compiled rollout drops the state it does not read: its argument bytes are less
         # than the resident state, which stays on the device all the same)
-        rollout["peak_bytes"] = (resident + stored + rollout["chunk_bytes"] + rollout["temp_bytes"]
-                                 + rollout["output_bytes"] - rollout["alias_bytes"])
+        _peak(rollout, resident + stored + rollout["chunk_bytes"], topo is not None)
         step = update
+    sampler = programs.evaluate if rl else programs.sample
+    if topo is not None and sampler is not None:  # what a TPU run also compiles: validation
+        name = "evaluate" if rl else "sample"
+        p = compiled[name] = _compile(sampler, True)
+        _peak(p, resident + per_device_bytes(programs.abstract_args(name)[3:]), True)
+    if topo is not None:
+        out.update({k: topo[k] for k in ("topology", "num_slices", "chips", "chip",
+                                         "peak_flops_per_device", "peak_table")})
+        out["device_kind"] = topo["device_kind"]  # libtpu's name; chip: the table's
+        out["hbm_bytes"] = out["device_memory_bytes"]  # the chip's share, or --hbm-gib
+        out["attention_impl"] = config.policy.attention_impl
+        out["estimate_method"] = topology.ESTIMATE_METHOD
+        for p in compiled.values():
+            topology.program_fields(p, dict(topo, hbm_bytes=out["hbm_bytes"]),
+                                    out["devices"], config.policy.attention_impl)
+        if rl and update["compiled"] and rollout.get("estimated_step_seconds"):
+            chunks = -(-int(t.train_batch_per_replica) // layout.rollout_chunk)
+            rollout["chunks_per_step"] = chunks
+            rollout["estimated_seconds_per_step"] = rollout["estimated_step_seconds"] * chunks
     out["programs"] = compiled
     # the train step's figures at the top level (RL: the update), as SFT always had them
     for k in ("argument", "temp", "output", "alias"):
-        out[f"step_{k}_bytes"] = step[f"{k}_bytes"]
+        out[f"step_{k}_bytes"] = step.get(f"{k}_bytes")
     out["compile_seconds"] = round(sum(p["compile_seconds"] for p in compiled.values()), 1)
-    out["flops_per_step"] = step["flops"]
-    out["xla_flops_per_device"] = step["xla_flops_per_device"]
-    out["collective_bytes"] = step["collective_bytes"]
-    out["peak_program"] = max(compiled, key=lambda k: compiled[k]["peak_bytes"])
-    out["total_bytes"] = compiled[out["peak_program"]]["peak_bytes"]
-    out["fits"] = out["total_bytes"] <= out["device_memory_bytes"]
+    out["flops_per_step"] = step.get("flops")
+    out["xla_flops_per_device"] = step.get("xla_flops_per_device")
+    out["collective_bytes"] = step.get("collective_bytes")
+    peaks = {k: p["peak_bytes"] for k, p in compiled.items() if p["peak_bytes"] is not None}
+    out["peak_program"] = max(peaks, key=peaks.get) if peaks else None
+    out["total_bytes"] = peaks.get(out["peak_program"])
+    # a program the compiler refused for memory does not fit, whatever the others need
+    out["fits"] = (all(p["compiled"] or p["fits"] is not False for p in compiled.values())
+                   and bool(peaks) and out["total_bytes"] <= out["device_memory_bytes"])
+    out["failed_programs"] = [k for k, p in compiled.items() if not p["compiled"]]
     return out
+
+
+def _memory_limit(args, topo) -> float:
+    """Per-device memory the fit verdict uses: --hbm-gib, else the topology's chip share, else
+    the --device-kind's."""
+    if getattr(args, "hbm_gib", None):
+        return args.hbm_gib * GiB
+    return topo["hbm_bytes"] if topo else DEVICE_MEMORY[args.device_kind]
+
+
+def _compile(program, progress: bool) -> dict:
+    """program.stats(), or, when the compiler refuses it (on TPU: RESOURCE_EXHAUSTED when its
+    temporaries exceed HBM), the failure as a result, so the plan goes on to the next program.
+    progress: a line on stderr per program (a TPU compile of a large model takes minutes)."""
+    import time
+
+    import jax
+
+    from wfm_jax.programs.stats import per_device_bytes
+    start = time.perf_counter()
+    try:
+        p = dict(program.stats())
+    except jax.errors.JaxRuntimeError as e:
+        p = topology.compile_failure(e)
+        progress and say(f"wfm_jax.plan: {program.name}: not compiled after "
+            f"{time.perf_counter() - start:.0f} s: {p['error']}")
+        p.update({"compile_seconds": round(time.perf_counter() - start, 1),
+                  "argument_bytes": per_device_bytes(program.abstract_args()),
+                  "temp_bytes": p.get("required_bytes"), "output_bytes": None,
+                  "alias_bytes": None, "generated_code_bytes": None, "flops": None,
+                  "xla_flops_per_device": None, "collective_bytes": None})
+        return p
+    p["compiled"] = True
+    if progress:
+        say(f"wfm_jax.plan: {program.name}: compiled in {p['compile_seconds']} s: temp "
+            f"{p['temp_bytes']}, argument {p['argument_bytes']}, output {p['output_bytes']}, "
+            f"alias {p['alias_bytes']} bytes per device, {p['flops']:.4g} FLOP, XLA "
+            f"{p['xla_flops_per_device']:.4g} FLOP/device, optimal_seconds "
+            f"{p['optimal_seconds']:.4g}, kernels {p['custom_calls']}")
+    return p
+
+
+def say(line: str) -> None:
+    import sys
+    print(line, file=sys.stderr, flush=True)
+
+
+def _peak(p: dict, resident: int, code_in_hbm: bool) -> None:
+    """p's peak per device: what stays resident + its temporaries + outputs not written over
+    donated inputs (+ the executable, which a TPU holds in HBM); None when it did not compile."""
+    if not p["compiled"]:
+        p["peak_bytes"] = None
+        return
+    p["peak_bytes"] = (resident + p["temp_bytes"] + p["output_bytes"] - p["alias_bytes"]
+                       + (p["generated_code_bytes"] if code_in_hbm else 0))
 
 
 def _bytes(v: float) -> str:
@@ -169,7 +257,14 @@ def describe(r: dict) -> str:
         f"EMA {g(r['ema_bytes'])}, old policy {g(r['old_bytes'])}, reference "
         f"{g(r['ref_bytes'])}, frozen transformer buffers {g(r['transformer_frozen_bytes'])}, "
         f"text encoders + VAE {g(r['encoders_vae_bytes'])}"]
+    if r.get("topology"):
+        lines.append(_topology_table(r))
+        lines.append(f"  estimates: {r['estimate_method']}; peak bf16 per chip: "
+                     + ", ".join(f"{c} {v / 1e12:.0f} TFLOP/s" for c, v in r["peak_table"].items()))
     for name, p in r["programs"].items():
+        if not p["compiled"]:
+            lines.append(f"  {name}: not compiled: {p['error']}")
+            continue
         coll = ", ".join(f"{k} {g(v)}" for k, v in p["collective_bytes"].items() if v)
         lines.append(
             f"  {name}: temp {g(p['temp_bytes'])}, outputs not aliased "
@@ -181,11 +276,40 @@ def describe(r: dict) -> str:
     return "\n".join(lines)
 
 
+def _topology_table(r: dict) -> str:
+    """One row per program: compiled, kernel, bytes per device, fit, FLOPs, estimates."""
+    head = ("program", "compiled", "attention", "argument", "temp", "output-alias", "peak",
+            "HBM", "fits", "TFLOP/device", "est. s", "est. MFU")
+    rows = [head]
+    for name, p in r["programs"].items():
+        if not p["compiled"]:
+            need = p.get("required_bytes")
+            rows.append((name, "no", "-", _bytes(p["argument_bytes"]),
+                         _bytes(need) if need else "-", "-", "-", _bytes(p["hbm_bytes"]),
+                         "no" if p["fits"] is False else "?", "-", "-", "-"))
+            continue
+        t, mfu = p["estimated_step_seconds"], p["estimated_mfu"]
+        rows.append((name, "yes", p["attention_kernel"], _bytes(p["argument_bytes"]),
+                     _bytes(p["temp_bytes"]), _bytes(p["output_bytes"] - p["alias_bytes"]),
+                     _bytes(p["peak_bytes"]), _bytes(p["hbm_bytes"]), "yes" if p["fits"] else "no",
+                     f"{p['flops_per_device'] / 1e12:.3g}", f"{t:.3g}" if t else "-",
+                     f"{mfu:.1%}" if mfu else "-"))
+    widths = [max(len(str(row[i])) for row in rows) for i in range(len(head))]
+    return "\n".join("  " + "  ".join(str(c).ljust(w) for c, w in zip(row, widths)) for row in rows)
+
+
 def fit_line(r: dict) -> str:
+    if r["total_bytes"] is None:
+        return f"  no program compiled for {r['device_kind']}"
+    failed = ", ".join(r.get("failed_programs") or [])
     verdict = "fits" if r["fits"] else "does not fit"
+    if failed:
+        verdict += f" (not compiled: {failed})"
     return (f"  peak ({r['peak_program']}) {_bytes(r['total_bytes'])} per device "
             f"({r['total_bytes'] / 1e9:.1f} GB): {verdict} a {r['device_kind']} "
-            f"({r['device_memory_bytes'] / 1e9:.0f} GB; CPU analysis: GPU temp is lower)")
+            f"({r['device_memory_bytes'] / 1e9:.0f} GB; "
+            + ("the TPU compiler's analysis)" if r.get("topology")
+               else "CPU analysis: GPU temp is lower)"))
 
 
 def check_fits(config) -> dict | None:

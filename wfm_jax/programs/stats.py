@@ -22,13 +22,29 @@ class CompileStats(TypedDict):
     flops: float                  # matmul + conv FLOPs of the whole program (all devices)
     xla_flops_per_device: float   # XLA's cost analysis (loop bodies once)
     collective_bytes: dict[str, int]
+    generated_code_bytes: int     # the executable itself (on TPU it sits in HBM beside the data)
+    optimal_seconds: float        # XLA's cost-model time per device (TPU; loop bodies once), else 0
+    xla_bytes_accessed: float     # XLA's cost analysis: HBM traffic per device (loop bodies once)
+    custom_calls: dict[str, int]  # kernel custom calls in the optimized HLO (pallas_tpu, cudnn_fmha)
+
+
+# custom-call targets of the attention kernels: Mosaic (Pallas on TPU) and cuDNN's fused attention
+_CUSTOM_CALLS = {"pallas_tpu": 'custom_call_target="tpu_custom_call"',
+                 "cudnn_fmha": 'custom_call_target="__cudnn$fmha'}
+
+
+def custom_calls(hlo_text: str) -> dict[str, int]:
+    """How many calls of each attention kernel an optimized HLO module holds (a call inside a
+    while loop body counts once, as written)."""
+    return {name: hlo_text.count(target) for name, target in _CUSTOM_CALLS.items()}
 
 
 def per_device_bytes(tree) -> int:
-    """Bytes one device holds of `tree` (arrays or ShapeDtypeStructs carrying shardings)."""
+    """Bytes one device holds of `tree` (arrays or ShapeDtypeStructs carrying shardings; one
+    without a sharding counts whole, as a replicated value)."""
     import jax
-    return sum(math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize
-               for x in jax.tree.leaves(tree) if hasattr(x, "sharding"))
+    return sum(math.prod(x.shape if x.sharding is None else x.sharding.shard_shape(x.shape))
+               * x.dtype.itemsize for x in jax.tree.leaves(tree) if hasattr(x, "sharding"))
 
 
 def collective_bytes(hlo_text: str) -> dict[str, int]:
@@ -58,7 +74,8 @@ def compile_stats(fn, *args: Any) -> CompileStats:
         seconds = time.perf_counter() - start
     m = compiled.memory_analysis()
     cost = compiled.cost_analysis()
-    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    cost = (cost[0] if isinstance(cost, (list, tuple)) else cost) or {}
+    hlo = compiled.as_text()
     return {
         "compile_seconds": round(seconds, 1),
         "argument_bytes": int(m.argument_size_in_bytes),
@@ -69,8 +86,12 @@ def compile_stats(fn, *args: Any) -> CompileStats:
         # recompute included); XLA's cost analysis counts a loop body once, so it is given
         # alongside, per device, as XLA reports it
         "flops": count_jaxpr_flops(traced.jaxpr),
-        "xla_flops_per_device": float(cost.get("flops", 0.0)) if cost else 0.0,
-        "collective_bytes": collective_bytes(compiled.as_text()),
+        "xla_flops_per_device": float(cost.get("flops", 0.0)),
+        "collective_bytes": collective_bytes(hlo),
+        "generated_code_bytes": int(m.generated_code_size_in_bytes),
+        "optimal_seconds": float(cost.get("optimal_seconds", 0.0)),
+        "xla_bytes_accessed": float(cost.get("bytes accessed", 0.0)),
+        "custom_calls": custom_calls(hlo),
     }
 
 
