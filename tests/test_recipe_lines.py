@@ -26,7 +26,7 @@ def _restating(path: str, monkeypatch) -> tuple[list[int], list[int]]:
         source = f.read().split("\n")
     defaults = default_config()
     bare, from_base = [], []
-    for a in trace(path, monkeypatch).assignments:
+    for a in trace(path, monkeypatch=monkeypatch).assignments:
         if not (a.direct and a.restated):
             continue
         if get(defaults, a.key) != a.value and not (isinstance(a.value, (list, tuple))

@@ -30,11 +30,11 @@ class Assignment:
 @dataclasses.dataclass
 class Traced:
     config: ConfigDict             # the recipe's get_config() result, unvalidated
-    runs: list[str]                # recipe files run: the recipe, then the files it composes
+    runs: list[tuple[str, str | None]]  # (file, arg) run: the recipe, then the files it composes
     assignments: list[Assignment]  # made by the recipe's own file (its bases' lines excluded)
 
     @property
-    def parent(self) -> str | None:
+    def parent(self) -> tuple[str, str | None] | None:
         return self.runs[1] if len(self.runs) > 1 else None
 
     def own_keys(self) -> set[str]:
@@ -55,9 +55,9 @@ def _innermost_recipe_frame(frame):
     return frame
 
 
-def trace(path: str, monkeypatch, arg: str | None = None) -> Traced:
+def trace(path: str, arg: str | None = None, *, monkeypatch) -> Traced:
     path = os.path.abspath(path)
-    runs: list[str] = []
+    runs: list[tuple[str, str | None]] = []
     records: list[tuple[ConfigDict, str, Any, int, bool, bool]] = []
     original_setattr, original_run = ConfigDict.__setattr__, recipe_lib._run_recipe
 
@@ -71,7 +71,7 @@ def trace(path: str, monkeypatch, arg: str | None = None) -> Traced:
         original_setattr(self, key, value)
 
     def running(file, file_arg):
-        runs.append(os.path.abspath(file))
+        runs.append((os.path.abspath(file), file_arg))
         return original_run(file, file_arg)
 
     monkeypatch.setattr(ConfigDict, "__setattr__", tracing)
@@ -84,7 +84,8 @@ def trace(path: str, monkeypatch, arg: str | None = None) -> Traced:
     assignments = []
     for node, key, value, line, direct, restated in records:
         prefix = _path_of(config, node)
-        assert prefix is not None, f"{path}:{line} sets {key} on a config the recipe does not return"
+        if prefix is None:  # a config the recipe made and dropped
+            continue
         assignments.append(Assignment(f"{prefix}.{key}" if prefix else key, value, line, direct, restated))
     return Traced(config, runs, assignments)
 

@@ -43,21 +43,38 @@ def test_every_model_has_recipes_on_its_base():
 
 @pytest.mark.parametrize("path", MODEL_RECIPES, ids=os.path.basename)
 def test_a_recipe_starts_from_its_model_base(path, monkeypatch):
-    runs = trace(path, monkeypatch).runs
+    runs = [file for file, _ in trace(path, monkeypatch=monkeypatch).runs]
     assert _base_of(path) in runs, f"{os.path.basename(path)} runs {runs}, not its base"
 
 
-@pytest.mark.parametrize("path", [r for r in RECIPES if os.path.basename(r) not in NOT_COMPOSED],
-                         ids=os.path.basename)
-def test_a_recipe_is_its_parent_plus_its_own_lines(path, monkeypatch):
-    traced = trace(path, monkeypatch)
+def _unexplained(path, monkeypatch) -> set[str]:
+    """Keys where the recipe differs from its parent on no line of its own file."""
+    traced = trace(path, monkeypatch=monkeypatch)
     if traced.parent is None:
         pytest.skip("starts from the schema defaults (test_recipe_lines checks its lines)")
-    mine, parent = flat(traced.config), flat(trace(traced.parent, monkeypatch).config)
-    changed = {k for k in mine if mine[k] != parent[k]}
-    unexplained = changed - traced.own_keys()
-    assert not unexplained, f"{os.path.basename(path)} differs from {traced.parent} in {unexplained} on no line of its own"
-    assert mine["train.output_dir"] == "./outputs/" + os.path.basename(path)[:-3]
+    mine, parent = flat(traced.config), flat(trace(*traced.parent, monkeypatch=monkeypatch).config)
+    return {k for k in mine if mine[k] != parent[k]} - traced.own_keys()
+
+
+COMPOSED = [r for r in RECIPES + sorted(glob.glob(os.path.join(CONFIGS, "base", "*.py")))
+            if os.path.basename(r) not in NOT_COMPOSED]
+
+
+@pytest.mark.parametrize("path", COMPOSED, ids=lambda p: os.path.relpath(p, CONFIGS))
+def test_a_recipe_is_its_parent_plus_its_own_lines(path, monkeypatch):
+    unexplained = _unexplained(path, monkeypatch)
+    assert not unexplained, f"{os.path.relpath(path, CONFIGS)} differs from its parent in {unexplained} on no line of its own"
+    if "base" not in os.path.relpath(path, CONFIGS):
+        assert load_config(path, check=False).train.output_dir == "./outputs/" + os.path.basename(path)[:-3]
+
+
+def test_the_check_catches_a_recipe_that_is_not_its_parent_plus_its_lines(tmp_path, monkeypatch):
+    _write(tmp_path / "a.py", "def get_config():\n    return default_config()\n")
+    _write(tmp_path / "b.py", "def get_config():\n    c = default_config()\n    c.train.seed = 3\n    return c\n")
+    _write(tmp_path / "r.py", "from wfm_jax.config.recipe import base_recipe\n\n\ndef get_config():\n"
+           "    compose('a.py')\n    c = base_recipe(__file__.replace('r.py', 'b.py'))\n"
+           "    c.train.max_steps = 5\n    return c\n")
+    assert _unexplained(str(tmp_path / "r.py"), monkeypatch) == {"train.seed"}
 
 
 @pytest.mark.parametrize("base", sorted(set(MODEL_BASES.values())))
