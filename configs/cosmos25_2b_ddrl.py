@@ -1,16 +1,15 @@
 """DDRL post-training of Cosmos-Predict2.5-2B at 720p: cosmos-rl's
 cosmos_predict2-5_2b_720_reason_embedding_ddrl.toml (spec algorithms.md §4, video_models.md
-§5.2; the values shared with the 14B recipe, configs/cosmos25_14b_ddrl.py, are in
-`ddrl_720`), FSDP shards of 8 devices and context parallel 2 (cosmos-rl's); 256 GPUs
-recommended.
+§5.2; the 14B recipe, configs/cosmos25_14b_ddrl.py, is this one on the 14B checkpoint), FSDP
+shards of 8 devices and context parallel 2 (cosmos-rl's); 256 GPUs recommended.
 
     python -m wfm_jax.main --config configs/cosmos25_2b_ddrl.py \
         --config.train.train_policy.dataset.local_dir=/path/to/dataset   # videos/ + metas/
 """
-from wfm_jax.config.schema import default_config
+from wfm_jax.config.recipe import compose
 
 
-def ddrl_720(model: str, output_dir: str, fsdp: int, context: int):
+def get_config():
     """cosmos-rl's values: full fine-tune, lr 1e-5, wd 1e-4, betas (0.9, 0.99), warm-up 50,
     clip 1, bf16, 2001 iterations; 8 rollouts per data item (num_rollout), EDM 2ab sampler on
     sigma in [0.01, 200] (rho 7; Cosmos' own scheduler range), 20 steps, churn 1, no CFG;
@@ -20,15 +19,12 @@ def ddrl_720(model: str, output_dir: str, fsdp: int, context: int):
     dataset in cosmos-rl's WFM layout (videos/*.mp4 + metas/*.txt). video2world as cosmos-rl's DDRL
     tomls: min_num_conditional_frames 0 and max 1 (the RLConfig default), i.e. each data item
     is text2world or conditioned on its clip's first latent frame, half and half."""
-    c = default_config()
-    c.train.output_dir = output_dir
-    c.train.train_policy.type = "ddrl"
+    c = compose("base/cosmos25_2b.py", algorithm="ddrl")
     c.train.max_steps = 2001
     c.train.train_batch_per_replica = 64  # 8 data items x 8 rollouts
     c.train.optm_lr = 1e-5
     c.train.optm_betas = (0.9, 0.99)
     c.train.optm_warmup_steps = 50
-    c.train.ema_enable = True
     c.train.ckpt.save_freq = 100
     tp = c.train.train_policy
     tp.dataset.layout = "wfm"
@@ -38,31 +34,18 @@ def ddrl_720(model: str, output_dir: str, fsdp: int, context: int):
     tp.remote_reward.reward_fns = [
         {"name": "dance_grpo", "weight": 1.0, "score_key": "overall_reward"}]
     c.rollout.n_generation = 8
-    c.policy.model_name_or_path = model
-    c.policy.family = "cosmos"
     d = c.policy.diffusers
-    d.is_video = True
     d.inference_size = (720, 1280)
-    d.train_frames = 93
-    d.inference_frames = 93
-    d.max_prompt_length = 512
     d.max_num_conditional_frames = 1
     s = d.sample
     s.solver = "edm"
     s.num_steps = 20
-    s.eval_num_steps = 36
     s.deterministic_sampling = False
     # cosmos-rl's fsdp shard size and context-parallel size; data replicas over the rest (HSDP)
     c.policy.parallelism.data = -1
-    c.policy.parallelism.fsdp = fsdp
-    c.policy.parallelism.context = context
-    c.policy.remat = "nothing_saveable"
+    c.policy.parallelism.fsdp = 8
+    c.policy.parallelism.context = 2
     c.validation.enable = True
     c.validation.freq = 100
     c.validation.dataset.holdout_fraction = 0.01
     return c
-
-
-def get_config():
-    return ddrl_720("nvidia/Cosmos-Predict2.5-2B", "./outputs/cosmos25_2b_ddrl", fsdp=8,
-                    context=2)

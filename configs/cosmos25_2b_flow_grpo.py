@@ -23,22 +23,17 @@ frames; the conditioned latent frames add nothing to the loss: their velocity is
 """
 import os
 
-from wfm_jax.config.schema import default_config
+from wfm_jax.config.recipe import compose
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-MODEL = "nvidia/Cosmos-Predict2.5-2B"  # revision diffusers/base/post-trained
 
 
 def get_config(arg=None):
     if arg not in (None, "", "mock_data"):
         raise ValueError(f"unknown recipe argument {arg!r}; the one argument is 'mock_data'")
-    c = default_config()
-    c.train.output_dir = "./outputs/cosmos25_2b_flow_grpo"
-    c.train.train_policy.type = "grpo"
-    c.train.max_steps = 2000
+    c = compose("base/cosmos25_2b.py", algorithm="grpo")
     c.train.train_batch_per_replica = 64  # 32 prompts x 2 rollouts
     c.train.optm_lr = 1e-5
-    c.train.ema_enable = True
     c.train.ckpt.save_freq = 50
     tp = c.train.train_policy
     tp.kl_beta = 0.01
@@ -49,20 +44,12 @@ def get_config(arg=None):
         c.train.output_dir = "./outputs/cosmos25_2b_flow_grpo_mock"
         tp.dataset.local_dir = os.path.join(HERE, "prompts", "tiny.txt")
     c.rollout.n_generation = 2  # num_rollout
-    c.policy.model_name_or_path = MODEL
-    c.policy.family = "cosmos"
     d = c.policy.diffusers
-    d.is_video = True
     d.inference_size = (432, 768)  # cosmos-rl video_size [W, H] = [768, 432]
-    d.train_frames = 93
-    d.inference_frames = 93
-    d.max_prompt_length = 512
-    d.sample.eval_num_steps = 36
     d.sample.solver = "sde"
     d.sample.deterministic_sampling = False
     c.policy.parallelism.data = 1
     c.policy.parallelism.fsdp = -1
-    c.policy.remat = "nothing_saveable"
     c.validation.enable = True
     c.validation.freq = 50
     return c

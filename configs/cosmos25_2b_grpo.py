@@ -20,25 +20,21 @@ warm-up, grad clip 1, bf16 compute on fp32 master weights, EMA.
 """
 import os
 
-from wfm_jax.config.schema import default_config
+from wfm_jax.config.recipe import compose
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-MODEL = "nvidia/Cosmos-Predict2.5-2B"  # revision diffusers/base/post-trained
 
 
 def get_config(arg=None):
     if arg not in (None, "", "mock_data"):
         raise ValueError(f"unknown recipe argument {arg!r}; the one argument is 'mock_data'")
-    c = default_config()
-    c.train.output_dir = "./outputs/cosmos25_2b_grpo"
-    c.train.train_policy.type = "wfm_rl"
+    c = compose("base/cosmos25_2b.py", algorithm="wfm_rl")
     c.train.max_steps = 2001
     c.train.train_batch_per_replica = 8  # one group: 8 data-parallel ranks x 1 video
     c.train.optm_lr = 1e-5  # weight decay 1e-4, eps 1e-8, grad clip 1, constant after warm-up: the defaults
     c.train.optm_betas = (0.9, 0.99)
     c.train.optm_warmup_steps = 50
     c.train.ckpt.save_freq = 1000  # cosmos-rl's save_iter
-    c.train.ema_enable = True  # bf16 compute on fp32 master weights: the defaults
     tp = c.train.train_policy
     # train_policy.wfm keeps cosmos-rl's RLConfig defaults (schema.py), as the recipe does
     tp.use_remote_reward = True
@@ -47,19 +43,12 @@ def get_config(arg=None):
         {"name": "dance_grpo", "weight": 1.0, "score_key": "overall_reward"}]
     tp.dataset.layout = "wfm"
     c.rollout.n_generation = 8  # num_rollout
-    c.policy.model_name_or_path = MODEL
-    c.policy.family = "cosmos"
     d = c.policy.diffusers
-    d.is_video = True
     d.inference_size = (432, 768)  # cosmos-rl video_size [W, H] = [768, 432]
-    d.train_frames = 93
-    d.inference_frames = 93
-    d.max_prompt_length = 512
     d.min_num_conditional_frames = d.max_num_conditional_frames = 1
     d.sample.eval_num_steps = 35
     c.policy.parallelism.data = 1
     c.policy.parallelism.fsdp = -1
-    c.policy.remat = "nothing_saveable"
     c.validation.enable = False  # cosmos-rl's visualisation samples the RL batch itself
     if arg == "mock_data":
         c.train.output_dir = "./outputs/cosmos25_2b_grpo_mock"

@@ -18,21 +18,16 @@ video2world on a dataset of videos: --config.policy.diffusers.max_num_conditiona
 Optimizer values cosmos-rl's NFT recipes share (lr 3e-4, wd 1e-4, betas (0.9, 0.999), clip 1.0,
 EMA 0.9 every step, bf16 params).
 """
-from wfm_jax.config.schema import COSMOS_LORA_TARGETS, default_config
-
-MODEL = "nvidia/Cosmos-Predict2.5-2B"  # revision diffusers/base/post-trained
+from wfm_jax.config.recipe import compose
+from wfm_jax.config.schema import COSMOS_LORA_TARGETS
 
 
 def get_config():
-    c = default_config()
-    c.train.output_dir = "./outputs/cosmos25_2b_nft"
-    c.train.train_policy.type = "nft"
-    c.train.max_steps = 2000
+    c = compose("base/cosmos25_2b.py", algorithm="nft")
     c.train.param_dtype = "bfloat16"
     c.train.train_batch_per_replica = 576  # 48 prompts x 12 videos
-    c.train.train_policy.mini_batch = 4
-    c.train.ema_enable = True
     tp = c.train.train_policy
+    tp.mini_batch = 4
     tp.kl_beta = 1.0
     tp.global_std = False  # cosmos-rl's remote-reward advantages: per-prompt mean and std
     tp.std_ddof = 1
@@ -40,16 +35,7 @@ def get_config():
     tp.remote_reward.reward_fns = [
         {"name": "dance_grpo", "weight": 1.0, "score_key": "overall_reward"}]
     c.rollout.n_generation = 12
-    c.policy.model_name_or_path = MODEL
-    c.policy.family = "cosmos"
     c.policy.lora.enable = True
     c.policy.lora.target_modules = COSMOS_LORA_TARGETS
-    d = c.policy.diffusers
-    d.is_video = True
-    d.train_frames = 93
-    d.inference_frames = 93
-    d.max_prompt_length = 512  # cosmos-rl's max_prompt_length (the rollout's text length)
-    d.sample.eval_num_steps = 36  # Cosmos2_5_PredictBasePipeline's default
-    c.policy.remat = "nothing_saveable"
     c.validation.enable = True
     return c

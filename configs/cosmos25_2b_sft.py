@@ -12,31 +12,20 @@ video2world: --config.policy.diffusers.max_num_conditional_frames=1 (or 2; min_.
 mix) conditions each clip on its first latent frames (their loss is zero: the velocity there
 is exact).
 """
-from wfm_jax.config.schema import default_config
+from wfm_jax.config.recipe import compose
 
 
 def get_config():
-    c = default_config()
-    c.train.output_dir = "./outputs/cosmos25_2b_sft"
-    c.train.max_steps = 2000
+    c = compose("base/cosmos25_2b.py")
     c.train.train_batch_per_replica = 8  # one clip per device on 8 GPUs
     c.train.optm_lr = 1e-5
     c.train.optm_warmup_steps = 100
-    c.train.ema_enable = True
     c.train.ema_decay = 0.999
     c.train.ckpt.save_freq = 200
     c.train.ckpt.max_keep = 3
-    c.policy.model_name_or_path = "nvidia/Cosmos-Predict2.5-2B"
-    c.policy.family = "cosmos"
     d = c.policy.diffusers
-    d.is_video = True
-    d.inference_size = (704, 1280)
-    d.train_frames = 93
-    d.inference_frames = 93
-    d.max_prompt_length = 512
-    d.sample.eval_num_steps = 36      # Cosmos2_5_PredictBasePipeline's defaults
-    d.sample.guidance_scale = 7.0     # Cosmos' CFG form v_c + w (v_c - v_u)
+    d.inference_size = (704, 1280)  # Cosmos2_5_PredictBasePipeline's defaults
+    d.sample.guidance_scale = 7.0   # Cosmos' CFG form v_c + w (v_c - v_u)
     c.policy.parallelism.data = 1
     c.policy.parallelism.fsdp = -1
-    c.policy.remat = "nothing_saveable"
     return c

@@ -18,14 +18,12 @@ steps the pipeline's DPM-Solver++ scheduler (spec video_models.md §5.3), so sam
 1000 sigma. Unlike cosmos-rl, the instruction prefix is the same in rollout, training and
 validation, and the Gemma mask reaches the cross-attention in the update as in the rollout.
 """
-from wfm_jax.config.schema import SANA_LORA_TARGETS, default_config
+from wfm_jax.config.recipe import compose
+from wfm_jax.config.schema import SANA_LORA_TARGETS
 
 
 def get_config():
-    c = default_config()
-    c.train.output_dir = "./outputs/sana_image_nft"
-    c.train.train_policy.type = "nft"
-    c.train.max_steps = 2000
+    c = compose("base/sana_image.py", algorithm="nft")
     c.train.compute_dtype = "float32"
     c.train.train_batch_per_replica = 1152  # 6 x 24 x 8
     c.train.train_policy.mini_batch = 9
@@ -36,19 +34,12 @@ def get_config():
     c.train.train_policy.use_remote_reward = True
     c.train.train_policy.remote_reward.reward_fns = [
         {"name": "pickscore", "weight": 1.0, "score_key": "pickscore"}]
-    c.policy.model_name_or_path = "Efficient-Large-Model/SANA1.5_1.6B_1024px_diffusers"
-    c.policy.family = "sana"
     c.policy.lora.enable = True
     c.policy.lora.r = 4
     c.policy.lora.lora_alpha = 4
     c.policy.lora.target_modules = SANA_LORA_TARGETS
     d = c.policy.diffusers
-    d.inference_size = (1024, 1024)
-    d.max_prompt_length = 300
     d.sample.noise_level = 1.0  # unused by a deterministic rollout (as in cosmos-rl)
     d.sample.solver = "dpm_solver"
-    c.policy.parallelism.data = 1
-    c.policy.parallelism.fsdp = -1  # dp_shard_size 8
-    c.policy.remat = "nothing_saveable"
     c.validation.enable = False  # as the toml; point validation.dataset.local_dir to turn it on
     return c

@@ -13,29 +13,18 @@ sample.*). It keeps bf16 parameters; here fp32 master weights and bf16 compute (
 Unlike cosmos-rl, the text goes through SANA's complex-human-instruction prefix in training as in validation, and the
 Gemma mask reaches the cross-attention (spec video_models.md §5.3).
 """
-from wfm_jax.config.schema import default_config
+from wfm_jax.config.recipe import compose
 
 
 def get_config():
-    c = default_config()
-    c.train.output_dir = "./outputs/sana_image_sft"
-    c.train.max_steps = 2000
+    c = compose("base/sana_image.py")
     c.train.train_batch_per_replica = 8  # global: 1 per replica x dp_shard_size 8
     c.train.optm_lr = 1e-4
     c.train.optm_weight_decay = 0.01
     c.train.optm_eps = 1e-5
     c.train.ckpt.save_freq = 30
     c.train.ckpt.max_keep = 3
-    c.policy.model_name_or_path = "Efficient-Large-Model/SANA1.5_1.6B_1024px_diffusers"
-    c.policy.family = "sana"
     d = c.policy.diffusers
-    d.inference_size = (1024, 1024)
-    d.max_prompt_length = 300  # SanaPipeline's max_sequence_length
     d.sample.eval_num_steps = 50
     d.sample.guidance_scale = 4.5
-    # dp_shard_size 8: parameters sharded over every device, blocks rematerialised
-    # (model_gradient_checkpointing)
-    c.policy.parallelism.data = 1
-    c.policy.parallelism.fsdp = -1
-    c.policy.remat = "nothing_saveable"
     return c

@@ -11,32 +11,19 @@ batch 8, logit-normal timesteps, 1024x1024, 300 tokens, validation at guidance 4
 checkpoints every 10 steps. The frozen base is bf16; the LoRA weights, their AdamW moments and
 the EMA are fp32. Instruction and text mask as in training, rollout and validation alike.
 """
-from wfm_jax.config.schema import SANA_LORA_TARGETS, default_config
+from wfm_jax.config.recipe import compose
+from wfm_jax.config.schema import SANA_LORA_TARGETS
 
 
 def get_config():
-    c = default_config()
-    c.train.output_dir = "./outputs/sana_image_sft_lora"
-    c.train.max_steps = 2000
+    c = compose("sana_image_sft.py")  # its optimizer, batch and validation sampler
     c.train.param_dtype = "bfloat16"  # the frozen base; LoRA weights and moments are fp32
-    c.train.train_batch_per_replica = 8  # global: 1 per replica x dp_shard_size 8
-    c.train.optm_lr = 1e-4
-    c.train.optm_weight_decay = 0.01
-    c.train.optm_eps = 1e-5
     c.train.ckpt.save_freq = 10
-    c.train.ckpt.max_keep = 3
-    c.policy.model_name_or_path = "Efficient-Large-Model/SANA1.5_1.6B_1024px_diffusers"
-    c.policy.family = "sana"
     c.policy.lora.enable = True
     c.policy.lora.r = 4
     c.policy.lora.lora_alpha = 4
     c.policy.lora.target_modules = SANA_LORA_TARGETS
-    d = c.policy.diffusers
-    d.inference_size = (1024, 1024)
-    d.max_prompt_length = 300  # SanaPipeline's max_sequence_length
-    d.sample.eval_num_steps = 50
-    d.sample.guidance_scale = 4.5
     # the bf16 base (3.2 GB) fits on every device: replicated, the batch split over all of them
     c.policy.parallelism.data = -1
-    c.policy.remat = "nothing_saveable"
+    c.policy.parallelism.fsdp = 1
     return c

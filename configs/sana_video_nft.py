@@ -21,14 +21,12 @@ validation, the Gemma mask reaches the cross-attention in the update as in the r
 rollouts sample inference_frames (= train_frames) frames: cosmos-rl's passed `num_frames`, which
 SanaVideoPipeline does not take, so it always sampled 81 whatever train_frames said.
 """
-from wfm_jax.config.schema import SANA_LORA_TARGETS, default_config
+from wfm_jax.config.recipe import compose
+from wfm_jax.config.schema import SANA_LORA_TARGETS
 
 
 def get_config():
-    c = default_config()
-    c.train.output_dir = "./outputs/sana_video_nft"
-    c.train.train_policy.type = "nft"
-    c.train.max_steps = 2000
+    c = compose("base/sana_video.py", algorithm="nft")
     c.train.param_dtype = "bfloat16"
     c.train.train_batch_per_replica = 384  # 6 x 8 x 8
     c.train.train_policy.mini_batch = 4
@@ -40,22 +38,12 @@ def get_config():
     c.train.train_policy.remote_reward.reward_fns = [
         {"name": "dance_grpo", "weight": 1.0, "score_key": "overall_reward"}]
     c.rollout.n_generation = 8
-    c.policy.model_name_or_path = "Efficient-Large-Model/SANA-Video_2B_480p_diffusers"
-    c.policy.family = "sana_video"
     c.policy.lora.enable = True
     c.policy.lora.r = 4
     c.policy.lora.lora_alpha = 4
     c.policy.lora.target_modules = SANA_LORA_TARGETS
     d = c.policy.diffusers
-    d.is_video = True
-    d.inference_size = (480, 832)
-    d.train_frames = 81  # SanaVideoPipeline's default (4k + 1: 21 latent frames)
-    d.inference_frames = 81
-    d.max_prompt_length = 300
     d.sample.noise_level = 1.0  # unused by a deterministic rollout (as in cosmos-rl)
     d.sample.solver = "dpm_solver"
-    c.policy.parallelism.data = 1
-    c.policy.parallelism.fsdp = -1  # dp_shard_size 8
-    c.policy.remat = "nothing_saveable"
     c.validation.enable = False  # as the toml; point validation.dataset.local_dir to turn it on
     return c

@@ -8,20 +8,17 @@ The dataset is the SFT paired layout (X.json with "prompt" + X.jpg|png): each ba
 items, rolls each out 8 times from its caption (EDM sampler, 20 steps, churn 1, no CFG), and the
 images regularise the policy through the diffusion loss (data_beta). Full fine-tune, as cosmos-rl.
 """
-from wfm_jax.config.schema import default_config
+from wfm_jax.config.recipe import compose
 
 
 def get_config():
-    c = default_config()
-    c.train.output_dir = "./outputs/sd35_ddrl"
-    c.train.train_policy.type = "ddrl"
+    c = compose("base/sd35_medium.py", algorithm="ddrl")
     c.train.max_steps = 2001
     c.train.param_dtype = "float32"  # fp32 master weights, bf16 compute
     c.train.train_batch_per_replica = 64  # 8 data items x 8 rollouts
     c.train.optm_lr = 1e-5
     c.train.optm_betas = (0.9, 0.99)
     c.train.optm_warmup_steps = 50
-    c.train.ema_enable = True
     c.train.ckpt.save_freq = 100
     tp = c.train.train_policy
     tp.kl_beta = 0.0
@@ -30,8 +27,7 @@ def get_config():
     tp.use_remote_reward = True
     tp.remote_reward.reward_fns = [{"name": "pickscore", "weight": 1.0, "score_key": ""}]
     c.rollout.n_generation = 8  # num_rollout
-    d = c.policy.diffusers
-    s = d.sample
+    s = c.policy.diffusers.sample
     s.solver = "edm"
     s.num_steps = 20
     s.deterministic_sampling = False

@@ -16,19 +16,16 @@ Flow-GRPO-Fast (spec §2): --config.policy.diffusers.sample.sde_window_size=2
 --config.train.train_policy.clip_range=1e-5 --config.train.train_policy.kl_beta=0
 (and guidance_scale=1 for the no-CFG variant, sde_window_size=3, sde_window_range="(0, 5)").
 """
-from wfm_jax.config.schema import default_config
+from wfm_jax.config.recipe import compose
 
 
 def get_config():
-    c = default_config()
-    c.train.output_dir = "./outputs/sd35_grpo"
-    c.train.train_policy.type = "grpo"
+    c = compose("base/sd35_medium.py", algorithm="grpo")
     c.train.max_steps = 4000
     c.train.param_dtype = "bfloat16"
     c.train.train_batch_per_replica = 576  # 24 prompts x 24 images
     c.train.train_policy.mini_batch = 9
     c.train.train_policy.mu_iterations = 1  # num_inner_epochs
-    c.train.ema_enable = True
     c.train.train_policy.kl_beta = 0.01  # PickScore; 0.04 for GenEval / OCR
     c.train.train_policy.global_std = True  # flow_grpo: per-prompt mean, batch population std
     # CFG's unconditional branch detached in the update, as flow_grpo's SD3 script did when its

@@ -7,18 +7,14 @@
 The reward comes from a running reward service (REMOTE_REWARD_ENQUEUE_URL / _FETCH_URL /
 _TOKEN, or train.train_policy.remote_reward.*), PickScore by default.
 """
-from wfm_jax.config.schema import default_config
+from wfm_jax.config.recipe import compose
 
 
 def get_config():
-    c = default_config()
-    c.train.output_dir = "./outputs/sd35_nft"
-    c.train.train_policy.type = "nft"
-    c.train.max_steps = 2000
+    c = compose("base/sd35_medium.py", algorithm="nft")
     c.train.param_dtype = "bfloat16"
     c.train.train_batch_per_replica = 1152  # 48 prompts x 24 images
     c.train.train_policy.mini_batch = 9
-    c.train.ema_enable = True
     # cosmos-rl's remote-reward advantages: per-prompt mean and per-prompt unbiased std.
     # NVlabs DiffusionNFT (the paper's numbers) divides by the whole batch's population std:
     # --config.train.train_policy.global_std=True --config.train.train_policy.std_ddof=0

@@ -8,17 +8,14 @@ training script: shifted logit-normal timesteps, uniform weighting, target noise
 fp32 master weights, AdamW moments and EMA, bf16 compute; parameters sharded over
 policy.parallelism.fsdp devices (FSDP), the batch over data x fsdp.
 """
-from wfm_jax.config.schema import default_config
+from wfm_jax.config.recipe import compose
 
 
 def get_config():
-    c = default_config()
-    c.train.output_dir = "./outputs/sd35_sft"
-    c.train.max_steps = 2000
+    c = compose("base/sd35_medium.py")
     c.train.train_batch_per_replica = 32  # global batch
     c.train.optm_lr = 1e-5
     c.train.optm_warmup_steps = 100
-    c.train.ema_enable = True
     c.train.ema_decay = 0.999
     c.train.ckpt.save_freq = 200
     c.train.ckpt.max_keep = 3

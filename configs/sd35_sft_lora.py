@@ -8,20 +8,18 @@ attention projections (cosmos-rl's SD3 targets); the export loads with
 
 The frozen base weights are bf16; LoRA weights, their AdamW moments and the EMA are fp32.
 """
-from wfm_jax.config.schema import default_config
+from wfm_jax.config.recipe import compose
 
 
 def get_config():
-    c = default_config()
-    c.train.output_dir = "./outputs/sd35_sft_lora"
-    c.train.max_steps = 2000
+    c = compose("sd35_sft.py")  # its batch and checkpoints
     c.train.param_dtype = "bfloat16"
-    c.train.train_batch_per_replica = 32  # global batch
     c.train.optm_lr = 1e-4
     c.train.optm_warmup_steps = 50
-    c.train.ema_enable = True
     c.train.ema_decay = 0.99
-    c.train.ckpt.save_freq = 200
-    c.train.ckpt.max_keep = 3
     c.policy.lora.enable = True
+    # the bf16 base is replicated, the batch split over every device, no remat
+    c.policy.parallelism.data = -1
+    c.policy.parallelism.fsdp = 1
+    c.policy.remat = "everything_saveable"
     return c

@@ -9,23 +9,15 @@ built on first use); no download, a few minutes on 2 CPU cores.
 A dataset in cosmos-rl's WFM layout (videos/*.mp4 + metas/*.txt) works the same:
 --config.train.train_policy.dataset.local_dir=DIR --config.train.train_policy.dataset.layout=wfm
 """
-from wfm_jax.config.schema import default_config
+from wfm_jax.config.recipe import compose
 
 
 def get_config():
-    c = default_config()
-    c.train.output_dir = "./outputs/tiny_cosmos_ddrl"
-    c.train.train_policy.type = "ddrl"
-    c.train.max_steps = 20
-    c.train.seed = 0
-    c.train.compute_dtype = "float32"
+    c = compose("base/tiny_rl.py:cosmos", algorithm="ddrl")
     c.train.train_batch_per_replica = 16  # 4 data items x 4 rollouts
     c.train.train_policy.mini_batch = 2  # per device: 8 devices take the 16 rows at once
     c.train.optm_lr = 3e-3  # random tiny model
     c.train.optm_betas = (0.9, 0.99)
-    c.train.ema_enable = True
-    c.train.ckpt.save_freq = 10
-    c.train.ckpt.max_keep = 2
     tp = c.train.train_policy
     tp.dataset.local_dir = "./outputs/tiny_shape_clips"
     tp.dataset.build_tiny = True
@@ -33,25 +25,12 @@ def get_config():
     tp.kl_beta = 0.0
     tp.data_on_first_only = True  # speed on 2 CPU cores: one data-loss forward per batch
     tp.update_ref_every_iter = 0
-    c.rollout.n_generation = 4
-    c.policy.model_name_or_path = "./outputs/tiny_cosmos"
-    c.policy.family = "cosmos"
-    c.policy.build_tiny = True
     d = c.policy.diffusers
-    d.is_video = True
-    d.inference_size = (32, 32)
-    d.train_frames = 9
-    d.inference_frames = 9
-    d.max_prompt_length = 16
     # video2world as cosmos25_2b_ddrl.py: each item text2world or on its clip's first latent
     # frame (of 3), drawn per item
     d.min_num_conditional_frames = 0
     d.max_num_conditional_frames = 1
-    s = d.sample
-    s.solver = "edm"
-    s.eval_num_steps = 10
-    c.validation.enable = True
-    c.validation.freq = 10
+    d.sample.solver = "edm"
     c.validation.batch_size = 4
     c.validation.dataset.holdout_fraction = 0.25
     return c

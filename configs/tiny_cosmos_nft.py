@@ -12,44 +12,24 @@ family 1000 sigma, which it divides, in rollout and training alike).
 """
 import os
 
-from wfm_jax.config.schema import COSMOS_LORA_TARGETS, default_config
+from wfm_jax.config.recipe import compose
+from wfm_jax.config.schema import COSMOS_LORA_TARGETS
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def get_config():
-    c = default_config()
-    c.train.output_dir = "./outputs/tiny_cosmos_nft"
-    c.train.train_policy.type = "nft"
-    c.train.max_steps = 20
-    c.train.seed = 0
-    c.train.compute_dtype = "float32"
+    c = compose("base/tiny_rl.py:cosmos", algorithm="nft")
     c.train.train_batch_per_replica = 16  # 4 prompts x 4 videos
     c.train.train_policy.mini_batch = 2  # per device: 8 devices take the 16 rows at once
     c.train.optm_lr = 3e-3  # the random tiny models' NFT value (tiny_wan_nft)
-    c.train.ema_enable = True
-    c.train.ckpt.save_freq = 10
-    c.train.ckpt.max_keep = 2
     c.train.train_policy.dataset.local_dir = os.path.join(HERE, "prompts", "tiny.txt")
-    c.rollout.n_generation = 4
-    c.policy.model_name_or_path = "./outputs/tiny_cosmos"
-    c.policy.family = "cosmos"
-    c.policy.build_tiny = True
     # full fine-tune (a LoRA on a 2-layer random model moves the reward too slowly for 20
     # steps); --config.policy.lora.enable=True gives the 2B recipe's adapters
     c.policy.lora.enable = False
     c.policy.lora.r = 8
     c.policy.lora.lora_alpha = 16
     c.policy.lora.target_modules = COSMOS_LORA_TARGETS
-    d = c.policy.diffusers
-    d.is_video = True
-    d.inference_size = (32, 32)
-    d.train_frames = 9
-    d.inference_frames = 9
-    d.max_prompt_length = 16
-    d.sample.eval_num_steps = 10
-    c.validation.enable = True
-    c.validation.freq = 10
     c.validation.batch_size = 4
     c.validation.dataset.holdout_fraction = 0.25
     return c

@@ -5,24 +5,16 @@ minutes on 2 CPU cores.
 
     python -m wfm_jax.main --config configs/tiny_ddrl.py
 """
-from wfm_jax.config.schema import default_config
+from wfm_jax.config.recipe import compose
 from wfm_jax.worlds.shapes.recipe import use_shapes_world
 
 
 def get_config():
-    c = default_config()
-    c.train.output_dir = "./outputs/tiny_ddrl"
-    c.train.train_policy.type = "ddrl"
-    c.train.max_steps = 20
-    c.train.seed = 0
-    c.train.compute_dtype = "float32"
+    c = compose("base/tiny_rl.py", algorithm="ddrl")
     c.train.train_batch_per_replica = 16  # 4 data items x 4 rollouts
     c.train.train_policy.mini_batch = 8
     c.train.optm_lr = 5e-4  # 5e-3 (the random model's value) wrecks the pretrained model
     c.train.optm_betas = (0.9, 0.99)
-    c.train.ema_enable = True
-    c.train.ckpt.save_freq = 10
-    c.train.ckpt.max_keep = 2
     tp = c.train.train_policy
     tp.dataset.local_dir = "./outputs/tiny_shapes"
     tp.dataset.build_tiny = True
@@ -33,11 +25,5 @@ def get_config():
     tp.exp_reward = True
     tp.data_on_first_only = True  # speed on 2 CPU cores: one data-loss forward per batch
     tp.update_ref_every_iter = 0
-    c.rollout.n_generation = 4
-    d = c.policy.diffusers
-    s = d.sample
-    s.solver = "edm"
-    s.eval_num_steps = 10
-    use_shapes_world(c, prompts=False)
-    c.validation.freq = 10
-    return c
+    c.policy.diffusers.sample.solver = "edm"
+    return use_shapes_world(c, prompts=False)

@@ -7,34 +7,21 @@ background); no download, the reward rising within a few minutes on 2 CPU cores.
 The pretrained pipeline is built at policy.model_name_or_path on first use (about 4 minutes on
 2 idle CPU cores: `python -m wfm_jax.tiny --pretrained DIR`) and reused after.
 """
-from wfm_jax.config.schema import default_config
+from wfm_jax.config.recipe import compose
 from wfm_jax.worlds.shapes.recipe import use_shapes_world
 
 
 def get_config():
-    c = default_config()
-    c.train.output_dir = "./outputs/tiny_nft"
-    c.train.train_policy.type = "nft"
-    c.train.max_steps = 20
-    c.train.seed = 0
-    c.train.compute_dtype = "float32"
+    c = compose("base/tiny_rl.py", algorithm="nft")
     # 8 prompts x 4 images: at 4 x 4 the reward moved 0.08 from one step to the next, as much as
     # the 20 steps' rise (+0.068); at 8 x 4 the step-to-step move is 0.03 (seeds 0, 1)
     c.train.train_batch_per_replica = 32
     c.train.train_policy.mini_batch = 8
     c.train.optm_lr = 3e-4  # 3e-3 (the random model's value) wrecks the pretrained model: reward 0.57 -> 0.4
-    c.train.ema_enable = True
-    c.train.ckpt.save_freq = 10
-    c.train.ckpt.max_keep = 2
-    c.rollout.n_generation = 4
     # Full fine-tune: on the tiny model a LoRA moves the reward too slowly to see in 20 steps.
     # The "old" policy is then a parameter copy; --config.policy.lora.enable=True gives the
     # recipe's two adapters.
     c.policy.lora.enable = False
     c.policy.lora.r = 8
     c.policy.lora.lora_alpha = 16
-    d = c.policy.diffusers
-    d.sample.eval_num_steps = 10
-    use_shapes_world(c)
-    c.validation.freq = 10
-    return c
+    return use_shapes_world(c)

@@ -13,39 +13,22 @@ gives the recipe's adapters).
 """
 import os
 
-from wfm_jax.config.schema import SANA_LORA_TARGETS, default_config
+from wfm_jax.config.recipe import compose
+from wfm_jax.config.schema import SANA_LORA_TARGETS
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def get_config():
-    c = default_config()
-    c.train.output_dir = "./outputs/tiny_sana_nft"
-    c.train.train_policy.type = "nft"
-    c.train.max_steps = 20
-    c.train.seed = 0
-    c.train.compute_dtype = "float32"
+    c = compose("base/tiny_rl.py:sana", algorithm="nft")
     c.train.train_batch_per_replica = 16  # 4 prompts x 4 images
     c.train.train_policy.mini_batch = 8
     c.train.optm_lr = 3e-3  # the random tiny models' NFT value (tiny_wan_nft)
-    c.train.ema_enable = True
-    c.train.ckpt.save_freq = 10
-    c.train.ckpt.max_keep = 2
     c.train.train_policy.dataset.local_dir = os.path.join(HERE, "prompts", "tiny.txt")
-    c.rollout.n_generation = 4
-    c.policy.model_name_or_path = "./outputs/tiny_sana"
-    c.policy.family = "sana"
-    c.policy.build_tiny = True
     c.policy.lora.r = 4
     c.policy.lora.lora_alpha = 4
     c.policy.lora.target_modules = SANA_LORA_TARGETS
-    d = c.policy.diffusers
-    d.inference_size = (32, 32)  # the smallest size SANA takes (multiples of 32)
-    d.max_prompt_length = 16
-    d.sample.eval_num_steps = 10
-    d.sample.solver = "dpm_solver"
-    c.validation.enable = True
-    c.validation.freq = 10
+    c.policy.diffusers.sample.solver = "dpm_solver"
     c.validation.batch_size = 4
     c.validation.dataset.holdout_fraction = 0.25
     return c

@@ -14,17 +14,11 @@ cross-attention; a full fine-tune at the random model's learning rate (a r 4 LoR
 random model moves the reward too slowly to see in 20 steps; --config.policy.lora.enable=True
 gives the recipe's adapters).
 """
-import os
-
-from wfm_jax.config.recipe import base_recipe
-
-HERE = os.path.dirname(os.path.abspath(__file__))
+from wfm_jax.config.recipe import compose
 
 
 def get_config():
-    c = base_recipe(os.path.join(HERE, "tiny_sana_nft.py"))
-    c.train.output_dir = "./outputs/tiny_sana_video_nft"
-    c.train.train_batch_per_replica = 16  # 4 prompts x 4 videos
+    c = compose("tiny_sana_nft.py")
     c.policy.model_name_or_path = "./outputs/tiny_sana_video"
     c.policy.family = "sana_video"
     d = c.policy.diffusers

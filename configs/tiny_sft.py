@@ -6,25 +6,15 @@
 The tiny pipeline (policy.model_name_or_path) and the shapes dataset
 (train.train_policy.dataset.local_dir) are generated on first use and reused after.
 """
-from wfm_jax.config.schema import default_config
+from wfm_jax.config.recipe import compose
 
 
 def get_config():
-    c = default_config()
-    c.train.output_dir = "./outputs/tiny_sft"
+    c = compose("base/tiny.py")
     c.train.max_steps = 60
-    c.train.seed = 0
-    c.train.compute_dtype = "float32"
     c.train.optm_lr = 1e-3
     c.train.optm_warmup_steps = 5
-    c.train.ema_enable = True
-    c.train.ckpt.max_keep = 2
     ds = c.train.train_policy.dataset
     ds.local_dir = "./outputs/tiny_shapes"
     ds.build_tiny = True
-    c.policy.model_name_or_path = "./outputs/tiny_sd3"
-    c.policy.build_tiny = True
-    d = c.policy.diffusers
-    d.inference_size = (32, 32)
-    d.max_prompt_length = 16
     return c

@@ -11,18 +11,15 @@ trained; 50 ODE steps with CFG 5 and EMA weights for validation. Flow-GRPO-Fast 
 of 2 steps): --config.policy.diffusers.sample.sde_window_size=2
 --config.policy.diffusers.sample.solver=cps.
 """
-from wfm_jax.config.schema import WAN_LORA_TARGETS, default_config
+from wfm_jax.config.recipe import compose
+from wfm_jax.config.schema import WAN_LORA_TARGETS
 
 
 def get_config():
-    c = default_config()
-    c.train.output_dir = "./outputs/wan21_1_3b_grpo"
-    c.train.train_policy.type = "grpo"
-    c.train.max_steps = 2000
+    c = compose("base/wan21_1_3b.py", algorithm="grpo")
     c.train.param_dtype = "bfloat16"
     c.train.train_batch_per_replica = 384  # 48 prompts x 8 videos, as the video NFT recipe
     c.train.train_policy.mini_batch = 4
-    c.train.ema_enable = True
     c.train.train_policy.kl_beta = 0.01  # flow_grpo's PickScore value (sd35_grpo)
     c.train.train_policy.global_std = True  # flow_grpo: per-prompt mean, batch population std
     c.train.train_policy.cfg_detach_uncond = True  # as sd35_grpo (flow_grpo's published runs)
@@ -30,20 +27,12 @@ def get_config():
     c.train.train_policy.remote_reward.reward_fns = [
         {"name": "dance_grpo", "weight": 1.0, "score_key": "overall_reward"}]
     c.rollout.n_generation = 8
-    c.policy.model_name_or_path = "Wan-AI/Wan2.1-T2V-1.3B-Diffusers"
-    c.policy.family = "wan"
     c.policy.lora.enable = True
     c.policy.lora.target_modules = WAN_LORA_TARGETS
     d = c.policy.diffusers
-    d.is_video = True
-    d.inference_size = (480, 832)
-    d.train_frames = 81
-    d.inference_frames = 81
-    d.max_prompt_length = 512
     d.sample.eval_num_steps = 50
     d.sample.guidance_scale = 5.0  # WanPipeline's default
     d.sample.solver = "sde"
     d.sample.deterministic_sampling = False
-    c.policy.remat = "nothing_saveable"
     c.validation.enable = True
     return c

@@ -11,18 +11,15 @@ The reward comes from a running reward service (REMOTE_REWARD_ENQUEUE_URL / _FET
 _TOKEN, or train.train_policy.remote_reward.*) that scores videos: cosmos-rl's video recipes ask
 for `dance_grpo` and read its `overall_reward`.
 """
-from wfm_jax.config.schema import WAN_LORA_TARGETS, default_config
+from wfm_jax.config.recipe import compose
+from wfm_jax.config.schema import WAN_LORA_TARGETS
 
 
 def get_config():
-    c = default_config()
-    c.train.output_dir = "./outputs/wan21_1_3b_nft"
-    c.train.train_policy.type = "nft"
-    c.train.max_steps = 2000
+    c = compose("base/wan21_1_3b.py", algorithm="nft")
     c.train.param_dtype = "bfloat16"
     c.train.train_batch_per_replica = 384  # 48 prompts x 8 videos (sana-video-nft: 6*8*8)
     c.train.train_policy.mini_batch = 4    # sana-video-nft
-    c.train.ema_enable = True
     # sana-video-nft (cosmos-predict2-5-2b-720-nft uses 1.0 with its larger LoRA)
     c.train.train_policy.kl_beta = 1e-4
     # cosmos-rl's remote-reward advantages: per-prompt mean and unbiased std (as sd35_nft)
@@ -32,18 +29,9 @@ def get_config():
     c.train.train_policy.remote_reward.reward_fns = [
         {"name": "dance_grpo", "weight": 1.0, "score_key": "overall_reward"}]
     c.rollout.n_generation = 8  # sana-video-nft
-    c.policy.model_name_or_path = "Wan-AI/Wan2.1-T2V-1.3B-Diffusers"
-    c.policy.family = "wan"
     c.policy.lora.enable = True  # the "default" and "old" adapters
     c.policy.lora.target_modules = WAN_LORA_TARGETS
-    d = c.policy.diffusers
-    d.is_video = True
-    d.inference_size = (480, 832)
-    d.train_frames = 81
-    d.inference_frames = 81
-    d.max_prompt_length = 512
     # cosmos-predict2-5-2b-720-nft: 10 deterministic dpm2 steps without CFG, 40 for evaluation
-    d.sample.num_steps = 10
-    c.policy.remat = "nothing_saveable"
+    c.policy.diffusers.sample.num_steps = 10
     c.validation.enable = True
     return c

@@ -10,38 +10,26 @@ policy.model_name_or_path is the local download (override it to point elsewhere)
 weights, AdamW moments and EMA, bf16 compute with Wan's fp32 islands (norms, modulation, time
 embedding); parameters sharded over every device (FSDP), each block rematerialised.
 """
-from wfm_jax.config.schema import default_config
+from wfm_jax.config.recipe import compose
 
 
 def get_config():
-    c = default_config()
-    c.train.output_dir = "./outputs/wan21_1_3b_sft"
-    c.train.max_steps = 2000
+    c = compose("base/wan21_1_3b.py")
     # global batch: one 81-frame clip per device on 8 GPUs (cosmos-rl's SANA-Video SFT trains one
     # clip per replica, sana-video-sft.toml)
     c.train.train_batch_per_replica = 8
     c.train.optm_lr = 1e-5  # as sd35_sft (cosmos-rl's SANA-Video SFT: 1e-6 at batch 1)
     c.train.optm_warmup_steps = 100
-    c.train.ema_enable = True
     c.train.ema_decay = 0.999
     c.train.ckpt.save_freq = 200
     c.train.ckpt.max_keep = 3
-    c.policy.model_name_or_path = "Wan-AI/Wan2.1-T2V-1.3B-Diffusers"
-    c.policy.family = "wan"
     d = c.policy.diffusers
-    d.is_video = True
-    d.inference_size = (480, 832)  # WanPipeline's default (H, W)
-    d.train_frames = 81            # 4k + 1: 21 latent frames, WanPipeline's default
-    d.inference_frames = 81
-    d.max_prompt_length = 512      # WanPipeline's UMT5 max_sequence_length
     d.weighting_scheme = "logit_normal"  # cosmos-rl's SANA-Video SFT
     # validation samples as WanPipeline does: 50 steps, CFG 5 (v_u + 5 (v_c - v_u))
     d.sample.eval_num_steps = 50
     d.sample.guidance_scale = 5.0
-    # FSDP over every device; 1.3B fits without context parallelism at 480p with remat (spec
-    # §7: ~2.8 GiB of block inputs per clip vs ~48 GiB without remat); more hosts:
-    # --config.policy.parallelism.data=HOSTS; longer clips: --config.policy.parallelism.context=2
+    # FSDP over every device; 1.3B fits without context parallelism at 480p with remat; more
+    # hosts: --config.policy.parallelism.data=HOSTS; longer clips: --config.policy.parallelism.context=2
     c.policy.parallelism.data = 1
     c.policy.parallelism.fsdp = -1
-    c.policy.remat = "nothing_saveable"
     return c

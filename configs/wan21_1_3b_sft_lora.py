@@ -10,35 +10,20 @@ weight_name="model.safetensors")`.
 
 The frozen base weights are bf16; LoRA weights, their AdamW moments and the EMA are fp32.
 """
-from wfm_jax.config.schema import WAN_LORA_TARGETS, default_config
+from wfm_jax.config.recipe import compose
+from wfm_jax.config.schema import WAN_LORA_TARGETS
 
 
 def get_config():
-    c = default_config()
-    c.train.output_dir = "./outputs/wan21_1_3b_sft_lora"
-    c.train.max_steps = 2000
+    c = compose("wan21_1_3b_sft.py")  # its batch, checkpoints and validation sampler
     c.train.param_dtype = "bfloat16"
-    c.train.train_batch_per_replica = 8  # global batch: one clip per device on 8 GPUs
     c.train.optm_lr = 1e-4               # as sd35_sft_lora
     c.train.optm_warmup_steps = 50
-    c.train.ema_enable = True
     c.train.ema_decay = 0.99
-    c.train.ckpt.save_freq = 200
-    c.train.ckpt.max_keep = 3
-    c.policy.model_name_or_path = "Wan-AI/Wan2.1-T2V-1.3B-Diffusers"
-    c.policy.family = "wan"
     # r / alpha / init as cosmos-rl's Cosmos-Predict2.5 NFT LoRA (cosmos-predict2-5-2b-720-nft.toml)
     c.policy.lora.enable = True
     c.policy.lora.target_modules = WAN_LORA_TARGETS
-    d = c.policy.diffusers
-    d.is_video = True
-    d.inference_size = (480, 832)
-    d.train_frames = 81
-    d.inference_frames = 81
-    d.max_prompt_length = 512
-    d.sample.eval_num_steps = 50
-    d.sample.guidance_scale = 5.0
-    # the bf16 base (2.8 GB) is replicated, the batch split over devices; blocks rematerialised
+    # the bf16 base (2.8 GB) is replicated, the batch split over devices
     c.policy.parallelism.data = -1
-    c.policy.remat = "nothing_saveable"
+    c.policy.parallelism.fsdp = 1
     return c

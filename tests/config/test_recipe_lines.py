@@ -1,59 +1,49 @@
-"""Shipped recipes state only what differs from the defaults: a line in a recipe that sets a key
-to the value it already has is an error, unless a comment on it (or right above it) says why it
-is pinned (a published value the default could drift from)."""
+"""Shipped recipes state only what differs: a line in a recipe (or a base under configs/base/)
+that sets a key to the value it already has is an error. A restated schema default may stay if a
+comment on it (or right above it) says why it is pinned (a published value the default could
+drift from); a restated value of the recipe's base is always an error: the base already says it."""
 from __future__ import annotations
 
 import glob
 import os
-import sys
 
 import pytest
-from ml_collections import ConfigDict
 
-from tests._support.paths import REPO_ROOT
-from wfm_jax.config.recipe import load_config
+from tests.config._recipe_trace import CONFIGS, trace
+from wfm_jax.config.base import get
+from wfm_jax.config.schema import default_config
 
-REPO = REPO_ROOT
-RECIPES = sorted(glob.glob(os.path.join(REPO, "configs", "*.py")))
-
-
-def _same(old, new) -> bool:
-    if isinstance(old, (list, tuple)) and isinstance(new, (list, tuple)):
-        return list(old) == list(new)
-    if isinstance(old, bool) or isinstance(new, bool):
-        return type(old) is type(new) and old == new
-    return not isinstance(new, ConfigDict) and type(old) is type(new) and old == new
-
-
-def _restating_lines(path: str, monkeypatch) -> list[int]:
-    """Line numbers of `path` whose assignment leaves the config unchanged."""
-    lines: list[int] = []
-    original = ConfigDict.__setattr__
-
-    def tracing(self, key, value):
-        caller = sys._getframe(1)
-        if (not key.startswith("_") and caller.f_code.co_filename == path and key in self
-                and _same(self[key], value)):
-            lines.append(caller.f_lineno)
-        original(self, key, value)
-
-    monkeypatch.setattr(ConfigDict, "__setattr__", tracing)
-    load_config(path, check=False)
-    monkeypatch.setattr(ConfigDict, "__setattr__", original)
-    return lines
+RECIPES = sorted(glob.glob(os.path.join(CONFIGS, "*.py")) + glob.glob(os.path.join(CONFIGS, "base", "*.py")))
 
 
 def _documented(source: list[str], lineno: int) -> bool:
     return "#" in source[lineno - 1] or source[lineno - 2].strip().startswith("#")
 
 
-@pytest.mark.parametrize("path", RECIPES, ids=os.path.basename)
-def test_no_line_restates_a_default(path, monkeypatch):
+def _restating(path: str, monkeypatch) -> tuple[list[int], list[int]]:
+    """(lines restating a schema default without a comment, lines restating a base's value)."""
     with open(path) as f:
         source = f.read().split("\n")
-    bare = [n for n in _restating_lines(path, monkeypatch) if not _documented(source, n)]
-    assert not bare, (f"{os.path.basename(path)} lines {bare} set a key to the value it already "
-                      f"has: delete them, or say in a comment why the value is pinned")
+    defaults = default_config()
+    bare, from_base = [], []
+    for a in trace(path, monkeypatch=monkeypatch).assignments:
+        if not (a.direct and a.restated):
+            continue
+        if get(defaults, a.key) != a.value and not (isinstance(a.value, (list, tuple))
+                                                    and list(get(defaults, a.key)) == list(a.value)):
+            from_base.append(a.line)
+        elif not _documented(source, a.line):
+            bare.append(a.line)
+    return bare, from_base
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=lambda p: os.path.relpath(p, CONFIGS))
+def test_no_line_restates_a_value(path, monkeypatch):
+    bare, from_base = _restating(path, monkeypatch)
+    name = os.path.relpath(path, CONFIGS)
+    assert not bare, (f"{name} lines {bare} set a key to the default it already has: delete them, "
+                      f"or say in a comment why the value is pinned")
+    assert not from_base, f"{name} lines {from_base} set a key to the value its base already gives it: delete them"
 
 
 def test_the_check_catches_a_restated_default(tmp_path, monkeypatch):
@@ -62,4 +52,16 @@ def test_the_check_catches_a_restated_default(tmp_path, monkeypatch):
                       "def get_config():\n    c = default_config()\n"
                       "    c.train.max_steps = c.train.max_steps\n"
                       "    c.train.seed = 7  # differs: fine\n    return c\n")
-    assert _restating_lines(str(recipe), monkeypatch) == [6]
+    assert _restating(str(recipe), monkeypatch) == ([6], [])
+
+
+def test_the_check_catches_a_restated_base_value_even_with_a_comment(tmp_path, monkeypatch):
+    (tmp_path / "base.py").write_text("from wfm_jax.config.schema import default_config\n\n\n"
+                                      "def get_config():\n    c = default_config()\n"
+                                      "    c.train.seed = 7\n    return c\n")
+    recipe = tmp_path / "r.py"
+    recipe.write_text("from wfm_jax.config.recipe import compose\n\n\n"
+                      "def get_config():\n    c = compose('base.py')\n"
+                      "    c.train.seed = 7  # pinned\n"
+                      "    c.train.max_steps = 5\n    return c\n")
+    assert _restating(str(recipe), monkeypatch) == ([], [6])

@@ -1,10 +1,10 @@
 """Config files, `--config.a.b=value` overrides, locking and validation.
 
 A recipe is a Python file exposing `get_config()` (optionally `get_config(arg)`, selected with
-`path.py:arg`) that starts from `wfm_jax.config.schema.default_config()` and changes values. The
-tree is locked: a key that is not in the schema is an error naming the nearest valid key, whether
-the typo is in the recipe, in an override, or in a resolved config.json. Unlike cosmos-rl, nothing
-is silently ignored.
+`path.py:arg`) that starts from `wfm_jax.config.schema.default_config()`, or from another recipe
+file with `compose("base/<model>.py")`, and changes values. The tree is locked: a key that is not
+in the schema is an error naming the nearest valid key, whether the typo is in the recipe, in an
+override, or in a resolved config.json. Unlike cosmos-rl, nothing is silently ignored.
 """
 from __future__ import annotations
 
@@ -125,8 +125,41 @@ def from_tree(tree: Any) -> ConfigDict:
 
 def base_recipe(path: str, arg: str | None = None) -> Any:
     """The unvalidated ConfigDict of another recipe file, for a recipe that is that recipe plus a
-    few keys (e.g. configs/tiny_sana_video_nft.py on configs/tiny_sana_nft.py)."""
+    few keys (`compose` does the same with the path relative to the recipe and its output_dir)."""
     return _run_recipe(path, arg)
+
+
+def _checkout_configs() -> str:
+    """configs/ of the checkout this package was imported from (absent in an installed wheel)."""
+    return os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "configs")
+
+
+def compose(base: str, algorithm: str | None = None) -> Any:
+    """A recipe's starting point: the config of the recipe file `base` (`path.py` or `path.py:arg`,
+    e.g. "base/wan21_1_3b.py" or "wan21_1_3b_sft.py"), with train.output_dir set to
+    ./outputs/<name of the recipe file that calls compose> and, given `algorithm`,
+    train.train_policy.type set to it. A relative `base` is looked up next to the calling recipe,
+    then in the checkout's configs/, so a recipe of your own elsewhere can start from a shipped
+    base."""
+    caller = sys._getframe(1).f_globals.get("__file__")  # the recipe module whose get_config() calls
+    path, arg = base, None
+    if ".py:" in base:
+        path, arg = base.split(".py:", 1)
+        path += ".py"
+    if not os.path.isabs(path):
+        here = os.path.dirname(os.path.abspath(caller)) if caller else os.getcwd()
+        folders = [here, _checkout_configs()]
+        tried = [os.path.join(folder, path) for folder in folders]
+        found = [t for t in tried if os.path.isfile(t)]
+        if not found:
+            raise ConfigError(f"base recipe {base} not found (looked for {' and '.join(tried)})")
+        path = found[0]
+    config = _run_recipe(path, arg)
+    if caller:
+        config.train.output_dir = "./outputs/" + os.path.splitext(os.path.basename(caller))[0]
+    if algorithm is not None:
+        config.train.train_policy.type = algorithm
+    return config
 
 
 def load_config(spec: str, overrides: Sequence[tuple[str, str]] = (), check: bool = True) -> ConfigDict:
