@@ -8,7 +8,7 @@ built on first use and reused after (policy.vlm.build_tiny_vqa). metrics.jsonl g
 before the first step (step 0) and with the last; the trained model is exported to
 output_dir/safetensors/step_N in transformers' layout.
 """
-from wfm_jax.config.schema import default_config
+from wfm_jax.config.schema import QWEN3_VL_LORA_TARGETS, default_config
 
 
 def get_config():
@@ -31,8 +31,7 @@ def get_config():
     c.validation.batch_size = 64
     c.policy.family = "qwen3_vl"
     c.policy.model_name_or_path = "./outputs/tiny_vqa/base_model"
-    c.policy.lora.target_modules = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
-                                    "down_proj")
+    c.policy.lora.target_modules = QWEN3_VL_LORA_TARGETS  # used with --config.policy.lora.enable=True
     v = c.policy.vlm
     v.build_tiny_vqa = True
     v.train_vision = True

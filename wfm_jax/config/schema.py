@@ -216,6 +216,9 @@ DEFAULTS = {
             "vqa_train_count": 512,
             "vqa_val_count": 64,
             "vqa_seed": 0,
+            # the SFT answers' think text: "fixed" (spec §7) or "answer" (the answer's text,
+            # then its letter; worlds/vqa/scenes.py TARGET_STYLES)
+            "vqa_target": "answer",
         },
     },
     "rollout": {"n_generation": 24},
@@ -267,6 +270,7 @@ CHOICES = {
     "policy.remat": ("none", "full", "dots", "dots_no_batch", "offload"),
     "policy.attention_impl": ("auto", "xla", "cudnn", "blockwise", "pallas"),
     "policy.context_parallel_impl": ("auto", "ulysses", "ring"),
+    "policy.vlm.vqa_target": ("fixed", "answer"),
 }
 
 REWARD_FN_KEYS = ("name", "weight", "score_key", "clip_min", "clip_max")

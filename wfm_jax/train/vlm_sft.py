@@ -63,10 +63,10 @@ def build_tiny_assets(config) -> None:
     types = tuple(v.vqa_types)
     ensure_base_model(config.policy.model_name_or_path, seed=int(v.vqa_seed))
     ensure_vqa_dataset(config.train.train_policy.dataset.local_dir, count=int(v.vqa_train_count),
-                       split="train", seed=int(v.vqa_seed), types=types)
+                       split="train", seed=int(v.vqa_seed), types=types, target=str(v.vqa_target))
     if config.validation.dataset.local_dir:
         ensure_vqa_dataset(config.validation.dataset.local_dir, count=int(v.vqa_val_count),
-                           split="heldout", seed=int(v.vqa_seed), types=types)
+                           split="heldout", seed=int(v.vqa_seed), types=types, target=str(v.vqa_target))
 
 
 def check_model_dir(path: str) -> None:
@@ -106,10 +106,15 @@ def lora_merged(model) -> dict[str, np.ndarray]:
     return out
 
 
+def load_base(path: str, dtype=None, param_dtype=jnp.float32):
+    """The Flax model of a Qwen3-VL model dir (its safetensors through converters.qwen3_vl)."""
+    from converters.loading import load_model
+
+    return load_model(path, dtype=dtype, param_dtype=param_dtype)[0]
+
+
 class VLMSFTTrainer:
     def __init__(self, config, *, on_step: Callable[[int, dict], None] | None = None):
-        from converters.loading import load_model
-
         self.config, self.on_step = config, on_step
         t, p, v = config.train, config.policy, config.policy.vlm
         build_tiny_assets(config)
@@ -131,8 +136,7 @@ class VLMSFTTrainer:
             root = val_dir if os.path.isdir(val_dir) else os.path.dirname(os.path.abspath(val_dir))
             self.val = (records, read_images(records, root))
         self.mesh = make_mesh(MeshConfig.from_any(p.parallelism))
-        model, _ = load_model(p.model_name_or_path, dtype=DTYPES[t.compute_dtype],
-                              param_dtype=DTYPES[t.param_dtype])
+        model = load_base(p.model_name_or_path, DTYPES[t.compute_dtype], DTYPES[t.param_dtype])
         self.lora = bool(p.lora.enable)
         if self.lora:
             attach_lora(model, list(p.lora.target_modules), int(p.lora.r), float(p.lora.lora_alpha),
