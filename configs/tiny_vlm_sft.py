@@ -36,7 +36,7 @@ def get_config():
     v.build_tiny_vqa = True
     v.train_vision = True
     v.model_max_length = 512
-    v.pad_to_multiple = 32
+    v.pad_to_multiple = 80  # every VQA conversation (63-73 tokens) pads to 80: one program
     v.max_new_tokens = 24
     v.vqa_types = ("colour", "shape", "background")
     v.vqa_train_count = 1024

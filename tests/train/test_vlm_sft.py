@@ -110,8 +110,8 @@ def test_stop_resume_equals_uninterrupted_and_export_loads(assets, tmp_path):
 def test_lora_frozen_vision_trains_adapters_and_exports_merged(assets, tmp_path):
     from converters.qwen3_vl import state_tensors
 
-    c = _config(assets, tmp_path / "lora", max_steps=2,
-                **{"policy.lora.enable": True, "policy.lora.r": 4, "policy.lora.lora_alpha": 8,
+    c = _config(assets, tmp_path / "lora", max_steps=2, **{"validation.dataset.local_dir": "",
+                "policy.lora.enable": True, "policy.lora.r": 4, "policy.lora.lora_alpha": 8,
                    "policy.lora.target_modules": ("q_proj", "v_proj"), "policy.vlm.train_vision": False})
     trainer = vlm_sft.VLMSFTTrainer(c)
     before = {".".join(map(str, p)) for p, _ in trainer.state.params.flat_state()}

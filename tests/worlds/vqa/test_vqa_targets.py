@@ -17,7 +17,7 @@ def test_target_styles_keep_cosmos_format(tmp_path, style):
         assert format_reward(target) == 1.0
         assert single_choice_reward(target, rec["answer"]) == 1.0
         think = target.split("</think>")[0].removeprefix("<think>\n").strip()
-        assert (think == rec["answer_text"]) == (style == "answer")
+        assert (think == f"the answer is {rec['answer_text']}") == (style == "answer")
         assert rec["options"]["ABCD".index(rec["answer"])] == rec["answer_text"]
 
 
