@@ -56,7 +56,7 @@ def ddrl_720(model: str, output_dir: str, fsdp: int, context: int):
     c.policy.parallelism.data = -1
     c.policy.parallelism.fsdp = fsdp
     c.policy.parallelism.context = context
-    c.policy.remat = "full"
+    c.policy.remat = "nothing_saveable"
     c.validation.enable = True
     c.validation.freq = 100
     c.validation.dataset.holdout_fraction = 0.01

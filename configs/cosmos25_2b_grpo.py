@@ -62,7 +62,7 @@ def get_config(arg=None):
     d.sample.deterministic_sampling = False
     c.policy.parallelism.data = 1
     c.policy.parallelism.fsdp = -1
-    c.policy.remat = "full"
+    c.policy.remat = "nothing_saveable"
     c.validation.enable = True
     c.validation.freq = 50
     return c

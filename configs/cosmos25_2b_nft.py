@@ -50,6 +50,6 @@ def get_config():
     d.inference_frames = 93
     d.max_prompt_length = 512  # cosmos-rl's max_prompt_length (the rollout's text length)
     d.sample.eval_num_steps = 36  # Cosmos2_5_PredictBasePipeline's default
-    c.policy.remat = "full"
+    c.policy.remat = "nothing_saveable"
     c.validation.enable = True
     return c

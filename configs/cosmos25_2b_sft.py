@@ -38,5 +38,5 @@ def get_config():
     d.sample.guidance_scale = 7.0     # Cosmos' CFG form v_c + w (v_c - v_u)
     c.policy.parallelism.data = 1
     c.policy.parallelism.fsdp = -1
-    c.policy.remat = "full"
+    c.policy.remat = "nothing_saveable"
     return c

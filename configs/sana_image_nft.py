@@ -49,6 +49,6 @@ def get_config():
     d.sample.solver = "dpm_solver"
     c.policy.parallelism.data = 1
     c.policy.parallelism.fsdp = -1  # dp_shard_size 8
-    c.policy.remat = "full"
+    c.policy.remat = "nothing_saveable"
     c.validation.enable = False  # as the toml; point validation.dataset.local_dir to turn it on
     return c

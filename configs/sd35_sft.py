@@ -26,5 +26,5 @@ def get_config():
     # ~37 GB per device. Several hosts: --config.policy.parallelism.data=HOSTS with fsdp=-1.
     c.policy.parallelism.data = 1
     c.policy.parallelism.fsdp = -1
-    c.policy.remat = "dots"
+    c.policy.remat = "dots_with_no_batch_dims_saveable"
     return c

@@ -1,7 +1,7 @@
 """DiffusionNFT on a tiny random SANA-Video pipeline (python -m wfm_jax.tiny --family
 sana_video DIR): 9-frame 32x32 videos, no download, a few minutes on 2 CPU cores, with the local
 JPEG-compressibility reward (its per-frame mean on video). On 32x32 clips that reward barely moves
-(-0.00257 -> -0.00247 in 20 steps); tests/test_sana_train.py swaps in a mean-brightness reward,
+(-0.00257 -> -0.00247 in 20 steps); tests/train/test_sana_train.py swaps in a mean-brightness reward,
 which this recipe raises by more than 3 standard errors in 14 steps (2 seeds checked).
 
     python -m wfm_jax.main --config configs/tiny_sana_video_nft.py

@@ -44,6 +44,6 @@ def get_config():
     d.sample.guidance_scale = 5.0  # WanPipeline's default
     d.sample.solver = "sde"
     d.sample.deterministic_sampling = False
-    c.policy.remat = "full"
+    c.policy.remat = "nothing_saveable"
     c.validation.enable = True
     return c

@@ -44,6 +44,6 @@ def get_config():
     d.max_prompt_length = 512
     # cosmos-predict2-5-2b-720-nft: 10 deterministic dpm2 steps without CFG, 40 for evaluation
     d.sample.num_steps = 10
-    c.policy.remat = "full"
+    c.policy.remat = "nothing_saveable"
     c.validation.enable = True
     return c

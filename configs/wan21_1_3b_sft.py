@@ -43,5 +43,5 @@ def get_config():
     # --config.policy.parallelism.data=HOSTS; longer clips: --config.policy.parallelism.context=2
     c.policy.parallelism.data = 1
     c.policy.parallelism.fsdp = -1
-    c.policy.remat = "full"
+    c.policy.remat = "nothing_saveable"
     return c

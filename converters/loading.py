@@ -378,7 +378,8 @@ def load_transformer(path: str, dtype=None, param_dtype=jnp.float32, mesh=None, 
     `model(hidden_states, encoder_hidden_states, pooled_projections, timestep)` -> velocity in
     the layout of `hidden_states`. `dtype` is the compute dtype, `param_dtype` the stored one;
     options go to the model constructor (SD3: attention_impl="auto"|"xla"|"cudnn"|None,
-    remat="none"|"full"|"dots"). `rules` (default: the active ones, wfm_jax.core.mesh.DEFAULT_RULES)
+    remat=a jax.checkpoint_policies name such as "nothing_saveable", see models.layers.remat).
+    `rules` (default: the active ones, wfm_jax.core.mesh.DEFAULT_RULES)
     place the parameters; run the forward under `jax.set_mesh(mesh)` and, for custom rules,
     `wfm_jax.core.mesh.use_rules(rules)` so the activation constraints agree.
     """

@@ -3,7 +3,7 @@ chunk_conditions on the tiny NFT recipe's first batch.
 
 `python -m tests._two_process_conditions PROCESS_ID PORT PIPE_DIR OUT_DIR` (XLA_FLAGS set by
 the caller). Writes OUT_DIR/process_<id>.npz: this process's prompts and, per rollout chunk and
-conditioning key, the rows this process holds; tests/test_loop_overlap.py compares them with
+conditioning key, the rows this process holds; tests/train/test_loop_overlap.py compares them with
 one process's encoding of the same prompts, and the SFT encode cache's any_process vote.
 """
 from __future__ import annotations

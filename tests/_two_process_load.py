@@ -2,7 +2,7 @@
 
 `python -m tests._two_process_load PROCESS_ID PORT CHECKPOINT_DIR OUT_JSON` (XLA_FLAGS set by the
 caller). Writes the slices this process read and any shard that differs from the checkpoint;
-tests/test_loading.py runs two of these and compares. Also holds the read recorder the
+tests/converters/test_loading.py runs two of these and compares. Also holds the read recorder the
 in-process loader tests use.
 """
 from __future__ import annotations

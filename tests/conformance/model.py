@@ -31,7 +31,7 @@ from safetensors import safe_open
 
 from tests.conformance.converter import ConverterConformance
 from wfm_jax.core.tree import flat_params
-from wfm_jax.models.layers.remat import REMAT_POLICIES
+from wfm_jax.models.layers.remat import REMAT_POLICIES, check_remat, rematerialises
 
 ATOL = 2e-5
 # bf16 compute vs fp32, relative to the output's max magnitude: bf16 keeps 8 significant bits
@@ -118,10 +118,11 @@ class ModelConformance(ConverterConformance):
     expected_axes: ClassVar[dict[str, tuple]] = {}  # parameter -> its logical axes
     cli_variant: str | None = None  # the variant the CLI round trip converts
     cli_missing_key: str = ""  # the key the CLI must name when it is missing
-    remat_options: tuple[str, ...] = ("none", "full", "dots")
+    remat_options: tuple[str, ...] = ("everything_saveable", "nothing_saveable",
+                                      "dots_with_no_batch_dims_saveable")
     remat_config: ClassVar[dict] = {}  # overrides of base for the remat jaxpr check
     remat_variant: str | None = None  # the variant whose grads are compared ...
-    remat_grad_option = "full"  # ... under this option against remat none
+    remat_grad_option = "nothing_saveable"  # ... under this option against no remat
     remat_scan_steps = 0  # > 0: the forward runs inside a lax.scan of this length (the rollout)
     scan_variant: str | None = None
     sharded_variant: str | None = None
@@ -149,11 +150,11 @@ class ModelConformance(ConverterConformance):
     def check_remat_jaxpr(self, model, jaxpr, remat: str) -> None:
         """Default: one checkpoint per block, with the option's policy."""
         found = checkpoints(jaxpr)
-        if remat == "none":
+        if not rematerialises(remat):
             assert not found
         else:
             assert len(found) == {**self.base, **self.remat_config}["num_layers"]
-            assert all(e.params["policy"] is REMAT_POLICIES[remat] for e in found)
+            assert all(e.params["policy"] is REMAT_POLICIES[check_remat(remat)] for e in found)
 
     # ------------------------------------------------------------------------------- machinery
     def extend_case(self, case: dict) -> None:
@@ -254,7 +255,7 @@ class ModelConformance(ConverterConformance):
                                                       length=self.remat_scan_steps)[0] ** 2)
             return jax.jit(jax.value_and_grad(loss))(state)
 
-        (v0, g0), (v1, g1) = value_and_grad("none"), value_and_grad(self.remat_grad_option)
+        (v0, g0), (v1, g1) = value_and_grad("everything_saveable"), value_and_grad(self.remat_grad_option)
         np.testing.assert_allclose(v1, v0, rtol=1e-5)
         for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g0), strict=True):
             # recompute order changes fp32 rounding

@@ -296,8 +296,8 @@ def test_a_family_without_a_tiny_twin_says_so(tmp_path, toy_family):
 @pytest.mark.parametrize("name", ["sd3", "wan", "cosmos", "sana", "sana_video"])
 def test_weightless_instances_hold_the_released_configs(name):
     """What plan and bench build their programs on: each family from configs alone (the
-    released presets of plan.released), with nothing loaded and its geometry answering."""
-    from wfm_jax.plan.released import released_configs
+    released presets of programs.released), with nothing loaded and its geometry answering."""
+    from wfm_jax.programs.released import released_configs
 
     cls = FAMILIES.get(name)
     configs = released_configs(name, "2B")

@@ -14,6 +14,8 @@ import dataclasses
 import os
 import sys
 
+from wfm_jax.models.layers.remat import REMAT_NAMES
+
 WORKLOAD_NAMES = ("train_full", "train_lora", "rollout", "reward")
 SUITE_NAMES = ("cpu", "gpu", "tiny", "cosmos_cpu", "cosmos_gpu", "cosmos_tiny", "rl")
 
@@ -45,9 +47,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--attention", choices=("auto", "xla", "cudnn"), default="auto",
                    help="wfm_jax attention kernel (auto: cuDNN flash attention on an NVIDIA GPU "
                         "with bf16 compute, XLA elsewhere)")
-    p.add_argument("--remat", choices=("none", "full", "dots"), default="none",
-                   help="wfm_jax block remat; not 'none' also turns on torch gradient "
-                        "checkpointing")
+    p.add_argument("--remat", choices=REMAT_NAMES, default="everything_saveable",
+                   help="wfm_jax block remat, a jax.checkpoint_policies name (or none|full|dots); "
+                        "one that recomputes also turns on torch gradient checkpointing")
     p.add_argument("--profile", metavar="DIR", default=None,
                    help="wfm_jax: write a jax.profiler trace of 3 steps of each workload, taken "
                         "after the timed steps, under DIR/<workload>")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 # = wfm_jax.config.schema.SD3_LORA_TARGETS (not imported: it needs ml_collections, which GPU
-# machines lack; tests/test_bench.py checks the two agree).
+# machines lack; tests/bench/test_bench.py checks the two agree).
 LORA_TARGETS = ("attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0",
                 "attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj", "attn.to_add_out")
 # = wfm_jax.config.schema.COSMOS_LORA_TARGETS (configs/cosmos25_2b_nft.py: attn1 and attn2, the
@@ -74,14 +74,10 @@ class BenchFamily:
         """A weightless pipeline of the model family (programs.abstract.family_shell): its
         *_with methods read only configs; the train step is the family's own SFT step."""
         from wfm_jax.families.base import family_named
-        pipe = object.__new__(family_named(self.name))
-        pipe.directory, pipe.transformer, pipe.vae, pipe.text_encoders = None, None, None, ()
-        pipe.tokenizer = pipe.tokenizers = None
-        pipe.transformer_config = dict(suite.transformer, _class_name=self.transformer_class)
-        pipe.vae_config = dict(suite.vae, _class_name=self.vae_class)
-        pipe.scheduler_config = self.scheduler_config(suite)
-        pipe.text_config = {}
-        return pipe
+        return family_named(self.name).weightless({
+            "transformer": dict(suite.transformer, _class_name=self.transformer_class),
+            "vae": dict(suite.vae, _class_name=self.vae_class),
+            "scheduler": self.scheduler_config(suite)})
 
     def train_sigma_table(self, suite) -> tuple[np.ndarray, np.ndarray]:
         """(timesteps, sigmas) the train step's sigmas are drawn from, as the model family's
@@ -113,7 +109,7 @@ class BenchFamily:
     def forward_flops(self, suite) -> dict:
         raise NotImplementedError
 
-    def train_flops(self, suite, lora: bool, remat: str = "none") -> dict:
+    def train_flops(self, suite, lora: bool, remat: str = "everything_saveable") -> dict:
         raise NotImplementedError
 
     def rollout_flops(self, suite) -> dict:
@@ -194,7 +190,7 @@ class SD3(BenchFamily):
         s = suite.latent_size
         return flops.mmdit_forward(suite.transformer, s, s, suite.text_len)
 
-    def train_flops(self, suite, lora: bool, remat: str = "none") -> dict:
+    def train_flops(self, suite, lora: bool, remat: str = "everything_saveable") -> dict:
         from wfm_jax.bench import flops
         s = suite.latent_size
         return flops.train_step(suite.transformer, suite.train_batch, s, s, suite.text_len,
@@ -313,7 +309,7 @@ class Cosmos(BenchFamily):
         s = suite.latent_size
         return flops.cosmos_forward(suite.transformer, suite.frames, s, s, suite.text_len)
 
-    def train_flops(self, suite, lora: bool, remat: str = "none") -> dict:
+    def train_flops(self, suite, lora: bool, remat: str = "everything_saveable") -> dict:
         from wfm_jax.bench import flops
         s = suite.latent_size
         fwd = self.forward_flops(suite)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from wfm_jax.models.layers.remat import rematerialises
 from wfm_jax.models.sd3.transformer import sd3_config
 from wfm_jax.programs.stats import count_jaxpr_flops  # noqa: F401 -- the bench's check of the formulas
 
@@ -93,7 +94,7 @@ def lora_forward(config: dict, latent_h: int, latent_w: int, text_len: int,
 
 def train_step(config: dict, batch: int, latent_h: int, latent_w: int, text_len: int, *,
                lora_targets_: Iterable[str] | None = None, lora_rank: int = 0,
-               remat: str = "none") -> dict:
+               remat: str = "everything_saveable") -> dict:
     """FLOPs of one SD3 train step over `batch` samples (see `train_step_from`)."""
     fwd = mmdit_forward(config, latent_h, latent_w, text_len)
     lora = (None if lora_targets_ is None else
@@ -103,7 +104,7 @@ def train_step(config: dict, batch: int, latent_h: int, latent_w: int, text_len:
 
 
 def train_step_from(fwd: dict, lora: float | None, outside: float, batch: int,
-                    remat: str = "none") -> dict:
+                    remat: str = "everything_saveable") -> dict:
     """FLOPs of one train step over `batch` samples, from a per-sample forward count `fwd`
     ({"linear", "attention", "total", "first_layer"}), the LoRA branches' forward (None: full
     fine-tune) and the forward FLOPs outside the blocks (never rematerialised).
@@ -120,7 +121,7 @@ def train_step_from(fwd: dict, lora: float | None, outside: float, batch: int,
         model = 2.0 * fwd["linear"] + 3.0 * fwd["attention"] + 3.0 * lora
         autodiff = None  # which frozen input gradients autodiff prunes depends on the targets
     block_fwd = fwd["total"] - outside + lora
-    recompute = 0.0 if remat in (None, "none") else block_fwd
+    recompute = block_fwd if rematerialises(remat) else 0.0
     return {"model": batch * model, "forward": batch * (fwd["total"] + lora),
             "autodiff": None if autodiff is None else batch * autodiff,
             "recompute": batch * recompute}

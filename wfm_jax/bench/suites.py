@@ -168,7 +168,7 @@ class Options:
     profile: a directory; each wfm_jax workload writes a jax.profiler trace of
     `timing.PROFILE_STEPS` steps, taken after the timed steps, under DIR/<workload>."""
     attention: str = "auto"
-    remat: str = "none"
+    remat: str = "everything_saveable"
     torch_compile: bool = False
     profile: str | None = None  # wfm_jax: a jax.profiler trace of a few steps under this dir
 

@@ -12,6 +12,7 @@ import numpy as np
 
 from wfm_jax.bench import devices, inputs, timing, weights
 from wfm_jax.bench.suites import OPTIM
+from wfm_jax.models.layers.remat import rematerialises
 
 
 def device():
@@ -64,7 +65,7 @@ def train(suite, mode: str, options, peak_flops: float | None) -> dict:
     wl = suite.workload
     model = weights.torch_module(wl.transformer_class, suite.transformer, dev,
                                  torch.bfloat16 if lora else torch.float32)
-    if options.remat != "none":
+    if rematerialises(options.remat):
         model.enable_gradient_checkpointing()
     model.train()
     trainable = _add_lora(model, suite) if lora else list(model.parameters())
@@ -98,7 +99,7 @@ def train(suite, mode: str, options, peak_flops: float | None) -> dict:
     return timing.record(
         "torch", f"diffusers {wl.transformer_class}{' + peft LoRA' if lora else ''}, "
         f"{'torch.compile' if options.torch_compile else 'eager'}, autocast bf16, "
-        f"torch.optim.AdamW (default impl), grad checkpointing={options.remat != 'none'}",
+        f"torch.optim.AdamW (default impl), grad checkpointing={rematerialises(options.remat)}",
         t, samples=suite.train_batch, flops=f["model"], peak_flops=peak_flops,
         memory=devices.torch_peak_memory(dev), compile_time_s=compile_s,
         compile_note=compile_note,

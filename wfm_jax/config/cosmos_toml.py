@@ -131,7 +131,7 @@ def _lora_init(value, out):
 
 
 def _checkpointing(value, out):
-    out["policy.remat"] = "full" if value else "none"
+    out["policy.remat"] = "nothing_saveable" if value else "everything_saveable"
 
 
 MAPPED: dict[str, Setter] = {

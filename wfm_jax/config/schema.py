@@ -196,9 +196,10 @@ DEFAULTS = {
         # tokens split over parallelism.context: ulysses (all-to-all heads <-> sequence), ring
         # (K/V rotated round the devices), auto (ulysses when the heads divide, else ring)
         "context_parallel_impl": "auto",
-        # per block: none|full|dots|dots_no_batch|offload (GPU/TPU; `dots` on CPU), see
-        # models/layers/remat.py
-        "remat": "none",
+        # per block, a jax.checkpoint_policies name: everything_saveable (no remat) |
+        # nothing_saveable | dots_with_no_batch_dims_saveable | dots_saveable |
+        # offload_dot_with_no_batch_dims (GPU/TPU); see models/layers/remat.py
+        "remat": "everything_saveable",
         "scan_layers": True,  # runs of identical blocks as one lax.scan (same checkpoint layout)
         # vision-language SFT (policy.family in VLM_FAMILIES; specs/reason2.md §4.1); data:
         # train.train_policy.dataset.local_dir, layout "conversations" (LLaVA JSON dir / file,
@@ -267,7 +268,10 @@ CHOICES = {
     # Flow-GRPO and DDRL check their own below
     "policy.diffusers.sample.solver": ("flow", "euler", "sde", "cps", "dance", "ddim", "dpm1", "dpm2",
                                        "edm", "unipc", "dpm_solver"),
-    "policy.remat": ("none", "full", "dots", "dots_no_batch", "offload"),
+    # jax.checkpoint_policies names, then the short aliases (models/layers/remat.py REMAT_ALIASES)
+    "policy.remat": ("everything_saveable", "nothing_saveable", "dots_with_no_batch_dims_saveable",
+                     "dots_saveable", "offload_dot_with_no_batch_dims",
+                     "none", "full", "dots", "dots_no_batch", "offload"),
     "policy.attention_impl": ("auto", "xla", "cudnn", "blockwise", "pallas"),
     "policy.context_parallel_impl": ("auto", "ulysses", "ring"),
     "policy.vlm.vqa_target": ("fixed", "answer"),

@@ -233,7 +233,7 @@ class MeshJit:
     def compiles(self) -> int:
         """Entries in jit's dispatch cache: at least one per program compiled, but an entry can
         be added without a compile (count XLA compiles with jax.monitoring's
-        /jax/core/compile/backend_compile_duration events, as tests/test_no_recompile.py)."""
+        /jax/core/compile/backend_compile_duration events, as tests/train/test_no_recompile.py)."""
         return self.jitted._cache_size()  # type: ignore[attr-defined]  # jax's own counter
 
 

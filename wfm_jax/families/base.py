@@ -32,6 +32,7 @@ import numpy as np
 from wfm_jax.core.errors import UserError
 from wfm_jax.core.registry import resolve
 from wfm_jax.families import FAMILIES
+from wfm_jax.models.options import ModelOptions
 
 
 class PipelineError(UserError, ValueError):
@@ -150,7 +151,7 @@ class PipelineFamily(abc.ABC):
     @abc.abstractmethod
     def load(cls, directory: str, *, dtype=None, param_dtype=jnp.float32, mesh=None, rules=None,
              text_dtype=None, frozen_param_dtype=None,
-             transformer_options: dict | None = None) -> PipelineFamily:
+             options: ModelOptions | None = None) -> PipelineFamily:
         """Every component of a local pipeline dir straight onto `mesh` (models.loading).
         frozen_param_dtype: weights of the VAE and text encoders, which training never updates."""
 

@@ -86,15 +86,16 @@ def abstract_transformer(config, t_cfg: dict, remat: str, scan: bool):
 
     from converters.registry import spec_for
     from wfm_jax.models import lora as lora_lib
+    from wfm_jax.models.options import ModelOptions
     dtypes = setup_lib.DTYPES
     t, lora = config.train, config.policy.lora
-    options = dict(attention_impl=config.policy.attention_impl, remat=remat, scan_layers=scan,
-                   context_parallel_impl=config.policy.context_parallel_impl)
+    options = ModelOptions.from_policy(config.policy, remat=remat, scan_layers=scan)
     spec = spec_for(t_cfg)
 
     def make():
         model = spec.make_model(t_cfg, dtype=dtypes[t.compute_dtype],
-                                param_dtype=dtypes[t.param_dtype], rngs=nnx.Rngs(0), **options)
+                                param_dtype=dtypes[t.param_dtype], rngs=nnx.Rngs(0),
+                                **options.constructor_kwargs())
         if lora.enable:
             lora_lib.attach_lora(model, lora.target_modules, lora.r, lora.lora_alpha,
                                  seed=int(t.seed), init=lora.init_lora_weights)
@@ -107,16 +108,7 @@ def family_shell(config, configs: dict, vae):
     and the abstract `vae` (whose graphdef the rollout decodes with); no text encoders."""
     from wfm_jax.families.base import family_named
     cls = family_named(str(config.policy.family))
-    pipe = object.__new__(cls)
-    pipe.directory = str(config.policy.model_name_or_path)
-    pipe.transformer, pipe.vae, pipe.text_encoders = None, vae, ()
-    pipe.tokenizer = pipe.tokenizers = None
-    pipe.transformer_config, pipe.vae_config = configs["transformer"], configs["vae"]
-    pipe.scheduler_config = configs["scheduler"]
-    pipe.text_config = (configs["text_encoders"] or [{}])[0]
-    if hasattr(cls, "instruction_default"):  # a family's own default prompt prefix
-        pipe.instruction = tuple(cls.instruction_default)
-    return pipe
+    return cls.weightless(configs, directory=str(config.policy.model_name_or_path), vae=vae)
 
 
 def placed(model, mesh, rules, filter):

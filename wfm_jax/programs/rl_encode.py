@@ -4,7 +4,7 @@ NFT and GRPO batches repeat every prompt n_generation times; encoding per rollou
 text encoders once per repeat. Here the batch's distinct prompts are encoded in the encoder's
 own chunk size (the same compiled program as before, padded with the last prompt) and every
 chunk's rows are gathered from them on the device. The encoders treat rows independently, so a
-row's conditioning is the same bits whichever rows share its call (tests/test_loop_overlap.py).
+row's conditioning is the same bits whichever rows share its call (tests/train/test_loop_overlap.py).
 """
 from __future__ import annotations
 

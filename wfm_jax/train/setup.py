@@ -35,6 +35,7 @@ from wfm_jax.core.console import say
 from wfm_jax.families import base as family_lib
 from wfm_jax.families.base import PipelineError, PipelineFamily
 from wfm_jax.models import lora as lora_lib
+from wfm_jax.models.options import ModelOptions
 
 # the pure pieces live with the programs (the planner builds an abstract setup from them); the
 # trainer's callers keep reading them here
@@ -115,10 +116,7 @@ def load_pipeline(config, mesh=None, rules=None) -> PipelineFamily:
             param_dtype=DTYPES[config.train.param_dtype], mesh=mesh, rules=rules,
             text_dtype=DTYPES[config.train.compute_dtype],
             frozen_param_dtype=DTYPES[config.train.compute_dtype],
-            transformer_options=dict(attention_impl=config.policy.attention_impl,
-                                     remat=config.policy.remat,
-                                     scan_layers=bool(config.policy.scan_layers),
-                                     context_parallel_impl=config.policy.context_parallel_impl))
+            options=ModelOptions.from_policy(config.policy))
     except (PipelineError, FileNotFoundError) as e:
         raise SetupError(f"{e} ({MODEL_FLAG})") from e
 

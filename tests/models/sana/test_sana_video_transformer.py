@@ -67,7 +67,7 @@ class TestSanaVideoTransformer(ModelConformance):
     other_variant, other_match = "p222_all_options", "guidance_embedder"
     expected_axes = AXES
     cli_missing_key = "transformer_blocks.1.ff.conv_temp.weight"
-    remat_grad_option = "dots"
+    remat_grad_option = "dots_with_no_batch_dims_saveable"
     sharded_param = "transformer_blocks.0.attn1.to_q.kernel"
     sharded_batch_repeat = 2  # batch 4 so it divides data x fsdp
     attention_impl_match = "attention_impl"

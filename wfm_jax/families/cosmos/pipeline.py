@@ -35,6 +35,7 @@ from converters.loading import load_model, read_json
 from wfm_jax.families.base import PipelineError, PipelineFamily, component_present, read_model_index
 from wfm_jax.families.cosmos import LORA_TARGETS
 from wfm_jax.models.cosmos import text_embedding as te
+from wfm_jax.models.options import ModelOptions
 from wfm_jax.models.wan.vae import as_config
 from wfm_jax.models.wan.video_latents import WanVideoLatents
 
@@ -99,7 +100,7 @@ class CosmosPipeline(WanVideoLatents, PipelineFamily):
     @classmethod
     def load(cls, directory: str, *, dtype=None, param_dtype=jnp.float32, mesh=None, rules=None,
              text_dtype=None, frozen_param_dtype=None,
-             transformer_options: dict | None = None) -> CosmosPipeline:
+             options: ModelOptions | None = None) -> CosmosPipeline:
         """Every component of a local Cosmos2_5_PredictBasePipeline dir onto `mesh`; of the
         text encoder only the text tower (the vision tower and lm_head are never used)."""
         from converters.qwen_loading import load_text_tower
@@ -112,7 +113,7 @@ class CosmosPipeline(WanVideoLatents, PipelineFamily):
                 raise PipelineError(f"pipeline {directory} lacks its {name!r} component")
         kw = dict(param_dtype=param_dtype, mesh=mesh, rules=rules)
         transformer, t_cfg = load_model(directory, component="transformer", dtype=dtype, **kw,
-                                        **(transformer_options or {}))
+                                        **(options.constructor_kwargs() if options else {}))
         frozen = dict(kw, param_dtype=frozen_param_dtype or param_dtype)
         vae, v_cfg = load_model(directory, component="vae", dtype=None, **frozen)
         text_encoder, _ = load_text_tower(directory, dtype=text_dtype, **frozen)

@@ -37,6 +37,7 @@ from wfm_jax.families.base import PipelineError, PipelineFamily, component_prese
 from wfm_jax.families.sana import LORA_TARGETS
 from wfm_jax.models.dcae import scale_latents, unscale_latents
 from wfm_jax.models.dcae.autoencoder_dc import as_config
+from wfm_jax.models.options import ModelOptions
 from wfm_jax.models.text.gemma2 import select_sana_tokens
 
 DEFAULT_MAX_SEQUENCE_LENGTH = 300  # both SANA pipelines' __call__ default
@@ -110,10 +111,10 @@ class SanaFamily(PipelineFamily):
 
     @classmethod
     def load(cls, directory: str, *, dtype=None, param_dtype=jnp.float32, mesh=None, rules=None,
-             text_dtype=None, frozen_param_dtype=None, transformer_options: dict | None = None,
+             text_dtype=None, frozen_param_dtype=None, options: ModelOptions | None = None,
              instruction: Sequence[str] | None = None) -> SanaFamily:
         """Every component of a local diffusers pipeline dir straight onto `mesh`.
-        transformer_options go to the transformer (attention_impl, remat); instruction: the
+        options (a ModelOptions) go to the transformer (attention_impl, remat); instruction: the
         complex human instruction lines (None: the pipeline's default; (): none)."""
         info = read_model_index(directory)
         if info.get("_class_name") != cls.pipeline_class:
@@ -129,7 +130,7 @@ class SanaFamily(PipelineFamily):
                                 f"Sprint) is not supported by {cls.pipeline_class}")
         kw = dict(param_dtype=param_dtype, mesh=mesh, rules=rules)
         transformer, t_cfg = load_model(directory, component="transformer", dtype=dtype, **kw,
-                                        **(transformer_options or {}))
+                                        **(options.constructor_kwargs() if options else {}))
         frozen = dict(kw, param_dtype=frozen_param_dtype or param_dtype)
         vae, v_cfg = load_model(directory, component="vae", dtype=None, **frozen)
         text_encoder, x_cfg = load_model(directory, component="text_encoder", dtype=text_dtype,

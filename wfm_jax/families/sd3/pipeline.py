@@ -21,6 +21,7 @@ from converters.loading import load_model
 from wfm_jax.families import base as fam
 from wfm_jax.families.base import PipelineError, PipelineFamily
 from wfm_jax.families.sd3 import LORA_TARGETS
+from wfm_jax.models.options import ModelOptions
 from wfm_jax.models.vae.autoencoder_kl import scale_latents, unscale_latents, vae_scale_factor
 
 PIPELINE_CLASS = "StableDiffusion3Pipeline"
@@ -78,9 +79,9 @@ class SD3Pipeline(PipelineFamily):
     @classmethod
     def load(cls, directory: str, *, dtype=None, param_dtype=jnp.float32, mesh=None, rules=None,
              text_dtype=None, frozen_param_dtype=None,
-             transformer_options: dict | None = None) -> SD3Pipeline:
+             options: ModelOptions | None = None) -> SD3Pipeline:
         """Load every component of a local diffusers SD3 pipeline dir straight onto `mesh`.
-        transformer_options go to the transformer's constructor (attention_impl, remat).
+        options (a ModelOptions) go to the transformer's constructor (attention_impl, remat).
         frozen_param_dtype (default param_dtype): the weights of the VAE and text encoders,
         which training never updates: the compute dtype there, not fp32 master copies (T5-XXL
         alone is 19 GB in fp32)."""
@@ -91,7 +92,7 @@ class SD3Pipeline(PipelineFamily):
                 raise PipelineError(f"pipeline {directory} lacks its {name!r} component")
         kw = dict(param_dtype=param_dtype, mesh=mesh, rules=rules)
         transformer, t_cfg = load_model(directory, component="transformer", dtype=dtype, **kw,
-                                        **(transformer_options or {}))
+                                        **(options.constructor_kwargs() if options else {}))
         frozen = dict(kw, param_dtype=frozen_param_dtype or param_dtype)
         vae, v_cfg = load_model(directory, component="vae", dtype=None, **frozen)
         encoders, tokenizers = [], []

@@ -25,6 +25,7 @@ import numpy as np
 from converters.loading import load_model, read_json
 from wfm_jax.families.base import PipelineError, PipelineFamily, component_present, read_model_index
 from wfm_jax.families.wan import LORA_TARGETS
+from wfm_jax.models.options import ModelOptions
 from wfm_jax.models.wan.vae import as_config
 from wfm_jax.models.wan.video_latents import WanVideoLatents
 
@@ -89,9 +90,9 @@ class WanPipeline(WanVideoLatents, PipelineFamily):
     @classmethod
     def load(cls, directory: str, *, dtype=None, param_dtype=jnp.float32, mesh=None, rules=None,
              text_dtype=None, frozen_param_dtype=None,
-             transformer_options: dict | None = None) -> WanPipeline:
+             options: ModelOptions | None = None) -> WanPipeline:
         """Every component of a local diffusers WanPipeline dir straight onto `mesh`.
-        transformer_options go to the transformer (attention_impl, remat). The VAE computes in
+        options (a ModelOptions) go to the transformer (attention_impl, remat). The VAE computes in
         its input's dtype: fp32 latents and pixels, as diffusers' Wan pipelines run it."""
         info = read_model_index(directory)
         if info.get("_class_name") != cls.pipeline_class:
@@ -103,7 +104,7 @@ class WanPipeline(WanVideoLatents, PipelineFamily):
         _refuse_wan22(info, directory)
         kw = dict(param_dtype=param_dtype, mesh=mesh, rules=rules)
         transformer, t_cfg = load_model(directory, component="transformer", dtype=dtype, **kw,
-                                        **(transformer_options or {}))
+                                        **(options.constructor_kwargs() if options else {}))
         frozen = dict(kw, param_dtype=frozen_param_dtype or param_dtype)
         vae, v_cfg = load_model(directory, component="vae", dtype=None, **frozen)
         text_encoder, _ = load_model(directory, component="text_encoder", dtype=text_dtype,

@@ -1,15 +1,20 @@
 """Rematerialisation and layer scan of a model's repeated blocks (`policy.remat`,
 `policy.scan_layers`), shared by every family's transformer.
 
-Policies (per block):
-  none          keep every activation for the backward;
-  full          keep only the block's inputs, recompute the whole block;
-  dots          keep matmul outputs without batch dims (the linear layers), recompute the rest;
-  dots_no_batch keep every matmul output (attention's batched QK^T / PV included: S x S on the
-                XLA attention path), recompute the elementwise work only;
-  offload       as `dots`, but the kept matmul outputs go to pinned host memory (GPU, TPU). The
-                CPU backend has no separate host memory space: there it runs as `dots` (one
-                warning line).
+Policies (per block) carry the names of `jax.checkpoint_policies`, saying what the backward keeps:
+  everything_saveable              keep every activation (no rematerialisation at all);
+  nothing_saveable                 keep only the block's inputs, recompute the whole block;
+  dots_with_no_batch_dims_saveable keep matmul outputs without batch dims (the linear layers),
+                                   recompute the rest;
+  dots_saveable                    keep every matmul output (attention's batched QK^T / PV
+                                   included: S x S on the XLA attention path), recompute the
+                                   elementwise work only;
+  offload_dot_with_no_batch_dims   as dots_with_no_batch_dims_saveable, but the kept matmul
+                                   outputs go to pinned host memory (GPU, TPU). The CPU backend
+                                   has no separate host memory space: there it runs as
+                                   dots_with_no_batch_dims_saveable (one warning line).
+The project's earlier short names stay accepted (REMAT_ALIASES: none, full, dots, dots_no_batch,
+offload); `check_remat` turns either into the JAX name, which is what a model stores.
 
 The parameter layout never changes: one module per block (`blocks.3.attn1.to_q.kernel`), so
 checkpoints and converter tables are the same with scan on or off. A scanned run stacks its
@@ -25,46 +30,63 @@ from flax import nnx
 
 from wfm_jax.models.layers.linear import Linear
 
+NO_REMAT = "everything_saveable"
+OFFLOAD = "offload_dot_with_no_batch_dims"
 REMAT_POLICIES = {
-    "none": None,
-    "full": jax.checkpoint_policies.nothing_saveable,
-    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-    "dots_no_batch": jax.checkpoint_policies.dots_saveable,
-    "offload": jax.checkpoint_policies.offload_dot_with_no_batch_dims("device", "pinned_host"),
+    NO_REMAT: None,  # no jax.checkpoint at all: the same result, without the wrapper
+    "nothing_saveable": jax.checkpoint_policies.nothing_saveable,
+    "dots_with_no_batch_dims_saveable": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    "dots_saveable": jax.checkpoint_policies.dots_saveable,
+    OFFLOAD: jax.checkpoint_policies.offload_dot_with_no_batch_dims("device", "pinned_host"),
 }
+# the short names recipes used before the policies took JAX's names ("dots" read backwards)
+REMAT_ALIASES = {"none": NO_REMAT, "full": "nothing_saveable",
+                 "dots": "dots_with_no_batch_dims_saveable", "dots_no_batch": "dots_saveable",
+                 "offload": OFFLOAD}
+REMAT_NAMES = (*REMAT_POLICIES, *REMAT_ALIASES)
 
 
-def check_remat(remat: str) -> None:
-    if remat not in REMAT_POLICIES:
-        raise ValueError(f"remat must be one of {sorted(REMAT_POLICIES)}, got {remat!r}")
+def check_remat(remat: str) -> str:
+    """The jax.checkpoint_policies name of `remat` (a JAX name or one of REMAT_ALIASES)."""
+    if remat in REMAT_POLICIES:
+        return remat
+    if remat in REMAT_ALIASES:
+        return REMAT_ALIASES[remat]
+    raise ValueError(f"remat must be one of {sorted(REMAT_POLICIES)} (or the short names "
+                     f"{sorted(REMAT_ALIASES)}), got {remat!r}")
+
+
+def rematerialises(remat: str | None) -> bool:
+    """Whether the policy recomputes anything in the backward."""
+    return remat is not None and check_remat(remat) != NO_REMAT
 
 
 def resolve_remat(remat: str) -> str:
-    """The policy that runs on this backend: `offload` needs a host memory space (not CPU)."""
-    check_remat(remat)
-    if remat == "offload" and jax.default_backend() == "cpu":
-        warnings.warn("policy.remat=offload: the CPU backend has no pinned host memory; "
-                      "running remat=dots instead", stacklevel=3)
-        return "dots"
+    """The policy that runs on this backend: offloading needs a host memory space (not CPU)."""
+    remat = check_remat(remat)
+    if remat == OFFLOAD and jax.default_backend() == "cpu":
+        warnings.warn(f"policy.remat={OFFLOAD}: the CPU backend has no pinned host memory; "
+                      "running remat=dots_with_no_batch_dims_saveable instead", stacklevel=3)
+        return "dots_with_no_batch_dims_saveable"
     return remat
 
 
 def checkpointed(fn, remat: str, *, prevent_cse: bool = True):
-    """fn under jax.checkpoint with the named policy (fn itself for "none")."""
+    """fn under jax.checkpoint with the named policy (fn itself for everything_saveable)."""
     remat = resolve_remat(remat)
-    if remat == "none":
+    if remat == NO_REMAT:
         return fn
     return jax.checkpoint(fn, policy=REMAT_POLICIES[remat], prevent_cse=prevent_cse)
 
 
 def call_block(block: nnx.Module, remat: str, *args):
-    """block(*args), under jax.checkpoint with the named policy unless remat is "none".
+    """block(*args), under jax.checkpoint with the named policy unless it keeps everything.
 
     jax.checkpoint of a pure function of the block's state, not nnx.remat: nnx.remat writes the
     state back after the call, which fails when the model was merged inside another trace (the
     RL rollout's lax.scan: "Cannot mutate Param from a different trace level").
     """
-    if remat == "none":
+    if not rematerialises(remat):
         return block(*args)
     graphdef, state = nnx.split(block)
 
@@ -123,7 +145,7 @@ def run_blocks(blocks, carry, apply, *, remat: str, scan_layers: bool):
             return apply(nnx.merge(graphdef, state), carry)
 
         if len(group) == 1:
-            if remat == "none":
+            if not rematerialises(remat):
                 carry = apply(blocks[group[0]], carry)
             else:
                 carry = checkpointed(pure, remat)(nnx.state(blocks[group[0]]), carry)

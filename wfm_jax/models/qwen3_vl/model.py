@@ -52,7 +52,7 @@ class Qwen3VLModel(nnx.Module):
 
 class Qwen3VLForConditionalGeneration(nnx.Module):
     def __init__(self, config: Qwen3VLConfig | Mapping[str, Any], *, rngs: nnx.Rngs, dtype=None,
-                 param_dtype=jnp.float32, remat: str = "none", scan_layers: bool = False):
+                 param_dtype=jnp.float32, remat: str = "everything_saveable", scan_layers: bool = False):
         """dtype: compute dtype (None: the parameters' dtype); param_dtype: stored weights;
         remat: a wfm_jax.models.layers.remat policy per block; scan_layers: run the decoder
         layers as one lax.scan (same numbers, one compiled layer)."""

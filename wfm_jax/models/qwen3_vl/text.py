@@ -141,8 +141,8 @@ class DecoderLayer(nnx.Module):
 
 class Qwen3VLTextModel(nnx.Module):
     def __init__(self, cfg: TextConfig, *, rngs: nnx.Rngs, dtype=None, param_dtype=jnp.float32,
-                 remat: str = "none", scan_layers: bool = False):
-        check_remat(remat)
+                 remat: str = "everything_saveable", scan_layers: bool = False):
+        remat = check_remat(remat)  # the JAX policy name (short aliases accepted)
         self.cfg, self.dtype, self.remat, self.scan_layers = cfg, dtype, remat, scan_layers
         self.embed_tokens = param(nnx.initializers.normal(0.02)(
             rngs.params(), (cfg.vocab_size, cfg.hidden_size), param_dtype), ("vocab", "embed"))

@@ -177,8 +177,8 @@ class PatchEmbed(nnx.Module):
 
 class Qwen3VLVisionModel(nnx.Module):
     def __init__(self, cfg: VisionConfig, *, rngs: nnx.Rngs, dtype=None, param_dtype=jnp.float32,
-                 remat: str = "none"):
-        check_remat(remat)
+                 remat: str = "everything_saveable"):
+        remat = check_remat(remat)  # the JAX policy name (short aliases accepted)
         self.cfg, self.dtype, self.remat = cfg, dtype, remat
         d = cfg.hidden_size
         self.patch_embed = PatchEmbed(cfg, rngs=rngs, param_dtype=param_dtype)

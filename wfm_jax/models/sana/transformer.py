@@ -88,7 +88,7 @@ class SanaBase(nnx.Module):
         if attention_impl not in ATTENTION_IMPLS:
             raise ValueError(f"SANA attention_impl must be one of {ATTENTION_IMPLS} (its masked "
                              f"cross-attention runs on XLA), got {attention_impl!r}")
-        check_remat(remat)
+        remat = check_remat(remat)  # the JAX policy name (short aliases accepted)
         self._config_items = tuple(sorted((k, tuple(v) if isinstance(v, list) else v)
                                           for k, v in cfg.items()))  # hashable: static graph
         self.dtype = jnp.dtype(dtype or param_dtype)
@@ -165,7 +165,7 @@ class SanaTransformer(SanaBase):
     """SANA1.5 velocity model: (B, C, H, W) latents -> (B, C_out, H, W) in the compute dtype."""
 
     def __init__(self, config: dict, *, dtype=None, param_dtype=jnp.float32, rngs: nnx.Rngs,
-                 attention_impl="xla", remat: str = "none", context_parallel_impl="auto",
+                 attention_impl="xla", remat: str = "everything_saveable", context_parallel_impl="auto",
                  scan_layers: bool = False):
         # linear attention splits over `context` with one psum of its K.V state, never Ulysses or
         # a ring: the option is accepted (one recipe key for every family) and only checked

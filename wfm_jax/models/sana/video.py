@@ -40,7 +40,7 @@ class SanaVideoTransformer(SanaBase):
     video = True
 
     def __init__(self, config: dict, *, dtype=None, param_dtype=jnp.float32, rngs: nnx.Rngs,
-                 attention_impl="xla", remat: str = "none", context_parallel_impl="auto",
+                 attention_impl="xla", remat: str = "everything_saveable", context_parallel_impl="auto",
                  scan_layers: bool = False):
         # linear attention splits over `context` with one psum of its K.V state, never Ulysses or
         # a ring: the option is accepted (one recipe key for every family) and only checked

@@ -66,13 +66,13 @@ class SD3Transformer(nnx.Module):
     """
 
     def __init__(self, config: dict, *, dtype=None, param_dtype=jnp.float32, rngs: nnx.Rngs,
-                 attention_impl="xla", remat: str = "none", scan_layers: bool = True,
+                 attention_impl="xla", remat: str = "everything_saveable", scan_layers: bool = True,
                  context_parallel_impl="auto"):
         cfg = sd3_config(config)
         self._config_items = tuple(sorted(cfg.items()))  # hashable: part of the static graph
         self.dtype = jnp.dtype(dtype or param_dtype)
         check_attention_impl(attention_impl, self.dtype)
-        check_remat(remat)
+        remat = check_remat(remat)  # the JAX policy name (short aliases accepted)
         self.remat = remat
         self.scan_layers = bool(scan_layers)
         self.patch_size = cfg["patch_size"]

@@ -102,13 +102,13 @@ class WanTransformer(nnx.Module):
     """
 
     def __init__(self, config: dict, *, dtype=None, param_dtype=jnp.float32, rngs: nnx.Rngs,
-                 attention_impl="xla", remat: str = "none", context_parallel_impl="auto",
+                 attention_impl="xla", remat: str = "everything_saveable", context_parallel_impl="auto",
                  scan_layers: bool = False):
         cfg = wan_config(config)
         self._config_items = tuple(sorted(cfg.items()))  # hashable: part of the static graph
         self.dtype = jnp.dtype(dtype or param_dtype)
         check_attention_impl(attention_impl, self.dtype)
-        check_remat(remat)
+        remat = check_remat(remat)  # the JAX policy name (short aliases accepted)
         self.remat, self.scan_layers = remat, bool(scan_layers)
         heads, head_dim = cfg["num_attention_heads"], cfg["attention_head_dim"]
         dim = heads * head_dim

@@ -1,0 +1,143 @@
+"""shapes_alignment: the shapes dataset scores ~1 with its own prompts and clearly less with
+shuffled ones; hand-made images pin each attribute; bad prompts fail per sample (or score 0 in
+the lenient variant); the reference server serves it with its extra keys."""
+import glob
+import json
+import warnings
+
+import numpy as np
+import pytest
+from PIL import Image, ImageDraw
+
+from reward_client.catalog import score_local
+from reward_client.computer import RewardComputer
+from reward_client.errors import RewardValueError
+from wfm_jax.worlds.shapes.dataset import build_shapes_dataset
+from wfm_jax.worlds.shapes.grammar import BACKGROUNDS, COLOURS, PromptGrammarError, Scene, parse_prompt
+
+KEYS = ("background", "colour", "count", "shape")
+
+
+def _load(directory):
+    files = sorted(glob.glob(directory + "/*.png"))
+    images = np.stack([np.asarray(Image.open(f).convert("RGB")) for f in files])
+    return images, [json.load(open(f[:-4] + ".json"))["prompt"] for f in files]
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    return _load(build_shapes_dataset(str(tmp_path_factory.mktemp("s") / "d"), count=144, size=32,
+                                      seed=3, split="all"))
+
+
+def test_dataset_images_score_high_and_shuffled_prompts_low(dataset):
+    images, prompts = dataset
+    own = score_local("shapes_alignment", images, prompts)
+    assert set(own) == {*KEYS, "shapes_alignment"}
+    assert own["shapes_alignment"].mean() >= 0.95
+    perm = np.random.default_rng(0).permutation(len(prompts))
+    shuffled = score_local("shapes_alignment", images, [prompts[i] for i in perm])
+    assert shuffled["shapes_alignment"].mean() < own["shapes_alignment"].mean() - 0.3
+    for key in KEYS:  # every attribute is checked, none passes everything
+        assert shuffled[key].mean() < 0.8, key
+
+
+def _canvas(background="white", size=32):
+    image = Image.new("RGB", (size, size), BACKGROUNDS[background])
+    return image, ImageDraw.Draw(image)
+
+
+def _score(image, prompt):
+    out = score_local("shapes_alignment", np.asarray(image)[None], [prompt])
+    return {k: float(v[0]) for k, v in out.items()}
+
+
+def test_hand_made_images_pin_each_attribute():
+    image, draw = _canvas("black")
+    draw.rectangle([4, 4, 14, 14], fill=COLOURS["red"])
+    draw.rectangle([18, 18, 28, 28], fill=COLOURS["red"])
+    assert _score(image, "two red squares on a black background")["shapes_alignment"] == 1.0
+    s = _score(image, "three red squares on a black background")
+    assert s["count"] == pytest.approx(2 / 3) and s["colour"] == s["shape"] == s["background"] == 1.0
+    s = _score(image, "two blue squares on a white background")
+    assert s["colour"] == 0.0 and s["background"] == 0.0 and s["shape"] == s["count"] == 1.0
+    s = _score(image, "two red circles on a black background")
+    assert s["shape"] == 0.0 and s["shapes_alignment"] == 0.75
+
+    image, draw = _canvas("white")
+    draw.ellipse([6, 6, 26, 26], fill=COLOURS["green"])
+    assert _score(image, "a green circle on a white background")["shapes_alignment"] == 1.0
+    image, draw = _canvas("white")
+    draw.polygon([(16, 4), (4, 28), (28, 28)], fill=COLOURS["yellow"])
+    assert _score(image, "a yellow triangle on a white background")["shape"] == 1.0
+    # half the foreground in the asked colour: half the colour score
+    image, draw = _canvas("white")
+    draw.rectangle([4, 8, 15, 23], fill=COLOURS["blue"])
+    draw.rectangle([16, 8, 27, 23], fill=COLOURS["red"])
+    assert _score(image, "a blue square on a white background")["colour"] == pytest.approx(0.5)
+    # an empty image: only the background can be right
+    image, _ = _canvas("white")
+    assert _score(image, "a red circle on a white background") == {
+        "background": 1.0, "colour": 0.0, "count": 0.0, "shape": 0.0, "shapes_alignment": 0.25}
+
+
+def test_prompt_outside_the_grammar_is_a_per_sample_error_or_a_warned_zero(dataset):
+    images, prompts = dataset
+    batch = [prompts[0], "a purple circle on a white background"]
+    with pytest.raises(RewardValueError, match="sample 1: .*unknown colour 'purple'"):
+        score_local("shapes_alignment", images[:2], batch)
+    with pytest.warns(UserWarning, match="1 prompt"):
+        out = score_local("shapes_alignment_lenient", images[:2], batch)
+    assert out["shapes_alignment_lenient"][1] == 0.0 and out["shapes_alignment_lenient"][0] >= 0.95
+
+
+@pytest.mark.parametrize("prompt", ["two cats sleeping on a sofa", "two red square on a white background",
+                                    "a red squares on a white background", "four red squares on a white background"])
+def test_parse_rejects(prompt):
+    with pytest.raises(PromptGrammarError):
+        parse_prompt(prompt)
+
+
+def test_parse_round_trips_every_scene():
+    from wfm_jax.worlds.shapes.grammar import all_scenes
+    assert all(parse_prompt(s.prompt) == s for s in all_scenes())
+    assert parse_prompt("A Red Circle on a black background.") == Scene("red", "circle", 1, "black")
+
+
+def test_served_by_the_reference_server_with_extra_keys(dataset):
+    from reward_client.background import BackgroundServer
+    from reward_client.server import create_app
+    from tests.reward_client.test_reward_server import TOKEN, fast_config
+
+    images, prompts = dataset
+    with BackgroundServer(create_app(TOKEN)) as srv, warnings.catch_warnings():
+        with RewardComputer([{"name": "shapes_alignment", "local": False}],
+                            remote=fast_config(srv.url)) as rc:
+            res = rc.submit(images[:6], prompts[:6]).result(timeout=30)
+    local = score_local("shapes_alignment", images[:6], prompts[:6])
+    np.testing.assert_allclose(res.per_fn["shapes_alignment"], local["shapes_alignment"])
+
+
+def test_extra_keys_reach_the_result_and_never_the_total(dataset):
+    images, prompts = dataset
+    fns = [{"name": "shapes_alignment", "weight": 2.0, "local": True},
+           {"name": "jpeg_compressibility", "weight": 1.0, "local": True}]
+    with RewardComputer(fns) as rc:
+        res = rc.score(images[:4], prompts[:4][::-1])
+    local = score_local("shapes_alignment", images[:4], prompts[:4][::-1])
+    assert set(res.extra) == set(KEYS)  # the score key itself and jpeg's single key are not extra
+    for key in KEYS:
+        np.testing.assert_allclose(res.extra[key], local[key])
+    jpeg = score_local("jpeg_compressibility", images[:4], prompts[:4])["jpeg_compressibility"]
+    np.testing.assert_allclose(res.total, 2 * local["shapes_alignment"] + jpeg, rtol=1e-6)
+
+
+def test_extra_keys_shared_by_two_rewards_are_named_by_reward():
+    from reward_client.combine import parse_reward_fns
+    from reward_client.computer import extra_scores
+    specs = parse_reward_fns([{"name": "a"}, {"name": "b"}])
+    raw = {"a": {"a": [1, 2], "count": [0.5, 1.0], "tag": ["x", "y"]},
+           "b": {"b": [0, 0], "count": [1, 1], "colour": [0.25, 0]}}
+    out = extra_scores(specs, raw, 2, np.array([True, False]))
+    assert set(out) == {"a.count", "b.count", "colour"}  # 'tag' is not numeric: left out
+    np.testing.assert_array_equal(out["colour"], [0.25, np.nan])
