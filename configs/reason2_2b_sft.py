@@ -22,19 +22,19 @@ from wfm_jax.config.schema import QWEN3_VL_LORA_TARGETS, default_config
 def get_config():
     c = default_config()
     c.train.output_dir = "./outputs/reason2_2b_sft"
-    c.train.max_steps = 1000
+    c.train.max_steps = 1000  # pinned: the run length (cosmos-rl: one epoch over the data)
     c.train.seed = 0
-    c.train.param_dtype = "float32"
-    c.train.compute_dtype = "bfloat16"
+    c.train.param_dtype = "float32"  # released: fp32 master weights
+    c.train.compute_dtype = "bfloat16"  # released: bf16 compute
     c.train.train_batch_per_replica = 32
     c.train.optm_lr = 1e-6
-    c.train.optm_betas = (0.9, 0.999)
+    c.train.optm_betas = (0.9, 0.999)  # released value
     c.train.optm_weight_decay = 0.01
     c.train.optm_eps = 1e-6
     c.train.optm_warmup_steps = 20
-    c.train.lr_schedule = "constant"
-    c.train.optm_grad_norm_clip = 1.0
-    c.train.epoch = 1
+    c.train.lr_schedule = "constant"  # released: no decay after warm-up
+    c.train.optm_grad_norm_clip = 1.0  # released value
+    c.train.epoch = 1  # released value (the run length is max_steps here)
     c.train.ckpt.save_freq = 100
     c.train.train_policy.mini_batch = 4
     ds = c.train.train_policy.dataset
@@ -43,12 +43,10 @@ def get_config():
     c.policy.family = "qwen3_vl"
     c.policy.model_name_or_path = "./checkpoints/Cosmos-Reason2-2B"
     c.policy.lora.target_modules = QWEN3_VL_LORA_TARGETS
-    c.policy.parallelism.data = -1
-    c.policy.parallelism.fsdp = 1
     v = c.policy.vlm
-    v.model_max_length = 4096
-    v.train_vision = True
-    v.system_prompt = ""
+    v.model_max_length = 4096  # released policy.model_max_length
+    v.train_vision = True  # a full fine-tune, vision tower included
+    v.system_prompt = ""  # released (llava example): no system turn
     v.pad_to_multiple = 64
     v.max_new_tokens = 256
     return c

@@ -21,7 +21,6 @@ def get_config():
     c.train.optm_lr = 2e-3
     c.train.optm_weight_decay = 0.01
     c.train.optm_warmup_steps = 20
-    c.train.optm_grad_norm_clip = 1.0
     c.train.ckpt.save_freq = 100
     c.train.ckpt.max_keep = 2
     ds = c.train.train_policy.dataset
@@ -34,11 +33,9 @@ def get_config():
     c.policy.lora.target_modules = QWEN3_VL_LORA_TARGETS  # used with --config.policy.lora.enable=True
     v = c.policy.vlm
     v.build_tiny_vqa = True
-    v.train_vision = True
     v.model_max_length = 512
     v.pad_to_multiple = 80  # every VQA conversation (63-73 tokens) pads to 80: one program
     v.max_new_tokens = 24
-    v.vqa_types = ("colour", "shape", "background")
     v.vqa_train_count = 1024
     v.vqa_val_count = 96
     return c
