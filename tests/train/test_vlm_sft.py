@@ -25,7 +25,7 @@ TYPES = ("colour", "background")
 def assets(tmp_path_factory):
     root = tmp_path_factory.mktemp("vlm")
     model = ensure_tiny_qwen3_vl(str(root / "model"), vocabulary(), size="spec")
-    train = build_vqa_dataset(str(root / "train"), count=12, split="train", seed=1, types=TYPES)
+    train = build_vqa_dataset(str(root / "train"), count=24, split="train", seed=1, types=TYPES)
     val = build_vqa_dataset(str(root / "val"), count=4, split="heldout", seed=1, types=TYPES)
     return model, train, val
 
@@ -42,7 +42,7 @@ def _config(assets, out, max_steps=4, **changes):
     c.train.output_dir = str(out)
     c.train.max_steps = max_steps
     c.train.compute_dtype = "float32"
-    c.train.train_batch_per_replica = 4
+    c.train.train_batch_per_replica = 8  # divides over 8 host devices (XLA_FLAGS) or 1
     c.train.optm_lr = 1e-3
     c.train.optm_warmup_steps = 2
     c.train.ckpt.save_freq = 2

@@ -29,7 +29,7 @@ from flax import nnx
 
 from wfm_jax.core.console import say
 from wfm_jax.core.errors import UserError
-from wfm_jax.core.mesh import MeshConfig, make_mesh
+from wfm_jax.core.mesh import MeshConfig, check_batch, make_mesh
 from wfm_jax.data.conversations import ConversationDataset, bucket_batches, collate, read_records
 from wfm_jax.families.qwen3_vl.answer import load_processor, vlm_config
 from wfm_jax.models.lora import attach_lora
@@ -136,6 +136,10 @@ class VLMSFTTrainer:
             root = val_dir if os.path.isdir(val_dir) else os.path.dirname(os.path.abspath(val_dir))
             self.val = (records, read_images(records, root))
         self.mesh = make_mesh(MeshConfig.from_any(p.parallelism))
+        try:
+            check_batch(self.mesh, self.batch_size)
+        except ValueError as e:
+            raise VLMSetupError(f"train.train_batch_per_replica: {e}") from None
         model = load_base(p.model_name_or_path, DTYPES[t.compute_dtype], DTYPES[t.param_dtype])
         self.lora = bool(p.lora.enable)
         if self.lora:
