@@ -26,6 +26,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from wfm_jax.core.console import say
 from wfm_jax.core.errors import UserError
@@ -151,7 +153,12 @@ class VLMSFTTrainer:
         self.frozen = vlm_sft.place_params(frozen, self.mesh)
         params = vlm_sft.place_params(params, self.mesh)
         self.tx, self.lr = make_tx(config)
-        self.state = TrainState.create(params, self.tx, jax.random.key(int(t.seed)))
+        state = TrainState.create(params, self.tx, jax.random.key(int(t.seed)))
+        # every leaf on the mesh (step, rng and optimizer counters replicated), so a restore
+        # into abstract_of(state) lands there too, not on one device
+        rep = NamedSharding(self.mesh, P())
+        self.state = jax.tree.map(lambda x: x if isinstance(x.sharding, NamedSharding) else jax.device_put(x, rep),
+                                  state)
         self.step_fn = vlm_sft.VLMSFTStep(graphdef, self.tx, self.mesh)
         self.ckpt = Checkpointer(checkpoints_path(config), max_keep=t.ckpt.max_keep,
                                  save_freq=t.ckpt.save_freq, async_=t.ckpt.save_mode == "async")
