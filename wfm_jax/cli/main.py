@@ -42,6 +42,10 @@ def _known_errors() -> tuple[tuple[type, ...], tuple[type, ...]]:
 def train(config) -> int:
     """Dispatch on train.train_policy.type; returns the last step trained."""
     kind = config.train.train_policy.type
+    from wfm_jax.config.schema import VLM_FAMILIES
+    if config.policy.family in VLM_FAMILIES:  # the schema allows SFT only for these
+        from wfm_jax.train import vlm_sft
+        return vlm_sft.run(config)
     if kind == "sft":
         from wfm_jax.train import sft
         return sft.run(config)
@@ -123,8 +127,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from wfm_jax.config.recipe import config_from_argv
             return dry_run(config_from_argv(argv))
         config = prepare(argv, held)
+        from wfm_jax.config.schema import VLM_FAMILIES
         from wfm_jax.plan import check_fits
-        check_fits(config)  # on accelerators: refuse what cannot fit before loading weights
+        if config.policy.family not in VLM_FAMILIES:  # the planner covers the DiT families
+            check_fits(config)  # on accelerators: refuse what cannot fit before loading weights
         from wfm_jax.train.preempt import sigterm_stops_after_step
         with sigterm_stops_after_step():
             step = train(config)

@@ -27,6 +27,10 @@ SD3_LORA_TARGETS = sd3_family.LORA_TARGETS
 WAN_LORA_TARGETS = wan_family.LORA_TARGETS
 SANA_LORA_TARGETS = sana_family.LORA_TARGETS
 COSMOS_LORA_TARGETS = cosmos_family.LORA_TARGETS
+# vision-language families (policy.family): trained by wfm_jax.train.vlm_sft, configured by policy.vlm
+VLM_FAMILIES = ("qwen3_vl",)
+# Qwen3-VL's text decoder linears (peft names); add "qkv", "proj", "linear_fc1/2" for the vision tower
+QWEN3_VL_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 DEFAULTS = {
     "train": {
@@ -221,6 +225,26 @@ DEFAULTS = {
         # offload_dot_with_no_batch_dims (GPU/TPU); see models/layers/remat.py
         "remat": "everything_saveable",
         "scan_layers": True,  # runs of identical blocks as one lax.scan (same checkpoint layout)
+        # vision-language SFT (policy.family in VLM_FAMILIES; specs/reason2.md §4.1); data:
+        # train.train_policy.dataset.local_dir, layout "conversations" (LLaVA JSON dir / file,
+        # or WebDataset tar shards, local or s3://); held-out accuracy: validation.dataset.local_dir
+        "vlm": {
+            "model_max_length": 4096,  # cosmos-rl policy.model_max_length: longer rows are cut
+            "train_vision": True,      # False: the vision tower (model.visual) stays frozen
+            "system_prompt": "",       # a system turn before each conversation ("" none)
+            "pad_to_multiple": 8,      # batch lengths rounded up: fewer distinct programs
+            "max_new_tokens": 32,      # greedy answer length for val/accuracy
+            # the tiny VQA world (wfm_jax.worlds.vqa): build the tiny random model at
+            # policy.model_name_or_path and the train / held-out sets at the dataset dirs if absent
+            "build_tiny_vqa": False,
+            "vqa_types": ("colour", "shape", "background"),
+            "vqa_train_count": 512,
+            "vqa_val_count": 64,
+            "vqa_seed": 0,
+            # the SFT answers' think text: "fixed" (spec §7) or "answer" (the answer's text,
+            # then its letter; worlds/vqa/scenes.py TARGET_STYLES)
+            "vqa_target": "answer",
+        },
     },
     "rollout": {"n_generation": 24},
     "validation": {
@@ -260,7 +284,7 @@ CHOICES = {
     "train.train_policy.wfm.solver_option": ("2ab", "1euler", "2heun_edm"),
     "train.train_policy.remote_reward.on_failure": ("raise", "drop"),
     "train.train_policy.remote_reward.media_type": ("pixels", "latent"),
-    "train.train_policy.dataset.layout": ("paired", "wfm", "prompts", "mock"),
+    "train.train_policy.dataset.layout": ("paired", "wfm", "prompts", "mock", "conversations"),
     "policy.lora.init_lora_weights": ("gaussian", "zeros", "default"),
     "policy.diffusers.weighting_scheme": ("logit_normal", "mode", "uniform", "none", "sigma_sqrt",
                                           "cosmap"),
@@ -275,6 +299,7 @@ CHOICES = {
                      "none", "full", "dots", "dots_no_batch", "offload"),
     "policy.attention_impl": ("auto", "xla", "cudnn", "blockwise", "pallas"),
     "policy.context_parallel_impl": ("auto", "ulysses", "ring"),
+    "policy.vlm.vqa_target": ("fixed", "answer"),
 }
 
 REWARD_FN_KEYS = ("name", "weight", "score_key", "clip_min", "clip_max")
@@ -322,10 +347,20 @@ def _positive(config, keys, allow_zero=False):
 
 @register_check
 def check_family(config) -> None:
+    if config.policy.family in VLM_FAMILIES:
+        layout = config.train.train_policy.dataset.layout
+        if layout != "conversations":
+            raise ConfigError(f"config key 'train.train_policy.dataset.layout' = {layout!r}: the "
+                              f"{config.policy.family!r} family trains on 'conversations'")
+        if config.train.train_policy.type != "sft":
+            raise ConfigError(f"config key 'train.train_policy.type' = "
+                              f"{config.train.train_policy.type!r}: the {config.policy.family!r} family "
+                              f"has an SFT trainer only so far")
+        return
     if config.policy.family not in FAMILIES:  # names only: imports no family
         hint = FAMILIES.closest(config.policy.family)
         raise ConfigError(f"config key 'policy.family' = {config.policy.family!r} is not one of "
-                          f"{FAMILIES.names()}" + (f"; did you mean {hint!r}?" if hint else ""))
+                          f"{[*FAMILIES.names(), *VLM_FAMILIES]}" + (f"; did you mean {hint!r}?" if hint else ""))
 
 
 @register_check

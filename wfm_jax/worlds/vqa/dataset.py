@@ -23,7 +23,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from wfm_jax.io.atomic import atomic_directory
-from wfm_jax.worlds.vqa.scenes import QUESTION_TYPES, Question, Scene, ask, draw, random_scene, split_of
+from wfm_jax.worlds.vqa.scenes import QUESTION_TYPES, TARGET_STYLES, Question, Scene, ask, draw, random_scene, split_of
 
 SPLITS = ("train", "heldout")
 ANNOTATIONS = "annotations.json"
@@ -45,22 +45,26 @@ def sample(index: int, seed: int, split: str, types: Sequence[str] = QUESTION_TY
     return scene, question, draw(scene, rng)
 
 
-def record(sample_id: str, image: str, scene: Scene, question: Question) -> dict:
+def record(sample_id: str, image: str, scene: Scene, question: Question, target: str = "fixed") -> dict:
     return {"id": sample_id, "image": image,
             "conversations": [{"from": "human", "value": "<image>\n" + question.prompt},
-                              {"from": "gpt", "value": question.target}],
+                              {"from": "gpt", "value": question.target_in(target)}],
             "answer": question.letter, "answer_text": question.answer, "question_type": question.kind,
             "options": list(question.options), "scene": scene.to_json()}
 
 
 def build_vqa_dataset(directory: str, count: int = 256, split: str = "train", seed: int = 0,
-                      types: Sequence[str] = QUESTION_TYPES, overwrite: bool = False) -> str:
+                      types: Sequence[str] = QUESTION_TYPES, overwrite: bool = False,
+                      target: str = "fixed") -> str:
     """Write `count` records of `split` into `directory`, all or nothing (a temporary sibling
-    renamed into place). An existing non-empty directory is an error unless `overwrite`."""
+    renamed into place). An existing non-empty directory is an error unless `overwrite`.
+    target: the SFT answers' think style (scenes.TARGET_STYLES)."""
     if count < 1:
         raise ValueError(f"count must be >= 1, got {count}")
     if seed < 0:
         raise ValueError(f"seed must be >= 0, got {seed}")
+    if target not in TARGET_STYLES:
+        raise ValueError(f"target style {target!r}: expected one of {', '.join(TARGET_STYLES)}")
     unknown = [t for t in types if t not in QUESTION_TYPES]
     if unknown:
         raise ValueError(f"unknown question types {unknown} (known: {', '.join(QUESTION_TYPES)})")
@@ -74,7 +78,7 @@ def build_vqa_dataset(directory: str, count: int = 256, split: str = "train", se
             scene, question, image = sample(i, seed, split, tuple(types))
             name = f"images/{i:06d}.png"
             image.save(os.path.join(tmp, name))
-            records.append(record(f"{split}-{seed}-{i:06d}", name, scene, question))
+            records.append(record(f"{split}-{seed}-{i:06d}", name, scene, question, target))
         with open(os.path.join(tmp, ANNOTATIONS), "w") as f:
             json.dump(records, f, indent=1)
     return directory

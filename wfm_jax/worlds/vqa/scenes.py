@@ -31,6 +31,9 @@ MAX_PER_COLOUR = 3
 BACKGROUND_OPTIONS = (*BACKGROUNDS, "grey", "pink")
 QUESTION_TYPES = ("colour", "shape", "background", "count", "most_frequent")
 THINK = "I look at the image."  # fixed reasoning text of SFT targets (spec §7)
+# SFT target styles: "fixed" thinks THINK; "answer" thinks "the answer is <text>", then names its
+# letter (a tiny model learns the lookup and the letter binding as two easier steps)
+TARGET_STYLES = ("fixed", "answer")
 INSTRUCTION = "Answer with the letter of the correct option."
 HELDOUT_BUCKETS = 5  # one scene in five (by content hash) belongs to the held-out split
 
@@ -126,7 +129,16 @@ class Question:
 
     @property
     def target(self) -> str:
-        return f"<think>\n{THINK}\n</think>\n\n<answer>{self.letter}</answer>"
+        return self.target_in("fixed")
+
+    def target_in(self, style: str) -> str:
+        """The SFT answer in cosmos-rl's format, its think text by `style` (TARGET_STYLES)."""
+        if style not in TARGET_STYLES:
+            raise ValueError(f"target style {style!r}: expected one of {', '.join(TARGET_STYLES)}")
+        # "the answer is red": the answer word comes with a leading space, the same token as in
+        # the option line "B. red", which the letter is then copied from
+        think = THINK if style == "fixed" else f"the answer is {self.answer}"
+        return f"<think>\n{think}\n</think>\n\n<answer>{self.letter}</answer>"
 
 
 def _shuffled(options, rng: np.random.Generator) -> tuple[str, ...]:

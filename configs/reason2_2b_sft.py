@@ -1,0 +1,52 @@
+"""Cosmos-Reason2-2B SFT with the released recipe's settings (cosmos-reason2
+examples/cosmos_rl/configs/llava_sft.toml; specs/reason2.md §4.4): LLaVA conversations, loss on
+the assistant tokens and their <|im_end|>, full fine-tune, AdamW lr 1e-6, betas (0.9, 0.999),
+weight decay 0.01, eps 1e-6, 20 linear warm-up steps then constant, clip 1.0, fp32 master weights
+and bf16 compute, rows cut at 4096 tokens, 32 conversations per optimizer update.
+
+    python -m wfm_jax.main --config configs/reason2_2b_sft.py \\
+        --config.policy.model_name_or_path=/path/to/Cosmos-Reason2-2B \\
+        --config.train.train_policy.dataset.local_dir=/path/to/llava_annotations_dir
+
+wfm_jax downloads nothing: policy.model_name_or_path must be a local copy of
+nvidia/Cosmos-Reason2-2B (config.json, model.safetensors*, tokenizer and processor files); without
+it the run stops with one line naming the directory. Differences from cosmos-rl: the batch size
+here is global (cosmos-rl's train_batch_per_replica is per data-parallel replica), and the 32
+rows form one token-mean (cosmos-rl averages per mini-batch of 4 and accumulates 8 of them:
+set train_batch_per_replica=4 and grad_accum_steps=8 for that); the run length is max_steps
+(cosmos-rl: train.epoch = 1 over the data set).
+"""
+from wfm_jax.config.schema import QWEN3_VL_LORA_TARGETS, default_config
+
+
+def get_config():
+    c = default_config()
+    c.train.output_dir = "./outputs/reason2_2b_sft"
+    c.train.max_steps = 1000  # pinned: the run length (cosmos-rl: one epoch over the data)
+    c.train.seed = 0
+    c.train.param_dtype = "float32"  # released: fp32 master weights
+    c.train.compute_dtype = "bfloat16"  # released: bf16 compute
+    c.train.train_batch_per_replica = 32
+    c.train.optm_lr = 1e-6
+    c.train.optm_betas = (0.9, 0.999)  # released value
+    c.train.optm_weight_decay = 0.01
+    c.train.optm_eps = 1e-6
+    c.train.optm_warmup_steps = 20
+    c.train.lr_schedule = "constant"  # released: no decay after warm-up
+    c.train.optm_grad_norm_clip = 1.0  # released value
+    c.train.epoch = 1  # released value (the run length is max_steps here)
+    c.train.ckpt.save_freq = 100
+    c.train.train_policy.mini_batch = 4
+    ds = c.train.train_policy.dataset
+    ds.layout = "conversations"
+    ds.local_dir = "./data/reason2_llava_sft"
+    c.policy.family = "qwen3_vl"
+    c.policy.model_name_or_path = "./checkpoints/Cosmos-Reason2-2B"
+    c.policy.lora.target_modules = QWEN3_VL_LORA_TARGETS
+    v = c.policy.vlm
+    v.model_max_length = 4096  # released policy.model_max_length
+    v.train_vision = True  # a full fine-tune, vision tower included
+    v.system_prompt = ""  # released (llava example): no system turn
+    v.pad_to_multiple = 64
+    v.max_new_tokens = 256
+    return c
