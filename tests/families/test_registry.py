@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -161,8 +162,18 @@ class ToyPipeline(PipelineFamily):
             json.dump({"_class_name": cls.pipeline_class, "denoiser": ["wfm_jax", "Denoiser"]}, f)
 
     @classmethod
-    def load(cls, directory, **options):
-        return cls(directory, np.load(os.path.join(directory, "denoiser", "gain.npy")))
+    def load(cls, directory, *, mesh=None, **options):
+        pipe = cls(directory, np.load(os.path.join(directory, "denoiser", "gain.npy")))
+        if mesh is not None:  # onto the trainer's mesh, replicated, as the real loaders place them
+            sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+            for module in (pipe.denoiser, pipe.vae, *pipe.text_encoders):
+                state = nnx.state(module)
+                nnx.update(module, jax.tree.map(lambda x: jax.device_put(x, sharding), state))
+        return pipe
+
+    def export_trainable(self, module, directory):
+        os.makedirs(directory, exist_ok=True)
+        np.save(os.path.join(directory, "gain.npy"), np.asarray(module.gain[...], np.float32))
 
     def latent_shape(self, batch, height, width, frames=None):
         return (batch, CHANNELS, height // FACTOR, width // FACTOR)

@@ -329,3 +329,11 @@ class PipelineFamily(abc.ABC):
     def export_components(cls) -> tuple[str, ...]:
         """The components a full fine-tune rewrites (the rest are copied unchanged)."""
         return cls.trainable
+
+    def export_trainable(self, module: Any, directory: str) -> None:
+        """Write the trained `module` (of `trainable_module()`'s structure, any dtype) as its
+        component folder `directory` of a diffusers pipeline; every process calls it (the
+        gather is collective), process 0 writes. Default: a diffusers model of
+        `transformer_config` through the converters' table."""
+        from converters.loading import export_diffusers
+        export_diffusers(module, self.transformer_config, directory)
