@@ -85,3 +85,40 @@ def test_sft_trains_the_toy_family(tmp_path, toy_family):
     start = np.load(tmp_path / "toy" / "denoiser" / "gain.npy")
     assert exported.denoiser.gain[...].shape == (CHANNELS,)
     assert not np.allclose(np.asarray(exported.denoiser.gain[...]), start)
+
+
+@pytest.fixture
+def brightness_reward():
+    from reward_client.registry import register_reward, unregister_reward
+
+    @register_reward("toy_brightness")
+    def brightness(images, prompts, extras):
+        return np.asarray(images, np.float64).mean(axis=(1, 2, 3)) / 255.0
+
+    yield "toy_brightness"
+    unregister_reward("toy_brightness")
+
+
+def test_nft_trains_the_toy_family(tmp_path, toy_family, brightness_reward):
+    """DiffusionNFT on the toy family with a reward registered here: it runs its steps and logs
+    finite losses and rewards."""
+    steps = 3
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("".join(f"grey {i}\n" for i in range(8)))
+    recipe = write_recipe(tmp_path / "toy_nft.py", **toy_settings(
+        tmp_path, **{"train.train_policy.type": "nft", "train.max_steps": steps,
+                     "train.train_policy.dataset.local_dir": str(prompts),
+                     "train.train_policy.use_remote_reward": False,
+                     "train.train_policy.remote_reward.reward_fns": [
+                         {"name": brightness_reward, "weight": 1.0, "score_key": ""}],
+                     "train.train_batch_per_replica": 16, "train.train_policy.mini_batch": 2,
+                     "rollout.n_generation": 4, "policy.diffusers.sample.eval_num_steps": 3,
+                     "train.optm_lr": 0.01, "train.ckpt.save_freq": steps}))
+    assert wmain.main(["--config", recipe]) == 0
+    m = metrics(tmp_path / "out")
+    assert sorted(m) == list(range(1, steps + 1))
+    for step in m.values():
+        for key in ("train/loss", "train/reward_mean"):
+            assert np.isfinite(step[key]), (key, step)
+        assert 0.0 <= step["train/reward_mean"] <= 1.0
+    assert os.path.isdir(tmp_path / "out" / "checkpoints" / str(steps))
