@@ -1,7 +1,8 @@
 """Issue R's acceptance "one family registry": the toy family of test_registry (defined in the
 test, registered by a fixture, trained module named `denoiser`) goes through the real trainer
 entry for SFT and for an RL algorithm, and through the planner, with nothing outside the tests
-knowing about it."""
+knowing about it. (The benchmark is not covered: its workloads compare wfm_jax with a diffusers
+torch twin per family, bench/families.py; docs/architecture.md says what a generic path needs.)"""
 from __future__ import annotations
 
 import json
@@ -67,6 +68,7 @@ def metrics(out_dir) -> dict[int, dict]:
         return {r["step"]: r for r in map(json.loads, f)}
 
 
+@pytest.mark.slow
 def test_sft_trains_the_toy_family(tmp_path, toy_family):
     steps = 12
     recipe = write_recipe(tmp_path / "toy_sft.py", **toy_settings(
@@ -99,6 +101,7 @@ def brightness_reward():
     unregister_reward("toy_brightness")
 
 
+@pytest.mark.slow
 def test_nft_trains_the_toy_family(tmp_path, toy_family, brightness_reward):
     """DiffusionNFT on the toy family with a reward registered here: it runs its steps and logs
     finite losses and rewards."""
@@ -122,3 +125,22 @@ def test_nft_trains_the_toy_family(tmp_path, toy_family, brightness_reward):
             assert np.isfinite(step[key]), (key, step)
         assert 0.0 <= step["train/reward_mean"] <= 1.0
     assert os.path.isdir(tmp_path / "out" / "checkpoints" / str(steps))
+
+
+@pytest.mark.parametrize("algorithm", ["sft", "nft"])
+def test_plan_compiles_the_toy_familys_programs(tmp_path, toy_family, capsys, algorithm):
+    """python -m wfm_jax.plan on a toy recipe: its programs compiled on 8 abstract devices, the
+    bytes reported are the toy's (3 gains of 4 bytes, replicated)."""
+    from wfm_jax import plan
+
+    settings = toy_settings(tmp_path, **{"train.train_policy.type": algorithm})
+    if algorithm == "nft":
+        settings.update({"train.train_batch_per_replica": 16, "train.train_policy.mini_batch": 2,
+                         "rollout.n_generation": 4, "policy.diffusers.sample.eval_num_steps": 3})
+    recipe = write_recipe(tmp_path / "toy.py", **settings)
+    assert plan.main(["--config", recipe, "--devices", "8", "--batch-per-device", "1", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["family"] == "toy" and report["algorithm"] == algorithm and report["devices"] == 8
+    assert report["params_bytes"] == CHANNELS * 4  # the gain, fp32, on every device
+    assert report["encoders_vae_bytes"] == 4       # the Scale VAE's one weight
+    assert report["fits"] is True
