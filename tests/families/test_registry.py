@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -25,6 +26,8 @@ from wfm_jax.families.base import PipelineError, PipelineFamily
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CHANNELS, FACTOR = 3, 4
+DENOISER_CONFIG = {"_class_name": "Denoiser", "in_channels": CHANNELS}
+VAE_CONFIG = {"_class_name": "Scale", "value": 1.0}
 
 
 # ----------------------------------------------------------------------------- the registry itself
@@ -126,8 +129,8 @@ def test_unknown_family_names_the_nearest_and_the_known():
 class Denoiser(nnx.Module):
     """velocity = latents * gain (per channel) + the prompt's context."""
 
-    def __init__(self, channels: int):
-        self.gain = nnx.Param(jnp.zeros((channels,), jnp.float32))
+    def __init__(self, in_channels: int, **_):
+        self.gain = nnx.Param(jnp.zeros((in_channels,), jnp.float32))
 
 
 class Scale(nnx.Module):
@@ -146,10 +149,10 @@ class ToyPipeline(PipelineFamily):
 
     def __init__(self, directory: str, gain: np.ndarray):
         self.directory = directory
-        self.denoiser = Denoiser(CHANNELS)
+        self.denoiser = Denoiser(**DENOISER_CONFIG)
         self.denoiser.gain[...] = jnp.asarray(gain)
         self.vae, self.text_encoders = Scale(1.0), (Scale(0.1),)
-        self.transformer_config = {"in_channels": CHANNELS}
+        self.transformer_config = dict(DENOISER_CONFIG)
         self.vae_config, self.scheduler_config = {}, {"shift": 1.0}
 
     @classmethod
@@ -157,12 +160,33 @@ class ToyPipeline(PipelineFamily):
         os.makedirs(os.path.join(directory, "denoiser"))
         gain = np.random.default_rng(seed).uniform(-1.0, 0.0, CHANNELS).astype(np.float32)
         np.save(os.path.join(directory, "denoiser", "gain.npy"), gain)
+        for name, config in (("denoiser", DENOISER_CONFIG), ("vae", VAE_CONFIG)):  # what plan reads
+            os.makedirs(os.path.join(directory, name), exist_ok=True)
+            with open(os.path.join(directory, name, "config.json"), "w") as f:
+                json.dump(config, f)
         with open(os.path.join(directory, "model_index.json"), "w") as f:
             json.dump({"_class_name": cls.pipeline_class, "denoiser": ["wfm_jax", "Denoiser"]}, f)
 
     @classmethod
-    def load(cls, directory, **options):
-        return cls(directory, np.load(os.path.join(directory, "denoiser", "gain.npy")))
+    def load(cls, directory, *, mesh=None, **options):
+        pipe = cls(directory, np.load(os.path.join(directory, "denoiser", "gain.npy")))
+        if mesh is not None:  # onto the trainer's mesh, replicated, as the real loaders place them
+            sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+            for module in (pipe.denoiser, pipe.vae, *pipe.text_encoders):
+                state = nnx.state(module)
+                nnx.update(module, jax.tree.map(lambda x: jax.device_put(x, sharding), state))
+        return pipe
+
+    @classmethod
+    def make_component(cls, config, **options):
+        return Denoiser(**config) if config["_class_name"] == "Denoiser" else Scale(config["value"])
+
+    def cond_shapes(self, batch, text_len):
+        return {"context": (batch, 1)}
+
+    def export_trainable(self, module, directory):
+        os.makedirs(directory, exist_ok=True)
+        np.save(os.path.join(directory, "gain.npy"), np.asarray(module.gain[...], np.float32))
 
     def latent_shape(self, batch, height, width, frames=None):
         return (batch, CHANNELS, height // FACTOR, width // FACTOR)
@@ -308,5 +332,7 @@ def test_weightless_instances_hold_the_released_configs(name):
     frames = 81 if cls.is_video else None
     shape = pipe.latent_shape(2, 480, 832, frames=frames)
     assert shape[0] == 2 and len(shape) == (5 if cls.is_video else 4)
+    cond = pipe.cond_shapes(2, 16)  # what the planner compiles the programs on
+    assert cond and all(s[0] == 2 and len(s) in (2, 3) for s in cond.values()), cond
     if name.startswith("sana"):
         assert pipe.instruction == tuple(cls.instruction_default)

@@ -212,6 +212,16 @@ class PipelineFamily(abc.ABC):
         pipe.tokenizer = pipe.tokenizers = None
         return pipe
 
+    @classmethod
+    def make_component(cls, config: Mapping[str, Any], *, dtype=None, param_dtype=jnp.float32,
+                       rngs=None, **options) -> Any:
+        """A freshly initialised module of any component (the trained one, the VAE, a text
+        encoder) from its config dict; the planner builds them under nnx.eval_shape. Default:
+        the converters' ModelSpec of the config's class (the shipped diffusers families)."""
+        from converters.registry import spec_for
+        return spec_for(dict(config)).make_model(dict(config), dtype=dtype, param_dtype=param_dtype,
+                                                 rngs=rngs, **options)
+
     # ------------------------------------------------------------------ geometry
     @property
     def shift(self) -> float:
@@ -268,6 +278,12 @@ class PipelineFamily(abc.ABC):
         return self.encode_text_with(self.text_encoders,
                                      self.tokenize(prompts, max_sequence_length),
                                      max_sequence_length)
+
+    def cond_shapes(self, batch: int, text_len: int) -> dict[str, tuple[int, ...]]:
+        """{key: shape} of the float32 conditioning dict `velocity_with` reads for `batch` rows
+        of `text_len` tokens, from the configs alone (what the planner compiles on)."""
+        raise PipelineError(f"the {self.family!r} family declares no conditioning shapes "
+                            f"(PipelineFamily.cond_shapes)")
 
     @abc.abstractmethod
     def cond_from_embedding(self, embedding) -> dict[str, np.ndarray]:
@@ -329,3 +345,11 @@ class PipelineFamily(abc.ABC):
     def export_components(cls) -> tuple[str, ...]:
         """The components a full fine-tune rewrites (the rest are copied unchanged)."""
         return cls.trainable
+
+    def export_trainable(self, module: Any, directory: str) -> None:
+        """Write the trained `module` (of `trainable_module()`'s structure, any dtype) as its
+        component folder `directory` of a diffusers pipeline; every process calls it (the
+        gather is collective), process 0 writes. Default: a diffusers model of
+        `transformer_config` through the converters' table."""
+        from converters.loading import export_diffusers
+        export_diffusers(module, self.transformer_config, directory)

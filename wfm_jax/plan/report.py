@@ -102,7 +102,8 @@ def _plan(args, config) -> dict:
         "train_state_bytes": per_device_bytes(state),
         "transformer_frozen_bytes": per_device_bytes(setup.frozen),
         "encoders_vae_bytes": abstract.frozen_component_bytes(
-            configs["text_encoders"] + [configs["vae"]], mesh, rules, frozen_dtype),
+            configs["text_encoders"] + [configs["vae"]], mesh, rules, frozen_dtype,
+            type(setup.pipe)),
     }
     resident = (out["train_state_bytes"] + out["transformer_frozen_bytes"]
                 + out["encoders_vae_bytes"])

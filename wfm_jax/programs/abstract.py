@@ -52,6 +52,7 @@ def pipeline_configs(config) -> tuple[dict, str]:
     weights read), else the family's released pipeline."""
     root = str(config.policy.model_name_or_path)
     index = _read(os.path.join(root, "model_index.json"))
+    trained = _family(config).trainable[0]  # its folder holds the configs["transformer"] dict
     if index is None:  # a bare transformer/config.json: that transformer, the rest released
         out = released_configs(str(config.policy.family), root)
         own = _read(os.path.join(root, "transformer", "config.json"))
@@ -59,7 +60,7 @@ def pipeline_configs(config) -> tuple[dict, str]:
             own = {"_class_name": out["transformer"]["_class_name"], **own}
         out["transformer"] = own or out["transformer"]
         return out, "released" + (f" (transformer: {root})" if own else "")
-    out = {"transformer": _read(os.path.join(root, "transformer", "config.json")),
+    out = {"transformer": _read(os.path.join(root, trained, "config.json")),
            "vae": _read(os.path.join(root, "vae", "config.json")),
            "scheduler": _read(os.path.join(root, "scheduler", "scheduler_config.json")) or {},
            "text_encoders": [
@@ -67,33 +68,39 @@ def pipeline_configs(config) -> tuple[dict, str]:
                if name.startswith("text_encoder") and index[name] and index[name][0]
                and os.path.isfile(os.path.join(root, name, "config.json"))]}
     if out["transformer"] is None or out["vae"] is None:
-        raise setup_lib.SetupError(f"{root} lacks transformer/config.json or vae/config.json")
+        raise setup_lib.SetupError(f"{root} lacks {trained}/config.json or vae/config.json")
     return out, root
 
 
-def abstract_model(config: dict, dtype, param_dtype, **options):
+def _family(config):
+    from wfm_jax.families.base import family_named
+    return family_named(str(config.policy.family))
+
+
+def abstract_model(config: dict, dtype, param_dtype, family=None, **options):
+    """The component of `config`, abstract, as `family` (a PipelineFamily class; default the
+    base's: the converters' ModelSpec) makes it."""
     from flax import nnx
 
-    from converters.registry import spec_for
-    spec = spec_for(config)
-    return nnx.eval_shape(lambda: spec.make_model(config, dtype=dtype, param_dtype=param_dtype,
-                                                  rngs=nnx.Rngs(0), **options))
+    from wfm_jax.families.base import PipelineFamily
+    make = (family or PipelineFamily).make_component
+    return nnx.eval_shape(lambda: make(config, dtype=dtype, param_dtype=param_dtype,
+                                       rngs=nnx.Rngs(0), **options))
 
 
 def abstract_transformer(config, t_cfg: dict, remat: str, scan: bool):
     """The recipe's transformer (its policy.lora attached when enabled), abstract."""
     from flax import nnx
 
-    from converters.registry import spec_for
     from wfm_jax.models import lora as lora_lib
     from wfm_jax.models.options import ModelOptions
     dtypes = setup_lib.DTYPES
     t, lora = config.train, config.policy.lora
     options = ModelOptions.from_policy(config.policy, remat=remat, scan_layers=scan)
-    spec = spec_for(t_cfg)
+    family = _family(config)
 
     def make():
-        model = spec.make_model(t_cfg, dtype=dtypes[t.compute_dtype],
+        model = family.make_component(t_cfg, dtype=dtypes[t.compute_dtype],
                                 param_dtype=dtypes[t.param_dtype], rngs=nnx.Rngs(0),
                                 **options.constructor_kwargs())
         if lora.enable:
@@ -106,9 +113,7 @@ def abstract_transformer(config, t_cfg: dict, remat: str, scan: bool):
 def family_shell(config, configs: dict, vae):
     """A weightless pipeline object of the recipe's family: the configs its *_with methods read
     and the abstract `vae` (whose graphdef the rollout decodes with); no text encoders."""
-    from wfm_jax.families.base import family_named
-    cls = family_named(str(config.policy.family))
-    return cls.weightless(configs, directory=str(config.policy.model_name_or_path), vae=vae)
+    return _family(config).weightless(configs, directory=str(config.policy.model_name_or_path), vae=vae)
 
 
 def placed(model, mesh, rules, filter):
@@ -133,12 +138,13 @@ def with_shardings(state, shardings):
     return nnx.State.from_flat_path(out)
 
 
-def frozen_component_bytes(configs: list[dict], mesh, rules, dtype) -> int:
-    """Per-device bytes of frozen components (text encoders, VAE) in `dtype` on `mesh`."""
+def frozen_component_bytes(configs: list[dict], mesh, rules, dtype, family=None) -> int:
+    """Per-device bytes of frozen components (text encoders, VAE) in `dtype` on `mesh`, made
+    as `family` makes them (abstract_model)."""
     from flax import nnx
     total = 0
     for cfg in configs:
-        total += per_device_bytes(placed(abstract_model(cfg, None, dtype), mesh, rules,
+        total += per_device_bytes(placed(abstract_model(cfg, None, dtype, family), mesh, rules,
                                          nnx.Variable))
     return total
 
@@ -164,6 +170,7 @@ def abstract_setup(config, mesh, rules, remat: str | None = None, scan: bool | N
     param_sh = jax.tree.map(lambda x: x.sharding, trainable)
     state_sh = setup_lib.state_shardings(abstract, param_sh, mesh, tx)
     state = setup_lib.with_shardings(abstract, state_sh)
-    vae = abstract_model(configs["vae"], None, setup_lib.DTYPES[config.train.compute_dtype])
+    vae = abstract_model(configs["vae"], None, setup_lib.DTYPES[config.train.compute_dtype],
+                         _family(config))
     return AbstractSetup(config, mesh, tuple(rules), graphdef, frozen, tx, state_sh,
                          family_shell(config, configs, vae), state, schedule, configs, source)

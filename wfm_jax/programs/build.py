@@ -13,7 +13,6 @@ import jax.numpy as jnp
 
 from wfm_jax.algorithms.base import RLAlgorithm
 from wfm_jax.programs import setup as setup_lib
-from wfm_jax.programs.released import cond_shapes
 from wfm_jax.programs.rl import RLLayout, rl_layout, rl_programs
 from wfm_jax.programs.sample import sample_program
 from wfm_jax.programs.sft import sft_step
@@ -110,8 +109,7 @@ def rows(setup: setup_lib.Setup, shapes: dict, dtype=None) -> dict:
 
 def text_shapes(setup: setup_lib.Setup, batch: int) -> dict:
     """{key: shape} of the conditioning the family's velocity_with reads for `batch` rows."""
-    return cond_shapes(str(setup.config.policy.family), setup.pipe.transformer_config, batch,
-                       int(setup.config.policy.diffusers.max_prompt_length))
+    return setup.pipe.cond_shapes(batch, int(setup.config.policy.diffusers.max_prompt_length))
 
 
 def latent_shape(pipe, batch: int, size, frames: int) -> tuple:

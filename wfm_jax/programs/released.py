@@ -1,6 +1,6 @@
 """The released pipelines' component configs, for planning a recipe whose model dir is not on
-disk: config.json values only (no weights), keyed by the recipe's policy.family, plus the text
-conditioning each family's transformer reads (what `encode_text_with` returns, as shapes).
+disk: config.json values only (no weights), keyed by the recipe's policy.family (the conditioning
+shapes are the family's own: PipelineFamily.cond_shapes).
 
 The planner (through programs.abstract) and the benchmark's suites read their released shapes
 here; every step they compile goes through the family interface.
@@ -121,20 +121,3 @@ def released_configs(family: str, model_name: str) -> dict:
         raise SetupError(f"no released shape for policy.family={family!r}; "
                          f"put the model dir on disk (its config.json files are enough)")
     return _RELEASED[family](str(model_name))
-
-
-def cond_shapes(family: str, transformer: dict, batch: int, text_len: int) -> dict:
-    """{key: shape} of the conditioning dict the family's velocity_with reads (float32)."""
-    if family == "sd3":
-        return {"prompt_embeds": (batch, 77 + text_len, transformer["joint_attention_dim"]),
-                "pooled_projections": (batch, transformer["pooled_projection_dim"])}
-    if family == "wan":
-        return {"encoder_hidden_states": (batch, text_len, transformer["text_dim"])}
-    if family == "cosmos":
-        width = (transformer["crossattn_proj_in_channels"]
-                 if transformer.get("use_crossattn_projection") else transformer["text_embed_dim"])
-        return {"encoder_hidden_states": (batch, text_len, width)}
-    if family in ("sana", "sana_video"):
-        return {"encoder_hidden_states": (batch, text_len, transformer["caption_channels"]),
-                "encoder_attention_mask": (batch, text_len)}
-    raise SetupError(f"no conditioning shapes for policy.family={family!r}")

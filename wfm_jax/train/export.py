@@ -18,7 +18,7 @@ import json
 import os
 import re
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -107,16 +107,22 @@ def prune_exports(output_dir: str, keep: int | None) -> list[int]:
 
 
 def export_full_pipeline(transformer, transformer_config: Mapping, source_dir: str,
-                         dst: str, rewritten: Sequence[str] = ("transformer",)) -> str | None:
+                         dst: str, rewritten: Sequence[str] = ("transformer",),
+                         write: Callable[[Any, str], None] | None = None) -> str | None:
     """A complete diffusers pipeline dir at `dst`: the source pipeline's components copied
-    unchanged except `rewritten` (the family's export_components()), the transformer written
-    from `transformer`'s parameters (their dtype)."""
+    unchanged except `rewritten` (the family's export_components()), the trained module
+    (`transformer`, whatever the family calls it) written into `rewritten[0]` by
+    `write(module, directory)` (the family's export_trainable) or, without one, as a diffusers
+    model of `transformer_config` in its parameters' dtype."""
+    if write is None:
+        def write(module, directory):
+            export_diffusers(module, transformer_config, directory)
     if jax.process_index() != 0:
-        export_diffusers(transformer, transformer_config, os.path.join(dst, "transformer"))
+        write(transformer, os.path.join(dst, rewritten[0]))
         return None
     with atomic_directory(dst) as tmp:
         _copy_components(source_dir, tmp, skip=tuple(rewritten))
-        export_diffusers(transformer, transformer_config, os.path.join(tmp, "transformer"))
+        write(transformer, os.path.join(tmp, rewritten[0]))
     return dst
 
 
@@ -159,7 +165,8 @@ def export_step(setup, step: int) -> str | None:
     else:
         written = export_full_pipeline(setup.merge(params), setup.pipe.transformer_config,
                                        setup.pipe.directory, dst,
-                                       rewritten=family.export_components())
+                                       rewritten=family.export_components(),
+                                       write=setup.pipe.export_trainable)
     say(f"exported step {step} to {dst}" + (" (LoRA adapter in lora/)" if setup.lora else
                                             " (diffusers pipeline)"))
     if getattr(setup, "s3", None) is not None:

@@ -11,7 +11,7 @@ EMA / optimizer moments), `frozen` stays outside the state (base weights under L
 and train steps are plain `jax.jit` functions that call `merge` inside. Shardings are explicit:
 parameters follow the mesh rules (FSDP over `fsdp`), batches split over (data, fsdp).
 
-`pipe.transformer` is consumed by the split (its trained variables now live in the state only):
+`pipe.trainable_module()` is consumed by the split (its trained variables now live in the state only):
 use `setup.merge(params)` for the model.
 
 TrainState (wfm_jax.programs.state) holds step, params (trainable), opt_state, ema (or None), rng
@@ -253,8 +253,10 @@ def build(config, *, aux_fn: Callable[[Any], dict] | None = None, pipe: Pipeline
         pipe = load_pipeline(config, mesh, rules)
         check_context_split(config, pipe, mesh, rules)
     use_lora = bool(config.policy.lora.enable)
-    targets = add_lora_from_config(pipe.transformer, config, mesh, rules) if use_lora else []
-    graphdef, trainable, frozen = split_model(pipe.transformer, use_lora)
+    model = pipe.trainable_module()  # the family names it (not always `transformer`)
+    targets = add_lora_from_config(model, config, mesh, rules) if use_lora else []
+    graphdef, trainable, frozen = split_model(model, use_lora)
+    del model
     param_shardings = jax.tree.map(lambda x: x.sharding, trainable)
     tx, schedule = make_tx(config)
     init = state_init(config, tx, aux_fn)

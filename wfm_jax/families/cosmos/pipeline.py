@@ -173,6 +173,12 @@ class CosmosPipeline(WanVideoLatents, PipelineFamily):
     def latent_channels(self) -> int:
         return int(self.transformer_config["in_channels"]) - 1  # + the condition mask
 
+    def cond_shapes(self, batch: int, text_len: int) -> dict[str, tuple[int, ...]]:
+        t = self.transformer_config
+        width = (t["crossattn_proj_in_channels"] if t.get("use_crossattn_projection")
+                 else t["text_embed_dim"])
+        return {"encoder_hidden_states": (batch, text_len, width)}
+
     def latent_shape(self, batch: int, height: int, width: int,
                      frames: int | None = None) -> tuple[int, int, int, int, int]:
         """(B, in_channels - 1, (frames-1)/r + 1, H/f, W/f); frames r*k+1, H and W multiples of

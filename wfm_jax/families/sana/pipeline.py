@@ -87,6 +87,10 @@ class SanaFamily(PipelineFamily):
     default_max_sequence_length = DEFAULT_MAX_SEQUENCE_LENGTH
     instruction_default: ClassVar[tuple[str, ...]]
 
+    def cond_shapes(self, batch: int, text_len: int) -> dict[str, tuple[int, ...]]:
+        return {"encoder_hidden_states": (batch, text_len, self.transformer_config["caption_channels"]),
+                "encoder_attention_mask": (batch, text_len)}
+
     def __init__(self, directory: str, transformer, vae, text_encoder, tokenizer,
                  transformer_config: dict, vae_config: dict, scheduler_config: dict,
                  text_config: dict, instruction: Sequence[str] | None = None):

@@ -122,6 +122,11 @@ class SD3Pipeline(PipelineFamily):
     def spatial_factor(self) -> int:
         return vae_scale_factor(self.vae_config)
 
+    def cond_shapes(self, batch: int, text_len: int) -> dict[str, tuple[int, ...]]:
+        t = self.transformer_config  # CLIP's 77 tokens joined to T5's
+        return {"prompt_embeds": (batch, 77 + text_len, t["joint_attention_dim"]),
+                "pooled_projections": (batch, t["pooled_projection_dim"])}
+
     def latent_shape(self, batch: int, height: int, width: int,
                      frames: int | None = None) -> tuple[int, int, int, int]:
         """(B, C, h, w) in diffusers layout; height/width must divide by VAE x patch factor.

@@ -138,6 +138,9 @@ class WanPipeline(WanVideoLatents, PipelineFamily):
         return (int(cfg.scale_factor_temporal or cfg.temporal_factor),
                 int(cfg.scale_factor_spatial or cfg.spatial_factor))
 
+    def cond_shapes(self, batch: int, text_len: int) -> dict[str, tuple[int, ...]]:
+        return {"encoder_hidden_states": (batch, text_len, self.transformer_config["text_dim"])}
+
     def latent_shape(self, batch: int, height: int, width: int,
                      frames: int | None = None) -> tuple[int, int, int, int, int]:
         """(B, C, (frames-1)/r + 1, H/f, W/f); frames must be r*k+1 and H, W multiples of the
