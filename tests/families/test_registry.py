@@ -105,7 +105,8 @@ def test_every_family_entry_resolves_to_its_family():
 
 
 def test_every_component_entry_resolves_to_its_spec():
-    assert set(COMPONENTS.names()) == {
+    # at least the shipped specs (a test module may have registered its own toy class)
+    assert set(COMPONENTS.names()) >= {
         "SD3Transformer2DModel", "AutoencoderKL", "AutoencoderKLWan", "AutoencoderDC",
         "CLIPTextModelWithProjection", "T5EncoderModel", "UMT5EncoderModel", "WanTransformer3DModel",
         "CosmosTransformer3DModel", "SanaTransformer2DModel", "SanaVideoTransformer3DModel",
