@@ -8,7 +8,7 @@ import types
 
 import pytest
 
-from converters.loading import load_model
+from converters.loading import export_diffusers, load_model
 from tests._support.paths import REPO_ROOT
 from wfm_jax.config.recipe import load_config
 from wfm_jax.train.export import export_step
@@ -31,7 +31,11 @@ def _setup(pipe_and_model, out, **ckpt):
     return types.SimpleNamespace(
         config=config, lora=False, state=types.SimpleNamespace(ema=None, params=None),
         merge=lambda params: model,
-        pipe=types.SimpleNamespace(transformer_config=transformer_config, directory=pipe))
+        pipe=types.SimpleNamespace(
+            transformer_config=transformer_config, directory=pipe,
+            # the family's default (PipelineFamily.export_trainable)
+            export_trainable=lambda module, directory: export_diffusers(module, transformer_config,
+                                                                        directory)))
 
 
 def _exported(out):
