@@ -6,6 +6,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from reward_client.computer import RewardComputer
+from wfm_jax.algorithms.advantages import group_advantages
 from wfm_jax.train.rl import advantages_for
 from wfm_jax.worlds.shapes.grammar import BACKGROUNDS, COLOURS
 
@@ -23,7 +24,9 @@ def test_extra_reward_keys_become_per_key_metrics():
         res = rc.score(images, prompts)
     rollout = {"reward": res.total, "keep": res.keep, "per_fn": res.per_fn, "extra": res.extra,
                "dropped_groups": 0}
-    run = SimpleNamespace(algo=None, global_std=True, std_ddof=0, adv_range=(-5.0, 5.0))
+    # the base class's group advantages (RLAlgorithm.advantages), the rest of a run unused here
+    algo = SimpleNamespace(advantages=group_advantages)
+    run = SimpleNamespace(algo=algo, global_std=True, std_ddof=0, adv_range=(-5.0, 5.0))
     _, metrics = advantages_for(run, rollout, {"group": np.array([0, 0, 1, 1])})
     assert metrics["train/reward_colour_mean"] == 0.5  # blue where red was asked: 2 of 4
     assert metrics["train/reward_background_mean"] == 0.5
