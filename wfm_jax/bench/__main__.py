@@ -93,6 +93,10 @@ def main(argv=None) -> int:
     if not isolate and args.worker is None:
         # jax and torch share the device: jax must not grab 75% of it up front
         os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    # jax caps its pool at 75% of the device by default, preallocated or not: the SD3.5-M full
+    # fine-tune at batch 8 (about 115 GiB) ran out of memory on a 141 GB H200 (2026-11-26).
+    # Torch runs before jax in a shared process and empties its cache, so jax may take the rest.
+    os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.95")
     # torch's OpenMP threads spin-wait by default; on a CPU shared with other processes that
     # makes eager torch ~10x slower (measured on the 2-core CI box). Must precede `import torch`.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
