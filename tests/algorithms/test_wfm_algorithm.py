@@ -263,3 +263,50 @@ def test_data_term_off_the_rollout_sigma_draws_its_own(rolled):
     b = drawn.grads(toy.velocity, toy.Holder(params), params, batch, jax.random.key(1))[1]
     assert np.isfinite(float(a["data_loss"])) and float(a["data_loss"]) != float(on["data_loss"])
     assert float(a["data_loss"]) != float(b["data_loss"])  # fresh per update key
+
+
+def test_text_dropout_zeroes_whole_rows_of_text_only():
+    """cosmos's conditioner dropout: one Bernoulli draw per row shared by every text entry;
+    the video condition passes; the dropped share follows the rate."""
+    from wfm_jax.algorithms import wfm_rl as W
+    from wfm_jax.algorithms.wfm.algorithm import VIDEO_CONDITION_KEYS
+    rows = 4000
+    rng = np.random.default_rng(0)
+    cond = {"encoder_hidden_states": jnp.asarray(rng.normal(size=(rows, 3, 2)) + 5, jnp.float32),
+            "pooled_projections": jnp.asarray(rng.normal(size=(rows, 2)) + 5, jnp.float32),
+            "cond_latents": jnp.ones((rows, 2, 1, 1, 1), jnp.float32)}
+    out = W.drop_text(cond, jax.random.key(3), 0.2, VIDEO_CONDITION_KEYS)
+    text = np.asarray(out["encoder_hidden_states"]).reshape(rows, -1)
+    dropped = (text == 0).all(axis=1)
+    assert 0.17 < dropped.mean() < 0.23
+    np.testing.assert_array_equal((np.asarray(out["pooled_projections"]) == 0).all(axis=1), dropped)
+    np.testing.assert_array_equal(text[~dropped], np.asarray(cond["encoder_hidden_states"]).reshape(rows, -1)[~dropped])
+    np.testing.assert_array_equal(np.asarray(out["cond_latents"]), 1.0)
+    assert W.drop_text(cond, jax.random.key(3), 0.0, VIDEO_CONDITION_KEYS) is cond
+    with pytest.raises(ValueError, match="text_dropout_rate"):
+        W.WFMRLConfig(text_dropout_rate=1.5)
+
+
+def test_text_dropout_reaches_the_data_term_only(rolled):
+    """rate 1: the data term sees no text (numpy with pooled = 0); the policy and KL terms keep
+    it, so they equal the rate-0 step's."""
+    _, params, cond, key, fields = rolled
+    rng = np.random.default_rng(11)
+    adv = np.array([0.5, -0.5, 1.0, -1.0])
+    data_x0 = jnp.asarray(rng.normal(size=(toy.B, toy.C, toy.H, toy.W)), jnp.float32)
+    metrics = {}
+    for rate in (0.0, 1.0):
+        algo = algo_of(text_dropout_rate=rate)
+        batch = {name: fields[name] for name in algo.train_fields if name != "data_x0"}
+        batch.update(cond=cond, advantage=jnp.asarray(adv, jnp.float32), data_x0=data_x0)
+        metrics[rate] = algo.grads(toy.velocity, toy.Holder(params), params, batch, jax.random.key(0))[1]
+    p64 = {k: np.asarray(v, np.float64) for k, v in params.items()}
+    pooled = np.asarray(cond["pooled_projections"], np.float64)
+    x0_64 = np.asarray(data_x0, np.float64)
+    _, kept, _ = loss_np(p64, p64, fields, adv, x0_64, pooled)
+    _, none, _ = loss_np(p64, p64, fields, adv, x0_64, np.zeros_like(pooled))
+    assert float(metrics[0.0]["data_loss"]) == pytest.approx(kept[:, 2].mean(), rel=2e-4)
+    assert float(metrics[1.0]["data_loss"]) == pytest.approx(none[:, 2].mean(), rel=2e-4)
+    assert abs(none[:, 2].mean() - kept[:, 2].mean()) > 1e-3 * kept[:, 2].mean()
+    for term in ("policy_loss", "kl_loss"):
+        assert float(metrics[1.0][term]) == pytest.approx(float(metrics[0.0][term]), rel=1e-6, abs=1e-9)

@@ -88,9 +88,10 @@ def test_nft_recipes_read_both_reward_forms():
 
 # spec §1 table: the "GRPO" recipes run the RLConfig defaults, the DDRL recipes their [model.rl]
 GRPO = dict(sample_steps=10, train_on=tuple(range(8)), n_generation=8, kl_beta=0.01, data_beta=0.0,
-            update_ref_every_iter=16, use_same_seed=True, frames=(1, 1))
+            update_ref_every_iter=16, use_same_seed=True, frames=(1, 1), text_dropout_rate=0.0)
 DDRL = dict(sample_steps=20, train_on=tuple(range(0, 20, 2)), n_generation=8, kl_beta=0.0,
-            data_beta=0.01, update_ref_every_iter=0, use_same_seed=True, frames=(0, 1))
+            data_beta=0.01, update_ref_every_iter=0, use_same_seed=True, frames=(0, 1),
+            text_dropout_rate=0.2)  # [[model.conditioner]] text dropout_rate (spec §5)
 # the 2B DDRL file leaves use_same_seed at the RLConfig default (true); the 14B one sets false
 
 
@@ -105,7 +106,8 @@ def test_world_model_recipes_select_the_wfm_rl_step(name, rl, mesh, size, warmup
     c = cfg.load_config(_path(name))
     tp, d, w = c.train.train_policy, c.policy.diffusers, c.train.train_policy.wfm
     assert (tp.type, c.policy.family) == ("wfm_rl", "cosmos")
-    for key in ("sample_steps", "kl_beta", "data_beta", "update_ref_every_iter", "use_same_seed"):
+    for key in ("sample_steps", "kl_beta", "data_beta", "update_ref_every_iter", "use_same_seed",
+                "text_dropout_rate"):
         assert w[key] == rl[key], key
     assert tuple(w.train_on) == rl["train_on"] and c.rollout.n_generation == rl["n_generation"]
     assert (d.min_num_conditional_frames, d.max_num_conditional_frames) == rl["frames"]
@@ -116,8 +118,9 @@ def test_world_model_recipes_select_the_wfm_rl_step(name, rl, mesh, size, warmup
     # the algorithm's typed config takes them as they are
     from wfm_jax.algorithms.registry import algorithm_named
     step = algorithm_named("wfm_rl").Config.from_recipe(c).step
-    assert (step.sample_steps, step.train_on, step.num_rollout, step.kl_beta, step.data_beta) == (
-        rl["sample_steps"], rl["train_on"], rl["n_generation"], rl["kl_beta"], rl["data_beta"])
+    assert (step.sample_steps, step.train_on, step.num_rollout, step.kl_beta, step.data_beta,
+            step.text_dropout_rate) == (rl["sample_steps"], rl["train_on"], rl["n_generation"],
+                                        rl["kl_beta"], rl["data_beta"], rl["text_dropout_rate"])
     assert step.plan().num_intervals == rl["sample_steps"]
     assert wmain.main(["--config", _path(name), "--dry-run"]) == 0
     assert "would load: trainer: wfm_rl on the cosmos family" in capsys.readouterr().out

@@ -75,6 +75,7 @@ class WFMRLConfig:
     p_std: float = 1.2                     # model.sde.p_std
     state_t: int = 24                      # model.state_t (data sigma x sqrt(state_t) for video)
     high_sigma_ratio: float = 0.05         # model.high_sigma_ratio (LOGUNIFORM200_100000)
+    text_dropout_rate: float = 0.0         # [[model.conditioner]] text dropout_rate (data loss only)
 
     def __post_init__(self):
         object.__setattr__(self, "train_on", tuple(int(i) for i in self.train_on))
@@ -100,6 +101,8 @@ class WFMRLConfig:
             problems.append("need adv_clip_min <= adv_clip_max and adv_eps > 0")
         if self.update_ref_every_iter < 0:
             problems.append("update_ref_every_iter must be >= 0")
+        if not 0.0 <= self.text_dropout_rate <= 1.0:
+            problems.append(f"text_dropout_rate={self.text_dropout_rate} must be in [0, 1]")
         if problems:
             raise ValueError("WFMRLConfig: " + "; ".join(problems))
 
@@ -250,6 +253,18 @@ def draw_data_sigma(key, batch: int, config: WFMRLConfig, *, video: bool = True)
     lo, hi = _LOG_HIGH_SIGMA
     high = jnp.exp(jax.random.uniform(k_hi, (batch,), F32) * (hi - lo) + lo)
     return jnp.where(jax.random.uniform(k_mask, (batch,), F32) < config.high_sigma_ratio, high, sigma)
+
+
+def drop_text(cond: dict, key, rate: float, keep: frozenset[str]) -> dict:
+    """cosmos-rl's text conditioner dropout (spec §5): each row's text embeddings are multiplied
+    by 0 with probability `rate` (one Bernoulli draw per row, shared by every text entry);
+    entries named in `keep` (the video condition) pass unchanged."""
+    if not rate:
+        return cond
+    rows = jax.tree.leaves(cond)[0].shape[0]
+    kept = (jax.random.uniform(key, (rows,), F32) >= rate).astype(F32)
+    return {k: v if k in keep else v * kept.reshape((rows,) + (1,) * (v.ndim - 1)).astype(v.dtype)
+            for k, v in cond.items()}
 
 
 # ----------------------------------------------------------------------------- combined loss

@@ -237,9 +237,7 @@ def read_wfm_recipe(tree: dict, source: str) -> tuple[dict[str, Any], list[str]]
         # CFG at scale g + 1
         "policy.diffusers.sample.guidance_scale": float(rl["guidance"]) + 1.0,
     })
-    if dropout:
-        notes.append(f"text dropout_rate {dropout} (the data loss's conditioning) is not applied "
-                     f"by wfm_jax's world-model RL step")
+    out[wfm + "text_dropout_rate"] = dropout  # the data loss's conditioning (spec §5)
     if model.get("use_rf_ckpts"):
         notes.append("model.use_rf_ckpts: conditioned frames get the Cosmos pipeline's "
                      "conditional timestep, not the noisy frames' one")

@@ -141,6 +141,10 @@ DEFAULTS = {
                 "loss_scale": 10.0,            # model.loss_scale
                 "sigma_min": 0.01, "sigma_max": 200.0,  # model.sde
                 "p_mean": 1.3862943611198906, "p_std": 1.2,
+                # [[model.conditioner]] text dropout_rate (DDRL 0.2): per sample, the data
+                # loss's text embeddings are zeroed with this probability; rollout, policy
+                # and KL terms always see the text
+                "text_dropout_rate": 0.0,
             },
             "use_remote_reward": False,
             "remote_reward": {

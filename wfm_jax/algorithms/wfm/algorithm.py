@@ -23,8 +23,11 @@ std + 1e-4, optional -exp(-A), clamped once by the loop to [advantage_low, advan
 The reference copies the policy after every update_ref_every_iter-th optimizer step (cosmos:
 at iterations 0, N, 2N, ... before the step; iteration 0's copy is the starting weights).
 
-Not reproduced (said by the recipe import): the text dropout of the data term's conditioning;
-failed rewards drop their group (cosmos replaces them by the group mean).
+The data term's condition carries cosmos's text dropout (text_dropout_rate, DDRL 0.2: per row
+and trained step, the text embeddings x 0; the video condition is kept).
+
+Not reproduced (said by the recipe import): failed rewards drop their group (cosmos replaces
+them by the group mean).
 """
 from __future__ import annotations
 
@@ -48,6 +51,10 @@ from wfm_jax.algorithms.grpo.algorithm import full_uncond
 from wfm_jax.sampling import edm
 
 F32 = jnp.float32
+# the video condition's entries (families' video_condition / conditional_inputs): text dropout
+# leaves them as they are
+VIDEO_CONDITION_KEYS = frozenset({"cond_latents", "cond_mask", "cond_velocity"})
+TEXT_DROPOUT_STREAM = 0x7D  # folded into the step's key: the data sigma draws stay as they were
 TIMESTEP_SCALE = 1000.0  # the families' velocity takes 1000 x the flow sigma t = sigma / (1 + sigma)
 _STEP_FIELDS = ("noise_x", "sigma", "sigma_next", "mu_old", "sample", "x0_prev", "sigma_prev",
                 "first")
@@ -72,7 +79,8 @@ class WFMRLAlgorithmConfig(AlgorithmConfig):
         keys = ("sample_steps", "kl_beta", "data_beta", "clip_ratio", "update_ref_every_iter",
                 "use_same_seed", "guidance", "solver_option", "s_churn", "s_noise", "s_t_min",
                 "s_t_max", "on_policy", "exp_reward", "use_rl_sigma_and_noise",
-                "data_on_first_only", "loss_scale", "sigma_min", "sigma_max", "p_mean", "p_std")
+                "data_on_first_only", "loss_scale", "sigma_min", "sigma_max", "p_mean", "p_std",
+                "text_dropout_rate")
         try:
             step = W.WFMRLConfig(
                 **{k: w[k] for k in keys}, train_on=tuple(int(i) for i in w.train_on),
@@ -233,9 +241,13 @@ class WFMRL(RLAlgorithm[WFMRLAlgorithmConfig]):
                 x0_prev=step.x0_prev, sigma_prev=step.sigma_prev, first=step.first)[0])
         data = {}
         if self.step.data_beta:
-            # the data term denoises with the condition alone (no CFG), as cosmos's data loss
-            data = dict(data_x0=batch["data_x0"], data_x0_fn=self.denoiser(velocity, params, cond),
-                        noise=batch["noise"])
+            # the data term denoises with the condition alone (no CFG), as cosmos's data loss,
+            # through the conditioner at its default rates: the text dropout applies here only
+            data_cond = W.drop_text(
+                cond, jax.random.fold_in(jax.random.fold_in(batch["key"], j), TEXT_DROPOUT_STREAM),
+                self.step.text_dropout_rate, VIDEO_CONDITION_KEYS)
+            data = dict(data_x0=batch["data_x0"],
+                        data_x0_fn=self.denoiser(velocity, params, data_cond), noise=batch["noise"])
             if not self.step.use_rl_sigma_and_noise:
                 k_sigma, k_eps = jax.random.split(jax.random.fold_in(batch["key"], j))
                 x0 = batch["data_x0"]
