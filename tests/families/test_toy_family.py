@@ -1,8 +1,8 @@
 """Issue R's acceptance "one family registry": the toy family of test_registry (defined in the
 test, registered by a fixture, trained module named `denoiser`) goes through the real trainer
-entry for SFT and for an RL algorithm, and through the planner, with nothing outside the tests
-knowing about it. (The benchmark is not covered: its workloads compare wfm_jax with a diffusers
-torch twin per family, bench/families.py; docs/architecture.md says what a generic path needs.)"""
+entry for SFT and for an RL algorithm, through the planner and through the benchmark's recipe
+mode (`python -m wfm_jax.bench --recipe`: the recipe's own programs timed, wfm_jax only), with
+nothing outside the tests knowing about it."""
 from __future__ import annotations
 
 import json
@@ -144,3 +144,30 @@ def test_plan_compiles_the_toy_familys_programs(tmp_path, toy_family, capsys, al
     assert report["params_bytes"] == CHANNELS * 4  # the gain, fp32, on every device
     assert report["encoders_vae_bytes"] == 4       # the Scale VAE's one weight
     assert report["fits"] is True
+
+
+def test_bench_times_the_toy_familys_programs(tmp_path, toy_family):
+    """python -m wfm_jax.bench --recipe on a toy recipe: every program of the run compiled,
+    called on random arguments and timed; the record has a positive time and XLA's FLOPs (the
+    toy has no matmul, so its matmul FLOPs are 0 and its element-wise ones are not). RL: both
+    of its programs (SFT's one step goes through the same code)."""
+    from wfm_jax.bench.__main__ import main as bench_main
+
+    algorithm = "nft"
+    settings = toy_settings(tmp_path, **{"train.train_policy.type": algorithm})
+    settings.update({"train.train_batch_per_replica": 16, "train.train_policy.mini_batch": 2,
+                     "rollout.n_generation": 4, "policy.diffusers.sample.eval_num_steps": 3})
+    recipe = write_recipe(tmp_path / "toy.py", **settings)
+    out = tmp_path / "bench" / "toy.json"
+    assert bench_main(["--recipe", recipe, "--devices", "1", "--repeats", "2", "--warmup", "0",
+                       "--out", str(out)]) == 0
+    with open(out) as f:
+        result = json.load(f)
+    assert (result["family"], result["algorithm"], result["devices"]) == ("toy", algorithm, 1)
+    assert sorted(result["programs"]) == ["rollout", "update"]
+    for rec in result["programs"].values():
+        assert len(rec["step_times_s"]) == 2 and rec["step_time_s"] > 0
+        assert rec["flops"] == 0 and rec["xla_flops_per_device"] > 0 and rec["samples_per_s"] > 0
+    assert (tmp_path / "bench" / "toy.md").read_text().count("|") > 10
+    # a recipe the benchmark cannot lay out: one line, exit 2
+    assert bench_main(["--recipe", recipe, "--devices", "64", "--out", str(out)]) == 2

@@ -1,11 +1,14 @@
 """python -m wfm_jax.bench --suite cpu|gpu|cosmos_cpu|cosmos_gpu [--out results.json] [--only NAME ...]
 python -m wfm_jax.bench --suite cosmos_gpu --xla-memory [--xla-devices 8] [--remat full]
 python -m wfm_jax.bench --suite rl [--out rl.json] [--steps 20] [--seeds 0,1,2] [--batch N]
+python -m wfm_jax.bench --recipe configs/X.py [--config.a.b=v ...] [--devices N] [--batch-per-device B]
 
 Runs each workload on wfm_jax and on the PyTorch diffusers (+ peft) stack, writes the JSON and a
 markdown table beside it (results.md for results.json) and prints the table. The rl suite instead
 runs the tiny NFT / GRPO / DDRL recipes under one seed and budget and tabulates reward against
-samples seen (bench/rl_curves.py). See docs/bench_notes.md for what every figure means.
+samples seen (bench/rl_curves.py). --recipe times any recipe's own compiled programs, wfm_jax
+only, on random weights of its shapes (bench/recipe.py): the path for a family with no torch
+twin here. See docs/bench_notes.md for what every figure means.
 """
 from __future__ import annotations
 
@@ -70,12 +73,23 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "weights, train-batch rows per device) and report XLA's per-device "
                         "memory analysis")
     p.add_argument("--xla-devices", type=int, default=8, help="--xla-memory: fsdp devices")
+    p.add_argument("--recipe", default=None, metavar="CONFIG",
+                   help="time this recipe's own programs (SFT step; RL rollout chunk and update), "
+                        "wfm_jax only, random weights; --config.a.b=v overrides it")
+    p.add_argument("--devices", type=int, default=None,
+                   help="--recipe: devices of the mesh (default: all of this backend's)")
+    p.add_argument("--batch-per-device", type=int, default=1, help="--recipe: SFT rows per device")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
+    args, rest = p.parse_known_args(argv)
+    args.overrides = []
+    for item in rest:  # --config.a.b=v, as wfm_jax.main takes them (with --recipe only)
+        if not (args.recipe and item.startswith("--config.") and "=" in item):
+            p.error(f"unrecognized argument {item!r}")
+        args.overrides.append(tuple(item[len("--config."):].split("=", 1)))
     if args.tiny:
         args.suite = "tiny"
     for name in ("repeats", "train_batch", "rollout_batch", "steps", "batch", "jobs",
-                 "xla_devices"):
+                 "xla_devices", "devices", "batch_per_device"):
         value = getattr(args, name)
         if value is not None and value < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {value}")
@@ -117,6 +131,9 @@ def main(argv=None) -> int:
         return 2
     given = sys.argv[1:] if argv is None else list(argv)
     command = " ".join(["python -m wfm_jax.bench"] + given)
+    if args.recipe:
+        return _run_recipe(args, out if args.out else os.path.join("outputs", "bench", "recipe.json"),
+                           command)
     if args.suite == "rl":
         return _run_rl(args, out, command)
     from wfm_jax.bench.suites import Options, get_suite
@@ -161,6 +178,32 @@ def _run_xla_memory(suite, options, devices: int, out: str, command: str) -> int
     if failed:
         print(f"bench: failed compiles: {', '.join(failed)} (errors in the JSON)", file=sys.stderr)
         return 1
+    return 0
+
+
+def _run_recipe(args, out: str, command: str) -> int:
+    from wfm_jax.bench import devices as device_info
+    from wfm_jax.bench import recipe, report
+    from wfm_jax.config.recipe import ConfigError, load_config
+    from wfm_jax.core.errors import UserError
+    from wfm_jax.programs import SetupError
+    try:
+        config = load_config(args.recipe, args.overrides)
+        info = device_info.device_info()
+        result = recipe.run(config, devices=args.devices, batch_per_device=args.batch_per_device,
+                            repeats=args.repeats or 3, warmup=1 if args.warmup is None else args.warmup,
+                            peak=device_info.peak_info(info["device_kind"], info["platform"]))
+    except (ConfigError, UserError, SetupError, recipe.RecipeBenchError) as e:
+        print(f"bench: {e}", file=sys.stderr)
+        return 2
+    result.update({"schema_version": report.SCHEMA_VERSION, "config": args.recipe,
+                   "command": command, "device_kind": info["device_kind"],
+                   "environment": device_info.environment()})
+    md = recipe.markdown(result)
+    report.write_json_atomic(result, out)
+    report.write_text_atomic(os.path.splitext(out)[0] + ".md", md)
+    print(md, end="")
+    print(f"wrote {out} and {os.path.splitext(out)[0]}.md")
     return 0
 
 

@@ -1,0 +1,167 @@
+"""The benchmark of any recipe, any family: its own compiled programs timed on this machine's
+devices, wfm_jax only (no torch twin is needed, so a family added from outside is benchmarked
+with nothing written for it here).
+
+    python -m wfm_jax.bench --recipe configs/X.py [--config.a.b=v ...] [--devices N]
+                            [--batch-per-device B] [--repeats 3] [--out results.json]
+
+What runs: programs.build on programs.abstract_setup, the same path the planner compiles and the
+trainer runs (SFT: the train step; RL: one rollout chunk and the update), each program compiled
+once on the recipe's shapes and called on random arguments of those shapes, drawn afresh before
+every call (outside the timing: the programs donate their state). Weights are random, so the
+figures are speed, not quality. FLOPs are the compiled program's matmul and convolution FLOPs
+(programs.stats: the traced jaxpr, scans counted x their length) over all devices; MFU is
+against the device kind's dense bf16 peak (bench/devices.py; on CPU the measured bf16 GEMM rate).
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+class RecipeBenchError(ValueError):
+    """A recipe the benchmark cannot run (bad devices, a recipe that does not resolve)."""
+
+
+def random_maker(tree: Any):
+    """seed -> arrays of the ShapeDtypeStructs in `tree`, on their shardings, made by one
+    compiled program (one per tree, not one per leaf): floats uniform in [0.1, 1) (positive,
+    so sigmas and scales stay in range), integers and booleans zero, PRNG keys split from the
+    seed. Leaves that are not ShapeDtypeStructs pass through."""
+    leaves, treedef = jax.tree.flatten(tree)
+    slots = [i for i, leaf in enumerate(leaves) if isinstance(leaf, jax.ShapeDtypeStruct)]
+    specs = [leaves[i] for i in slots]
+
+    def make(seed):
+        keys = jax.random.split(jax.random.key(seed), max(len(specs), 1))
+        return [_draw(spec, keys[j]) for j, spec in enumerate(specs)]
+
+    shardings = [getattr(spec, "sharding", None) for spec in specs]
+    program = jax.jit(make, out_shardings=shardings)
+
+    def draw(seed: int):
+        out = list(leaves)
+        for i, arr in zip(slots, program(jnp.uint32(seed)), strict=True):
+            out[i] = arr
+        return jax.tree.unflatten(treedef, out)
+    return draw
+
+
+def _draw(spec: jax.ShapeDtypeStruct, key):
+    shape, dtype = spec.shape, spec.dtype
+    if jnp.issubdtype(dtype, jax.dtypes.prng_key):
+        size = int(np.prod(shape))
+        return jax.random.split(key, max(size, 1))[:size].reshape(shape)
+    if jnp.issubdtype(dtype, jnp.floating):
+        return jax.random.uniform(key, shape, jnp.float32, 0.1, 1.0).astype(dtype)
+    return jnp.zeros(shape, dtype)
+
+
+def time_program(program, repeats: int, warmup: int = 1) -> dict:
+    """Compile `program` on its abstract arguments, then time `repeats` calls on fresh random
+    arguments after `warmup` untimed ones: {compile_seconds, step_time_s, step_times_s, flops,
+    xla_flops_per_device}."""
+    from wfm_jax.core import mesh as wmesh
+    from wfm_jax.programs.stats import count_jaxpr_flops
+    abstract = program.abstract_args()
+    fn = program.fn
+    with jax.set_mesh(fn.mesh), wmesh.use_rules(fn.rules):
+        traced = fn.jitted.trace(*abstract)
+        start = time.perf_counter()
+        compiled = traced.lower().compile()
+        compile_s = time.perf_counter() - start
+    flops = float(count_jaxpr_flops(traced.jaxpr))
+    cost = compiled.cost_analysis()
+    cost = (cost[0] if isinstance(cost, (list, tuple)) else cost) or {}
+    draw = random_maker(abstract)
+    times = []
+    for i in range(warmup + repeats):
+        args = draw(i)
+        jax.block_until_ready(args)
+        start = time.perf_counter()
+        jax.block_until_ready(compiled(*args))
+        if i >= warmup:
+            times.append(time.perf_counter() - start)
+        del args
+    return {"compile_seconds": round(compile_s, 2), "step_time_s": statistics.median(times),
+            "step_times_s": times, "flops": flops,
+            # XLA's count, element-wise work included, per device (a loop body counted once)
+            "xla_flops_per_device": float(cost.get("flops", 0.0))}
+
+
+def run(config, *, devices: int | None, batch_per_device: int, repeats: int, warmup: int = 1,
+        peak: dict | None = None) -> dict:
+    """The record of every program of the recipe's run, timed on the first `devices` devices."""
+    from wfm_jax.algorithms.base import AlgorithmConfigError
+    from wfm_jax.algorithms.registry import algorithm_named
+    from wfm_jax.core import mesh as wmesh
+    from wfm_jax.programs import abstract_setup, build
+    from wfm_jax.programs import setup as setup_lib
+
+    available = jax.devices()
+    n = devices or len(available)
+    if n > len(available):
+        raise RecipeBenchError(f"{n} devices asked, this backend has {len(available)}")
+    try:
+        mesh = wmesh.make_mesh(config.policy.parallelism, devices=available[:n])
+    except ValueError as e:
+        raise RecipeBenchError(f"policy.parallelism does not fit {n} devices: {e} (override, e.g. "
+                               f"--config.policy.parallelism.fsdp=-1)") from None
+    rules = wmesh.active_rules()
+    setup_lib.ensure_tiny_assets(config)
+    kind = str(config.train.train_policy.type)
+    d = config.policy.diffusers
+    size, frames = tuple(int(v) for v in d.inference_size), int(d.train_frames)
+    algo_cls = algo_config = None
+    if kind != "sft":
+        try:
+            algo_cls = algorithm_named(kind)
+            algo_config = algo_cls.Config.from_recipe(config)
+        except AlgorithmConfigError as e:
+            raise RecipeBenchError(str(e)) from None
+    aux_fn = algo_cls.aux_fn(algo_config, bool(config.policy.lora.enable)) if algo_cls else None
+    setup = abstract_setup(config, mesh, rules, config.policy.remat, bool(config.policy.scan_layers),
+                           aux_fn=aux_fn)
+    if algo_cls is None:
+        context = mesh.shape["context"]
+        batch = batch_per_device * mesh.devices.size // context
+        programs = build(setup, batch=batch, size=size, frames=frames)
+        todo = {"sft_step": (programs.sft_step, batch)}
+    else:
+        batch = int(config.train.train_batch_per_replica)
+        programs = build(setup, algo_cls(algo_config, setup.pipe.shell()), size=size, frames=frames)
+        todo = {"rollout": (programs.rollout, programs.layout.rollout_chunk),
+                "update": (programs.update, batch)}
+    records = {}
+    for name, (program, samples) in todo.items():
+        rec = time_program(program, repeats, warmup)
+        rec["samples_per_call"] = int(samples)
+        rec["samples_per_s"] = samples / rec["step_time_s"]
+        rec["tflops_per_s"] = rec["flops"] / rec["step_time_s"] / 1e12
+        peak_flops = (peak or {}).get("peak_flops")
+        rec["mfu"] = (rec["flops"] / rec["step_time_s"] / (peak_flops * n)) if peak_flops else None
+        records[name] = rec
+    return {"family": str(config.policy.family), "algorithm": kind, "devices": n,
+            "mesh": {k: int(v) for k, v in mesh.shape.items()}, "size": list(size),
+            "frames": frames if setup.pipe.is_video else None, "repeats": repeats,
+            "warmup": warmup, "peak": peak, "programs": records}
+
+
+def markdown(result: dict) -> str:
+    head = (f"Recipe `{result['config']}`: {result['family']} / {result['algorithm']} on "
+            f"{result['devices']} {result['device_kind']} device(s), mesh {result['mesh']}; "
+            f"median of {result['repeats']} calls after {result['warmup']} warm-up, random "
+            f"weights and inputs.\n\n")
+    rows = ["| program | step (ms) | samples/s | TFLOP/call | TFLOP/s | MFU | compile (s) |",
+            "|---|---|---|---|---|---|---|"]
+    for name, r in result["programs"].items():
+        mfu = "n/a" if r["mfu"] is None else f"{r['mfu']:.1%}"
+        rows.append(f"| {name} | {r['step_time_s'] * 1e3:.1f} | {r['samples_per_s']:.2f} | "
+                    f"{r['flops'] / 1e12:.4g} | {r['tflops_per_s']:.4g} | {mfu} | "
+                    f"{r['compile_seconds']} |")
+    return head + "\n".join(rows) + "\n"
