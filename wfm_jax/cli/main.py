@@ -43,7 +43,10 @@ def train(config) -> int:
     """Dispatch on train.train_policy.type; returns the last step trained."""
     kind = config.train.train_policy.type
     from wfm_jax.config.schema import VLM_FAMILIES
-    if config.policy.family in VLM_FAMILIES:  # the schema allows SFT only for these
+    if config.policy.family in VLM_FAMILIES:  # the schema allows SFT and GRPO for these
+        if kind == "grpo":
+            from wfm_jax.train import vlm_grpo
+            return vlm_grpo.run(config)
         from wfm_jax.train import vlm_sft
         return vlm_sft.run(config)
     if kind == "sft":

@@ -118,6 +118,26 @@ DEFAULTS = {
             "loss_scale": 10.0,            # DDRL total-loss factor
             "data_sigma_p_mean": 1.3862943611198906,  # log 4: DDRL data sigma ~ lognormal
             "data_sigma_p_std": 1.2,
+            # GRPO of the vision-language model (policy.family in VLM_FAMILIES, type "grpo";
+            # train/vlm_grpo.py, specs/reason2.md §4.2): cosmos-rl's train_policy / rollout keys for
+            # language models, their defaults. The group size is rollout.n_generation, the prompts
+            # per step train_batch_per_replica / n_generation; mini_batch, mu_iterations and
+            # batch_size_per_optimize are the keys above
+            "lm_grpo": {
+                "epsilon_low": 0.2, "epsilon_high": 0.2, "lower_bound_ratio": 3.0,
+                "kl_beta": 0.0,                # > 0: k3 KL to the starting policy
+                "unbiased_kl_estimate": False,
+                "loss_type": "token-mean",     # | seq-mean-token-mean | seq-mean-token-sum | token-sum
+                "unbiased_loss_max_tokens": placeholder(int),
+                "unbiased_advantage": False,
+                "temperature": 1.0,            # divides the policy logits in the loss, and samples
+                "top_p": 1.0, "top_k": -1,     # rollout.sampling_config (-1: no top-k)
+                "max_response_length": 32,     # rollout.max_response_length (new tokens)
+                # the weighted sum of these text rewards (reward_client.reason; the record's
+                # "answer" is the reference)
+                "rewards": ("format", "single_choice"),
+                "reward_weights": (1.0, 1.0),
+            },
             # wfm_rl: cosmos-rl's world-model RL step (its "GRPO" and DDRL recipes), keys as
             # cosmos-rl's [model.rl] / model.loss_scale / [model.sde] name them, its defaults
             # (what the "GRPO" recipes run). The group size is rollout.n_generation (num_rollout),
@@ -304,6 +324,8 @@ CHOICES = {
     "policy.attention_impl": ("auto", "xla", "cudnn", "blockwise", "pallas"),
     "policy.context_parallel_impl": ("auto", "ulysses", "ring"),
     "policy.vlm.vqa_target": ("fixed", "answer"),
+    "train.train_policy.lm_grpo.loss_type": ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
+                                             "token-sum"),  # algorithms/lm_grpo.py LOSS_TYPES
 }
 
 REWARD_FN_KEYS = ("name", "weight", "score_key", "clip_min", "clip_max")
@@ -356,10 +378,10 @@ def check_family(config) -> None:
         if layout != "conversations":
             raise ConfigError(f"config key 'train.train_policy.dataset.layout' = {layout!r}: the "
                               f"{config.policy.family!r} family trains on 'conversations'")
-        if config.train.train_policy.type != "sft":
+        if config.train.train_policy.type not in ("sft", "grpo"):
             raise ConfigError(f"config key 'train.train_policy.type' = "
                               f"{config.train.train_policy.type!r}: the {config.policy.family!r} family "
-                              f"has an SFT trainer only so far")
+                              f"has the 'sft' and 'grpo' trainers")
         return
     if config.policy.family not in FAMILIES:  # names only: imports no family
         hint = FAMILIES.closest(config.policy.family)
@@ -499,6 +521,8 @@ def check_rl_samplers(config) -> None:
     """DiffusionNFT needs a deterministic sampler; Flow-GRPO a stochastic flow sampler and a
     window inside the steps; DDRL samples with the EDM sampler and trains on existing steps."""
     kind = get(config, "train.train_policy.type")
+    if get(config, "policy.family") in VLM_FAMILIES:  # samples text (train.train_policy.lm_grpo)
+        return
     s = "policy.diffusers.sample"
     solver, steps = get(config, f"{s}.solver"), get(config, f"{s}.num_steps")
     if kind == "nft" and solver not in NFT_SOLVERS:

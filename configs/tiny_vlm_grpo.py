@@ -1,0 +1,67 @@
+"""GRPO of the tiny Qwen3-VL-shaped model on the tiny VQA world (wfm_jax.worlds.vqa), cosmos-rl's
+GRPO for language models (specs/reason2.md §4.2): 4 prompts x 8 completions per step, rewards
+format + single_choice (the record's answer letter as the reference), val/accuracy on the held-out
+split before the first step and after the last.
+
+    python -m wfm_jax.main --config configs/tiny_vlm_grpo.py
+
+Start: the newest export of the SFT recipe (configs/tiny_vlm_sft.py: ./outputs/tiny_vlm_sft/
+safetensors/step_N) when one exists, else the tiny random base model that recipe builds (then the
+format reward is ~0 everywhere, every group is filtered and nothing trains: run the SFT recipe
+first). The resolved start is in the run's config.json (policy.model_name_or_path).
+"""
+import glob
+import os
+import re
+
+from wfm_jax.config.schema import QWEN3_VL_LORA_TARGETS, default_config
+
+SFT_EXPORTS = "./outputs/tiny_vlm_sft/safetensors"
+BASE_MODEL = "./outputs/tiny_vqa/base_model"
+
+
+def sft_start() -> str:
+    """The SFT recipe's newest export, else the base model path (built on first use)."""
+    steps = [(int(m.group(1)), d) for d in glob.glob(os.path.join(SFT_EXPORTS, "step_*"))
+             if (m := re.fullmatch(r"step_(\d+)", os.path.basename(d)))
+             and os.path.isfile(os.path.join(d, "config.json"))]
+    return max(steps)[1] if steps else BASE_MODEL
+
+
+def get_config():
+    c = default_config()
+    c.train.output_dir = "./outputs/tiny_vlm_grpo"
+    c.train.max_steps = 20
+    c.train.seed = 0
+    c.train.compute_dtype = "float32"
+    c.train.train_batch_per_replica = 32  # 4 prompts x rollout.n_generation
+    c.rollout.n_generation = 8
+    c.train.optm_lr = 1e-4
+    c.train.optm_weight_decay = 0.0
+    c.train.optm_warmup_steps = 0
+    c.train.ckpt.save_freq = 5
+    c.train.ckpt.max_keep = 2
+    tp = c.train.train_policy
+    tp.type = "grpo"
+    tp.mini_batch = 8
+    tp.mu_iterations = 1
+    g = tp.lm_grpo
+    g.temperature = 1.0
+    g.max_response_length = 24
+    g.rewards = ("format", "single_choice")
+    g.reward_weights = (1.0, 1.0)
+    tp.dataset.layout = "conversations"
+    tp.dataset.local_dir = "./outputs/tiny_vqa/train"
+    c.validation.dataset.local_dir = "./outputs/tiny_vqa/heldout"
+    c.validation.batch_size = 64
+    c.policy.family = "qwen3_vl"
+    c.policy.model_name_or_path = sft_start()
+    c.policy.lora.target_modules = QWEN3_VL_LORA_TARGETS  # used with --config.policy.lora.enable=True
+    v = c.policy.vlm
+    v.build_tiny_vqa = True  # the data sets (and the base model when no SFT export exists)
+    v.model_max_length = 512
+    v.pad_to_multiple = 64  # VQA prompts pad to one length: one update program
+    v.max_new_tokens = 24
+    v.vqa_train_count = 1024
+    v.vqa_val_count = 96
+    return c

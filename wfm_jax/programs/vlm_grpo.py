@@ -1,0 +1,121 @@
+"""The GRPO update of the vision-language model (Qwen3-VL / Cosmos-Reason2), as cosmos-rl's GRPO
+trainer for language models computes it (specs/reason2.md §4.2), on full prompt + completion rows:
+
+    logp[b, t] = log_softmax(logits[b, t] / temperature)[ids[b, t + 1]]   (algorithms/lm_grpo.py)
+    loss       = lm_grpo.accumulated_grpo_loss(logp, old, ref, advantages, mask, cfg)
+
+`mask` [B, L-1] marks the positions whose next token is a completion token (the rollout's tokens
+and its end token; never prompt, visual or padding tokens): `completion_mask` [B, L] marks those
+tokens in `input_ids`. The rows come kept-groups first (lm_grpo.compact_order) so that the
+mini-batches of `cfg.mini_batch` rows are cosmos-rl's; rows of filtered groups carry no mask.
+The loss is one rank's (dp_size 1) over the whole batch: the gradient cosmos-rl accumulates into
+one optimizer step over these rows.
+
+Old log-probs: `use_old` False (the first mu-iteration's first update) takes the policy's own,
+detached (ratio exactly 1); True `batch["old_logp"]`, computed before the first update by
+`VLMLogprobs`. The reference's (`batch["ref_logp"]`, kl_beta > 0) come from the same program on
+the reference parameters. use_old is a traced flag (one program for both); as the SFT step, each
+distinct image-grid set is its own program.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from wfm_jax.algorithms import lm_grpo
+from wfm_jax.core.mesh import mesh_jit
+from wfm_jax.programs.state import TrainState, train_state_update
+from wfm_jax.programs.vlm_sft import batch_shardings, grid_key
+
+MODEL_KEYS = ("input_ids", "attention_mask", "position_ids", "pixel_values", "pixel_values_videos")
+BATCH_KEYS = (*MODEL_KEYS, "completion_mask", "advantages", "old_logp", "ref_logp")
+
+
+def sequence_logprobs(model, batch: Mapping[str, jax.Array], image_grid: tuple | None = None,
+                      video_grid: tuple | None = None, temperature: float = 1.0) -> jax.Array:
+    """[B, L-1] float32: each next token's log-prob under `model` (prompt, media and all)."""
+    out = model(batch["input_ids"], batch["attention_mask"], batch["position_ids"],
+                batch.get("pixel_values"), None if image_grid is None else np.asarray(image_grid),
+                batch.get("pixel_values_videos"), None if video_grid is None else np.asarray(video_grid))
+    return lm_grpo.next_token_logprobs(out["logits"], batch["input_ids"], temperature)
+
+
+def grpo_loss(model, batch: Mapping[str, jax.Array], cfg: lm_grpo.LMGRPOConfig, image_grid: tuple | None = None,
+              video_grid: tuple | None = None, use_old=False) -> tuple[jax.Array, dict]:
+    """(loss, aux) of one update batch; aux: policy_loss, kl_loss, clip_fraction, tokens.
+    use_old (a bool, or a traced scalar): old log-probs from batch["old_logp"], else the policy's own."""
+    logp = sequence_logprobs(model, batch, image_grid, video_grid, cfg.temperature)
+    mask = lm_grpo.completion_logprob_mask(batch["completion_mask"])
+    if isinstance(use_old, bool):
+        old = batch["old_logp"] if use_old else None
+    else:  # one program for both: where() is exact, and ratio is exactly 1 where it picks logp
+        old = jnp.where(use_old, batch["old_logp"], jax.lax.stop_gradient(logp))
+    ref = batch.get("ref_logp") if cfg.kl_beta != 0.0 else None
+    loss, aux = lm_grpo.accumulated_grpo_loss(logp, old, ref, batch["advantages"], mask, cfg)
+    return loss, {**aux, "tokens": jnp.sum(mask)}
+
+
+def place(batch: Mapping[str, Any], mesh, rules=None) -> dict[str, jax.Array]:
+    """The update batch's arrays as global arrays split over the mesh (rows on data x fsdp)."""
+    arrays = {k: np.asarray(batch[k]) for k in BATCH_KEYS if batch.get(k) is not None}
+    shardings = batch_shardings(arrays, mesh, rules)
+    return {k: jax.device_put(v, shardings[k]) for k, v in arrays.items()}
+
+
+class VLMLogprobs:
+    """logprobs(params, frozen, batch, image_grid=None, video_grid=None) -> [B, L-1] float32 (no
+    gradient): the old policy's or the reference's log-probs of an update batch."""
+
+    def __init__(self, graphdef, mesh, temperature: float = 1.0, rules=None):
+        self.graphdef, self.mesh, self.temperature, self.rules = graphdef, mesh, temperature, rules
+        self._programs: dict = {}
+
+    def __call__(self, params, frozen, batch, image_grid=None, video_grid=None):
+        key = (grid_key(image_grid), grid_key(video_grid))
+        if key not in self._programs:
+            graphdef, temperature = self.graphdef, self.temperature
+
+            def logprobs(params, frozen, batch):
+                return sequence_logprobs(nnx.merge(graphdef, params, frozen), batch, *key, temperature)
+
+            self._programs[key] = mesh_jit(logprobs, mesh=self.mesh, rules=self.rules)
+        return self._programs[key](params, frozen, batch)
+
+
+class VLMGRPOStep:
+    """step(state, frozen, batch, use_old, image_grid=None, video_grid=None) -> (state, {"loss",
+    "policy_loss", "kl_loss", "clip_fraction", "tokens", "grad_norm"}): one optimizer update.
+    use_old False: the policy's own log-probs as the old ones (ratio 1; batch["old_logp"] may be
+    absent). One compiled program per grid set and batch shape; the state is donated."""
+
+    def __init__(self, graphdef, tx: optax.GradientTransformation, mesh, cfg: lm_grpo.LMGRPOConfig, rules=None):
+        self.graphdef, self.tx, self.mesh, self.cfg, self.rules = graphdef, tx, mesh, cfg, rules
+        self._programs: dict = {}
+
+    def _build(self, image_grid, video_grid):
+        graphdef, tx, cfg = self.graphdef, self.tx, self.cfg
+
+        def step(state: TrainState, frozen, batch, use_old):
+            def loss_fn(params):
+                return grpo_loss(nnx.merge(graphdef, params, frozen), batch, cfg, image_grid, video_grid, use_old)
+
+            (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+            state, info = train_state_update(state, grads, tx)
+            return state, {"loss": loss, **aux, "grad_norm": info["grad_norm"]}
+
+        return mesh_jit(step, mesh=self.mesh, rules=self.rules, donate_argnums=0)
+
+    def __call__(self, state, frozen, batch, use_old: bool, image_grid=None, video_grid=None):
+        key = (grid_key(image_grid), grid_key(video_grid))
+        if key not in self._programs:
+            self._programs[key] = self._build(*key)
+        if "old_logp" not in batch:  # same program either way: zeros stand in, never read
+            batch = {**batch, "old_logp": jnp.zeros(batch["input_ids"].shape[:1] + (batch["input_ids"].shape[1] - 1,),
+                                                    jnp.float32)}
+        return self._programs[key](state, frozen, batch, jnp.asarray(bool(use_old)))

@@ -1,0 +1,338 @@
+"""GRPO post-training of a vision-language model (Qwen3-VL / Cosmos-Reason2), as cosmos-rl runs
+it for language models (specs/reason2.md §4.2): rollouts by the KV-cache sampler, groups of
+rollout.n_generation completions per prompt, weighted text rewards, group-normalised advantages,
+zero-advantage groups filtered, the dual-clip loss (programs/vlm_grpo.py).
+
+One loop step:
+  1. G = train_batch_per_replica / n_generation prompts, drawn from (train.seed, step) alone;
+     each prompt is its record's first human turn (media + question) with the generation prompt;
+  2. N completions each: `generate` with seed (train.seed, step), at lm_grpo.temperature / top_p /
+     top_k, up to lm_grpo.max_response_length tokens; a completion is its tokens up to and with
+     its end token (`<|im_end|>`), decoded without special tokens for the rewards;
+  3. rewards: sum of weight * reward (reward_client's text rewards, the record's `answer` the
+     reference), advantages per group, groups whose rewards are all equal dropped (cosmos-rl's
+     dynamic sampling); none left: no update this step (train/kept_groups 0, train/loss 0);
+  4. the update batch: prompt + completion rows, kept groups first, left-padded prompts to a
+     multiple of policy.vlm.pad_to_multiple and completions to max_response_length (fixed shapes:
+     one program), M-RoPE position ids from the rows' own masks; mu_iterations passes, each of
+     one optimizer update per batch_size_per_optimize rows (None: one over the whole batch).
+
+Resume: the state (params, optimizer, step) is checkpointed and every draw is a function of
+(seed, step), so kill -9 and resume logs the same metrics step for step. metrics.jsonl:
+train/reward_mean, train/reward/<name>, train/loss, train/policy_loss, train/kl_loss,
+train/clip_fraction, train/kept_groups, train/completion_length, optimizer/grad_norm,
+train/learning_rate, train/iteration_time; val/accuracy (greedy, held-out) at step 0 and with
+the last step. The end: a checkpoint and an export as the SFT trainer's.
+"""
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from reward_client.catalog import get_reward
+from reward_client.errors import RewardConfigError
+from wfm_jax.algorithms import lm_grpo
+from wfm_jax.core.console import say
+from wfm_jax.core.mesh import MeshConfig, check_batch, make_mesh
+from wfm_jax.data.conversations import read_records, to_messages
+from wfm_jax.families.qwen3_vl.answer import load_processor
+from wfm_jax.models.lora import attach_lora
+from wfm_jax.models.qwen3_vl.generate import Sampling, generate
+from wfm_jax.models.qwen3_vl.rope_index import position_ids
+from wfm_jax.programs import vlm_grpo, vlm_sft
+from wfm_jax.programs.setup import make_tx
+from wfm_jax.programs.state import TrainState
+from wfm_jax.train import preempt
+from wfm_jax.train import vlm_sft as sft_trainer
+from wfm_jax.train.checkpoint import Checkpointer, abstract_of
+from wfm_jax.train.metrics import MetricsLogger, check_finite
+from wfm_jax.train.setup import checkpoints_path
+from wfm_jax.train.vlm_eval import end_tokens, read_images, val_metrics
+from wfm_jax.train.vlm_sft import DTYPES, VLMSetupError, build_tiny_assets, check_model_dir, load_base
+
+
+def grpo_config(config) -> lm_grpo.LMGRPOConfig:
+    g, tp = config.train.train_policy.lm_grpo, config.train.train_policy
+    try:
+        return lm_grpo.LMGRPOConfig(
+            n_generation=int(config.rollout.n_generation), temperature=float(g.temperature),
+            top_p=float(g.top_p), top_k=int(g.top_k), max_response_length=int(g.max_response_length),
+            epsilon_low=float(g.epsilon_low), epsilon_high=float(g.epsilon_high),
+            lower_bound_ratio=float(g.lower_bound_ratio), kl_beta=float(g.kl_beta),
+            unbiased_kl_estimate=bool(g.unbiased_kl_estimate), loss_type=str(g.loss_type),
+            unbiased_loss_max_tokens=g.unbiased_loss_max_tokens, unbiased_advantage=bool(g.unbiased_advantage),
+            mu_iterations=int(tp.mu_iterations), mini_batch=int(tp.mini_batch),
+            batch_size_per_optimize=tp.batch_size_per_optimize)
+    except ValueError as e:
+        raise VLMSetupError(f"train.train_policy.lm_grpo: {e}") from None
+
+
+def prompt_text(processor, record: dict, system_prompt: str | None) -> str:
+    """The record's first human turn (and system prompt) with the assistant header to generate after."""
+    messages, _, _ = to_messages(record, system_prompt)
+    first_user = next(k for k, m in enumerate(messages) if m["role"] == "user")
+    return processor.apply_chat_template(messages[:first_user + 1], add_generation_prompt=True)
+
+
+def left_pad(ids: np.ndarray, mask: np.ndarray, multiple: int, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """Left-padded (B, L) rows widened on the left to a multiple of `multiple`."""
+    extra = -(-ids.shape[1] // multiple) * multiple - ids.shape[1]
+    return (np.pad(ids, ((0, 0), (extra, 0)), constant_values=pad_id),
+            np.pad(mask, ((0, 0), (extra, 0)), constant_values=0))
+
+
+def completion_masks(tokens: np.ndarray, eos: Sequence[int], banned: Sequence[int] = ()) -> np.ndarray:
+    """(B, T) int64: each row's tokens up to and with its first end token (all T if it has none),
+    and before its first `banned` token: a sampled visual placeholder (<|image_pad|>, ...) would
+    claim pixels the row does not have, so the completion stops short of it."""
+    is_end = np.isin(tokens, list(eos))
+    after_end = np.cumsum(is_end, axis=1) - is_end > 0
+    cut = np.cumsum(np.isin(tokens, list(banned)), axis=1) > 0
+    return (~after_end & ~cut).astype(np.int64)
+
+
+class VLMGRPOTrainer:
+    def __init__(self, config, *, on_step: Callable[[int, dict], None] | None = None):
+        self.config, self.on_step = config, on_step
+        t, p, v = config.train, config.policy, config.policy.vlm
+        self.cfg = grpo_config(config)
+        g = t.train_policy.lm_grpo
+        if len(g.rewards) != len(g.reward_weights) or not g.rewards:
+            raise VLMSetupError(f"train.train_policy.lm_grpo.rewards {tuple(g.rewards)} and reward_weights "
+                                f"{tuple(g.reward_weights)} must be non-empty and of one length")
+        try:
+            self.rewards = [(get_reward(name), float(w)) for name, w in zip(g.rewards, g.reward_weights, strict=True)]
+        except RewardConfigError as e:  # the name, the nearest one and the known ones in one line
+            raise VLMSetupError(f"train.train_policy.lm_grpo.rewards: {e}") from None
+        pixel_rewards = [rw.name for rw, _ in self.rewards if rw.media != "text"]
+        if pixel_rewards:
+            raise VLMSetupError(f"train.train_policy.lm_grpo.rewards: {pixel_rewards} score pixels, not text")
+        self.rows = int(t.train_batch_per_replica)
+        self.groups = self.rows // self.cfg.n_generation
+        per_optimize = self.cfg.batch_size_per_optimize or self.rows
+        if per_optimize % self.cfg.n_generation:
+            raise VLMSetupError(f"train.train_policy.batch_size_per_optimize={per_optimize} must hold whole "
+                                f"groups of rollout.n_generation={self.cfg.n_generation}")
+        self.per_optimize = per_optimize
+        build_tiny_assets(config)
+        check_model_dir(p.model_name_or_path)
+        self.processor = load_processor(p.model_name_or_path)
+        self.system_prompt = v.system_prompt or None
+        self.records, self.images = self._read(t.train_policy.dataset.local_dir, "train.train_policy.dataset.local_dir")
+        if self.groups > len(self.records):
+            raise VLMSetupError(f"{self.groups} prompts per step (train_batch_per_replica / n_generation) but "
+                                f"the dataset has {len(self.records)}")
+        self.val = None
+        if config.validation.enable or config.validation.dataset.local_dir:
+            self.val = self._read(config.validation.dataset.local_dir, "validation.dataset.local_dir")
+        self.mesh = make_mesh(MeshConfig.from_any(p.parallelism))
+        try:
+            check_batch(self.mesh, self.per_optimize)
+        except ValueError as e:
+            raise VLMSetupError(f"train.train_batch_per_replica / batch_size_per_optimize: {e}") from None
+        model = load_base(p.model_name_or_path, DTYPES[t.compute_dtype], DTYPES[t.param_dtype])
+        self.eos, self.pad = end_tokens(model.config)
+        self.merge_size = int(model.config.vision.spatial_merge_size)
+        mc = model.config
+        self.visual_ids = tuple(int(i) for i in (mc.image_token_id, mc.video_token_id, mc.vision_start_token_id,
+                                                 mc.vision_end_token_id) if i is not None)
+        self.lora = bool(p.lora.enable)
+        if self.lora:
+            attach_lora(model, list(p.lora.target_modules), int(p.lora.r), float(p.lora.lora_alpha),
+                        seed=int(t.seed), init=str(p.lora.init_lora_weights))
+        graphdef, params, frozen = nnx.split(model, vlm_sft.trainable_filter(self.lora, bool(v.train_vision)), ...)
+        self.graphdef = graphdef
+        self.frozen = vlm_sft.place_params(frozen, self.mesh)
+        params = vlm_sft.place_params(params, self.mesh)
+        # the KL reference: the starting policy (rebuilt the same way on resume)
+        self.ref_params = jax.tree.map(lambda x: x.copy(), params) if self.cfg.kl_beta else None
+        self.tx, self.lr = make_tx(config)
+        state = TrainState.create(params, self.tx, jax.random.key(int(t.seed)))
+        rep = NamedSharding(self.mesh, P())
+        self.state = jax.tree.map(lambda x: x if isinstance(x.sharding, NamedSharding) else jax.device_put(x, rep),
+                                  state)
+        self.step_fn = vlm_grpo.VLMGRPOStep(graphdef, self.tx, self.mesh, self.cfg)
+        self.logprobs = vlm_grpo.VLMLogprobs(graphdef, self.mesh, self.cfg.temperature)
+        self.ckpt = Checkpointer(checkpoints_path(config), max_keep=t.ckpt.max_keep,
+                                 save_freq=t.ckpt.save_freq, async_=t.ckpt.save_mode == "async")
+        self.start_step = 0
+        if t.resume:
+            restored = self.ckpt.restore_latest(abstract_of(self.state))
+            if restored is not None:
+                self.state, self.start_step = restored.state, restored.step
+                say(f"resumed from checkpoint step {restored.step}")
+        if jax.process_index() == 0:
+            from wfm_jax.config.recipe import save_resolved
+            save_resolved(config, os.path.join(t.output_dir, "config.json"))
+
+    def _read(self, location: str, key: str):
+        try:
+            records = read_records(location)
+        except (FileNotFoundError, ValueError) as e:
+            raise VLMSetupError(f"{key}: {e}") from None
+        if not records:
+            raise VLMSetupError(f"{key}: {location} holds no records")
+        missing = [r.get("id", i) for i, r in enumerate(records) if "answer" not in r]
+        if missing and key.startswith("train"):
+            raise VLMSetupError(f"{key}: records {missing[:3]} have no 'answer' (the rewards' reference)")
+        root = location if os.path.isdir(location) else os.path.dirname(os.path.abspath(location))
+        try:
+            return records, read_images(records, root)
+        except OSError as e:
+            raise VLMSetupError(f"{key}: {e}") from None
+
+    def model(self):
+        return nnx.merge(self.graphdef, self.state.params, self.frozen)
+
+    # -- one step's rollout, rewards and update batch --
+    def prompts(self, step: int) -> list[int]:
+        rng = np.random.default_rng([int(self.config.train.seed), step])
+        return rng.choice(len(self.records), self.groups, replace=False).tolist()
+
+    def encode_prompts(self, indices: Sequence[int]) -> dict[str, np.ndarray]:
+        """Left-padded prompt rows of these records (pixels in row order), widened to the pad multiple."""
+        texts = [prompt_text(self.processor, self.records[i], self.system_prompt) for i in indices]
+        flat = [im for i in indices for im in self.images[i]]
+        out = dict(self.processor(texts, images=flat or None, padding_side="left"))
+        out["input_ids"], out["attention_mask"] = left_pad(
+            np.asarray(out["input_ids"]), np.asarray(out["attention_mask"]),
+            int(self.config.policy.vlm.pad_to_multiple), int(self.processor.tokenizer.pad_token_id))
+        return out
+
+    def rollout(self, step: int) -> dict:
+        """Prompts, completions, rewards and advantages of step `step`."""
+        n = self.cfg.n_generation
+        rows = [i for i in self.prompts(step) for _ in range(n)]
+        prompt = self.encode_prompts(rows)
+        sampling = Sampling(self.cfg.rollout_temperature, max(self.cfg.top_k, 0), self.cfg.top_p)
+        seed = int(np.random.default_rng([int(self.config.train.seed), step, 1]).integers(2**31))
+        tokens = generate(self.model(), prompt["input_ids"], prompt["attention_mask"],
+                          pixel_values=prompt.get("pixel_values"), image_grid_thw=prompt.get("image_grid_thw"),
+                          max_new_tokens=self.cfg.max_response_length, sampling=sampling, seed=seed,
+                          eos_token_ids=self.eos, pad_token_id=self.pad)
+        tokens = np.pad(tokens, ((0, 0), (0, self.cfg.max_response_length - tokens.shape[1])),
+                        constant_values=self.pad)
+        cmask = completion_masks(tokens, self.eos, self.visual_ids)
+        tokens = np.where(cmask > 0, tokens, self.pad)
+        tok = self.processor.tokenizer
+        texts = [tok.decode(r[(m > 0) & ~np.isin(r, self.eos)].tolist(), skip_special_tokens=True)
+                 for r, m in zip(tokens, cmask, strict=True)]
+        extras = {"references": [str(self.records[i]["answer"]) for i in rows]}
+        per_reward = {rw.name: np.asarray(rw.fn(texts, [self.records[i] for i in rows], extras), np.float64)
+                      for rw, _ in self.rewards}
+        total = sum(w * per_reward[rw.name] for rw, w in self.rewards)
+        rewards = np.asarray(total, np.float32).reshape(self.groups, n)
+        adv = np.asarray(lm_grpo.group_advantages(rewards, unbiased=self.cfg.unbiased_advantage,
+                                                  eps=self.cfg.advantage_eps)).reshape(-1)
+        keep = np.asarray(lm_grpo.keep_rows(rewards))
+        return {"rows": rows, "tokens": tokens, "completion_mask": cmask, "texts": texts, "rewards": rewards,
+                "per_reward": per_reward, "advantages": adv, "keep": keep}
+
+    def update_batch(self, roll: dict, order: Sequence[int]) -> dict[str, np.ndarray]:
+        """Prompt + completion rows `order` of a rollout (prompt pixels re-encoded in that order)."""
+        prompt = self.encode_prompts([roll["rows"][k] for k in order])
+        ids = np.concatenate([prompt["input_ids"], roll["tokens"][order]], axis=1)
+        cmask = roll["completion_mask"][order] * roll["keep"][order, None]
+        attention = np.concatenate([prompt["attention_mask"], roll["completion_mask"][order]], axis=1)
+        proc = self.processor
+        pos, _ = position_ids(ids, attention, image_grid_thw=prompt.get("image_grid_thw"),
+                              video_grid_thw=prompt.get("video_grid_thw"), image_token_id=proc.image_token_id,
+                              video_token_id=proc.video_token_id,
+                              spatial_merge_size=self.merge_size)
+        return {"input_ids": ids, "attention_mask": attention, "position_ids": pos,
+                "completion_mask": np.concatenate([np.zeros_like(prompt["attention_mask"]), cmask], axis=1),
+                "advantages": roll["advantages"][order].astype(np.float32),
+                "pixel_values": prompt.get("pixel_values"), "image_grid_thw": prompt.get("image_grid_thw")}
+
+    def update(self, roll: dict) -> dict[str, float]:
+        """mu_iterations passes over the kept rows, one optimizer update per batch_size_per_optimize rows."""
+        order = lm_grpo.compact_order(roll["keep"])
+        chunks = []
+        for start in range(0, self.rows, self.per_optimize):
+            host = self.update_batch(roll, order[start:start + self.per_optimize])
+            if not host["completion_mask"].any():
+                continue  # only filtered rows: nothing to train on
+            batch = vlm_grpo.place(host, self.mesh)
+            if self.ref_params is not None:
+                batch["ref_logp"] = self.logprobs(self.ref_params, self.frozen, batch, host["image_grid_thw"])
+            if self.cfg.mu_iterations > 1 or len(order) > self.per_optimize:
+                batch["old_logp"] = self.logprobs(self.state.params, self.frozen, batch, host["image_grid_thw"])
+            chunks.append((batch, host["image_grid_thw"]))
+        outs = []
+        for mu in range(self.cfg.mu_iterations):
+            for c, (batch, grid) in enumerate(chunks):
+                use_old = not (mu == 0 and c == 0)  # the first update: ratio exactly 1
+                self.state, out = self.step_fn(self.state, self.frozen, batch, use_old, grid)
+                outs.append(out)
+        if not outs:
+            return {"train/loss": 0.0, "train/policy_loss": 0.0, "train/kl_loss": 0.0, "train/clip_fraction": 0.0,
+                    "optimizer/grad_norm": 0.0}
+        outs = jax.device_get(outs)
+        mean = lambda k: float(np.mean([o[k] for o in outs]))
+        return {"train/loss": mean("loss"), "train/policy_loss": mean("policy_loss"),
+                "train/kl_loss": mean("kl_loss"), "train/clip_fraction": mean("clip_fraction"),
+                "optimizer/grad_norm": float(outs[-1]["grad_norm"])}
+
+    def validate(self) -> dict[str, float]:
+        if self.val is None:
+            return {}
+        v = self.config.policy.vlm
+        return val_metrics(self.model(), self.processor, *self.val, max_new_tokens=int(v.max_new_tokens),
+                           batch_size=int(self.config.validation.batch_size), system_prompt=self.system_prompt)
+
+    def export(self, step: int) -> str:
+        # the SFT trainer's export (LoRA merged; transformers' layout) reads only config, lora and model()
+        return sft_trainer.VLMSFTTrainer.export(self, step)  # type: ignore[arg-type]
+
+    def run(self) -> int:
+        t = self.config.train
+        logger = MetricsLogger(t.output_dir, total_steps=t.max_steps, wandb_cfg=dict(t.wandb),
+                               start_step=self.start_step)
+        step, saved = self.start_step, self.start_step or None
+        try:
+            if self.start_step == 0 and self.val is not None:
+                logger.log(0, self.validate())
+            for step in range(self.start_step + 1, t.max_steps + 1):
+                start = time.perf_counter()
+                roll = self.rollout(step)
+                metrics = {"train/reward_mean": float(roll["rewards"].mean()),
+                           **{f"train/reward/{k}": float(v.mean()) for k, v in roll["per_reward"].items()},
+                           "train/kept_groups": float(roll["keep"].sum() // self.cfg.n_generation),
+                           "train/completion_length": float(roll["completion_mask"].sum(1).mean()),
+                           "train/learning_rate": float(self.lr(int(self.state.step)))}
+                metrics.update(self.update(roll))
+                metrics["train/iteration_time"] = time.perf_counter() - start
+                check_finite(step, metrics, keys=("train/loss", "train/reward_mean", "optimizer/grad_norm"))
+                if step == t.max_steps:
+                    metrics.update(self.validate())
+                if step % t.log_freq == 0 or step == t.max_steps:
+                    logger.log(step, metrics)
+                if self.ckpt.save(step, self.state, data_state={"steps": step}):
+                    saved = step
+                if self.on_step is not None:
+                    self.on_step(step, metrics)
+                if step < t.max_steps and preempt.requested():
+                    if saved != step:
+                        self.ckpt.save(step, self.state, data_state={"steps": step}, force=True)
+                    raise preempt.Stopped(step)
+            if step > self.start_step:
+                if saved != step:
+                    self.ckpt.save(step, self.state, data_state={"steps": step}, force=True)
+                if t.ckpt.export_safetensors and jax.process_index() == 0:
+                    self.export(step)
+        finally:
+            logger.close()
+            self.ckpt.close()
+        return step
+
+
+def run(config, *, on_step: Callable[[int, dict], None] | None = None) -> int:
+    """Train with `config` (policy.family a VLM family, train.train_policy.type "grpo")."""
+    return VLMGRPOTrainer(config, on_step=on_step).run()
