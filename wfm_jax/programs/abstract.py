@@ -4,6 +4,7 @@ the released ones) through converters.registry, whatever the family. It satisfie
 programs.setup.Setup, so programs.build compiles on it exactly what the trainer runs."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -77,6 +78,27 @@ def _family(config):
     return family_named(str(config.policy.family))
 
 
+@contextlib.contextmanager
+def _quiet_tracer_origins():
+    """flax's Variable.set_value probes getattr(value, "sharding", None) at every RNG draw; on a
+    tracer jax builds the AttributeError's text by walking the whole trace for the value's
+    origin (find_progenitors), so building a model abstractly grows quadratic in its size (the
+    Cosmos-14B transformer: about two thirds of its abstract setup). getattr's default drops
+    that text unread, so the walk is skipped while a model is built here."""
+    from jax._src.interpreters import partial_eval
+
+    tracer = partial_eval.DynamicJaxprTracer
+    original = tracer.__dict__.get("_origin_msg")
+    if original is None:  # another jax: nothing to skip
+        yield
+        return
+    tracer._origin_msg = lambda self: ""  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        tracer._origin_msg = original  # type: ignore[method-assign]
+
+
 def abstract_model(config: dict, dtype, param_dtype, family=None, **options):
     """The component of `config`, abstract, as `family` (a PipelineFamily class; default the
     base's: the converters' ModelSpec) makes it."""
@@ -84,8 +106,9 @@ def abstract_model(config: dict, dtype, param_dtype, family=None, **options):
 
     from wfm_jax.families.base import PipelineFamily
     make = (family or PipelineFamily).make_component
-    return nnx.eval_shape(lambda: make(config, dtype=dtype, param_dtype=param_dtype,
-                                       rngs=nnx.Rngs(0), **options))
+    with _quiet_tracer_origins():
+        return nnx.eval_shape(lambda: make(config, dtype=dtype, param_dtype=param_dtype,
+                                           rngs=nnx.Rngs(0), **options))
 
 
 def abstract_transformer(config, t_cfg: dict, remat: str, scan: bool):
@@ -107,7 +130,8 @@ def abstract_transformer(config, t_cfg: dict, remat: str, scan: bool):
             lora_lib.attach_lora(model, lora.target_modules, lora.r, lora.lora_alpha,
                                  seed=int(t.seed), init=lora.init_lora_weights)
         return model
-    return nnx.eval_shape(make)
+    with _quiet_tracer_origins():
+        return nnx.eval_shape(make)
 
 
 def family_shell(config, configs: dict, vae):
