@@ -4,11 +4,11 @@ the released ones) through converters.registry, whatever the family. It satisfie
 programs.setup.Setup, so programs.build compiles on it exactly what the trainer runs."""
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
 
+from wfm_jax.core.abstract import abstract_module
 from wfm_jax.programs import setup as setup_lib
 from wfm_jax.programs.released import released_configs
 from wfm_jax.programs.stats import per_device_bytes
@@ -78,27 +78,6 @@ def _family(config):
     return family_named(str(config.policy.family))
 
 
-@contextlib.contextmanager
-def _quiet_tracer_origins():
-    """flax's Variable.set_value probes getattr(value, "sharding", None) at every RNG draw; on a
-    tracer jax builds the AttributeError's text by walking the whole trace for the value's
-    origin (find_progenitors), so building a model abstractly grows quadratic in its size (the
-    Cosmos-14B transformer: about two thirds of its abstract setup). getattr's default drops
-    that text unread, so the walk is skipped while a model is built here."""
-    from jax._src.interpreters import partial_eval
-
-    tracer = partial_eval.DynamicJaxprTracer
-    original = tracer.__dict__.get("_origin_msg")
-    if original is None:  # another jax: nothing to skip
-        yield
-        return
-    tracer._origin_msg = lambda self: ""  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        tracer._origin_msg = original  # type: ignore[method-assign]
-
-
 def abstract_model(config: dict, dtype, param_dtype, family=None, **options):
     """The component of `config`, abstract, as `family` (a PipelineFamily class; default the
     base's: the converters' ModelSpec) makes it."""
@@ -106,9 +85,8 @@ def abstract_model(config: dict, dtype, param_dtype, family=None, **options):
 
     from wfm_jax.families.base import PipelineFamily
     make = (family or PipelineFamily).make_component
-    with _quiet_tracer_origins():
-        return nnx.eval_shape(lambda: make(config, dtype=dtype, param_dtype=param_dtype,
-                                           rngs=nnx.Rngs(0), **options))
+    return abstract_module(lambda: make(config, dtype=dtype, param_dtype=param_dtype,
+                                        rngs=nnx.Rngs(0), **options))
 
 
 def abstract_transformer(config, t_cfg: dict, remat: str, scan: bool):
@@ -130,8 +108,7 @@ def abstract_transformer(config, t_cfg: dict, remat: str, scan: bool):
             lora_lib.attach_lora(model, lora.target_modules, lora.r, lora.lora_alpha,
                                  seed=int(t.seed), init=lora.init_lora_weights)
         return model
-    with _quiet_tracer_origins():
-        return nnx.eval_shape(make)
+    return abstract_module(make)
 
 
 def family_shell(config, configs: dict, vae):
