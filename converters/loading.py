@@ -35,6 +35,7 @@ from converters import registry
 from converters.safetensors_io import checkpoint_meta, open_checkpoint_slices, save_checkpoint_streaming
 from converters.table import TRANSFORMS, ConversionError, Rule, check_keys, to_diffusers_tensor, to_jax_tensor
 from converters.tied import StoredKeys, resolve_tied, tied_reader
+from wfm_jax.core.abstract import abstract_module
 from wfm_jax.core.tree import flat_params, path_str
 from wfm_jax.io.atomic import atomic_directory
 
@@ -73,8 +74,8 @@ def resolve_model_dir(path: str, component: str = "transformer") -> str:
 def abstract_model(spec: registry.ModelSpec, config: dict, dtype=None, param_dtype=jnp.float32,
                    **options):
     """The model with ShapeDtypeStructs for values: shapes, dtypes and logical axes, no memory."""
-    return nnx.eval_shape(lambda: spec.make_model(config, dtype=dtype, param_dtype=param_dtype,
-                                                  rngs=nnx.Rngs(0), **options))
+    return abstract_module(lambda: spec.make_model(config, dtype=dtype, param_dtype=param_dtype,
+                                                   rngs=nnx.Rngs(0), **options))
 
 
 # ----------------------------------------------------------------------------- checks

@@ -102,10 +102,11 @@ def test_cosmos_grpo_recipe_is_cosmos_rls_world_model_step():
 def test_lora_targets_address_the_released_2b_model():
     from flax import nnx
 
+    from wfm_jax.core.abstract import abstract_module
     from wfm_jax.models.cosmos.transformer import COSMOS25_PREDICT_2B, CosmosTransformer
     from wfm_jax.models.lora import find_targets
 
-    model = nnx.eval_shape(lambda: CosmosTransformer(COSMOS25_PREDICT_2B, rngs=nnx.Rngs(0)))
+    model = abstract_module(lambda: CosmosTransformer(COSMOS25_PREDICT_2B, rngs=nnx.Rngs(0)))
     found = find_targets(model, _load("cosmos25_2b_nft").policy.lora.target_modules)
     assert len(found) == 28 * (2 * 4 + 2)  # attn1 + attn2 (4 each), 2 FFN linears
 

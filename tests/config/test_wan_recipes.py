@@ -49,10 +49,11 @@ def test_recipe_validates_with_a_geometry_wan_takes(name):
 def test_lora_targets_address_the_released_1_3b_model():
     from flax import nnx
 
+    from wfm_jax.core.abstract import abstract_module
     from wfm_jax.models.lora import find_targets
     from wfm_jax.models.wan import WAN21_T2V_1_3B, WanTransformer
 
-    model = nnx.eval_shape(lambda: WanTransformer(WAN21_T2V_1_3B, rngs=nnx.Rngs(0)))
+    model = abstract_module(lambda: WanTransformer(WAN21_T2V_1_3B, rngs=nnx.Rngs(0)))
     for name in FULL:
         lora = _load(name).policy.lora
         if lora.enable:

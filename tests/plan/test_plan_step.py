@@ -121,3 +121,16 @@ def test_main_refuses_a_run_that_cannot_fit_before_loading_weights(tmp_path, mon
     assert code == EXIT_BAD_INPUT
     assert len(err) == 1 and "does not fit" in err[0] and "has 1048576 bytes" in err[0], err
     assert not (out / "checkpoints").exists()  # nothing trained, nothing saved
+    # 1 MiB is less than the resident state: refused from shapes, before any compile; with
+    # exactly the resident bytes the step is compiled and its temporaries refuse it
+    assert "what stays on each device needs" in err[0], err
+    resident = int(err[0].split(" needs ")[1].split(" bytes")[0])
+    monkeypatch.setenv(plan_lib.MEMORY_ENV, str(resident))
+    code = main(["--config", "configs/tiny_sft.py", f"--config.train.output_dir={out}",
+                 f"--config.policy.model_name_or_path={tmp_path / 'tiny_sd3'}",
+                 f"--config.train.train_policy.dataset.local_dir={tmp_path / 'shapes'}"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == EXIT_BAD_INPUT
+    assert len(err) == 1 and "its step needs" in err[0] and f"has {resident} bytes" in err[0], err
+    assert int(err[0].split(" needs ")[1].split(" bytes")[0]) > resident
+    assert not (out / "checkpoints").exists()

@@ -11,20 +11,23 @@ from wfm_jax.plan.args import DEVICE_MEMORY, GiB, parse_args
 MEMORY_ENV = "WFM_JAX_DEVICE_MEMORY_BYTES"  # per-device limit main checks against (any backend)
 
 
-def plan(args, config=None) -> dict:
-    """The report of the recipe's programs (programs.build on programs.abstract_setup)."""
+def plan(args, config=None, limit: int | None = None) -> dict:
+    """The report of the recipe's programs (programs.build on programs.abstract_setup).
+    limit: per-device bytes; when what stays on a device (train state, frozen weights) already
+    exceeds it, the report stops there, before any program is compiled (check_fits: a refusal
+    from abstract shapes in seconds rather than a compile of minutes)."""
     from wfm_jax.config.recipe import load_config
     from wfm_jax.programs import SetupError
 
     if config is None:
         config = load_config(args.config, [tuple(kv.split("=", 1)) for kv in args.set])
     try:
-        return _plan(args, config)
+        return _plan(args, config, limit)
     except SetupError as e:  # a layout, shape or model dir the run cannot have: one line
         raise SystemExit(f"wfm_jax.plan: {e}") from None
 
 
-def _plan(args, config) -> dict:
+def _plan(args, config, limit) -> dict:
     import jax
     import jax.numpy as jnp
 
@@ -107,6 +110,10 @@ def _plan(args, config) -> dict:
     }
     resident = (out["train_state_bytes"] + out["transformer_frozen_bytes"]
                 + out["encoders_vae_bytes"])
+    if limit is not None and resident > limit:  # a lower bound of every program's peak
+        out.update({"programs": {}, "peak_program": None, "total_bytes": resident,
+                    "fits": False, "failed_programs": [], "resident_exceeds_limit": True})
+        return out
     if not rl:
         context = mesh.shape["context"]
         out["batch_per_device"] = args.batch_per_device
@@ -333,11 +340,20 @@ def check_fits(config) -> dict | None:
     args = parse_args(["--devices", str(devices), "--batch-per-device",
                        str(max(1, int(config.train.train_batch_per_replica) * context // devices))])
     try:
-        r = plan(args, config)
+        r = plan(args, config, limit=int(limit))
     except SystemExit as e:  # a mesh or layout the run cannot have: one line, as plan says it
         raise SetupError(str(e).removeprefix("wfm_jax.plan: ")) from None
     r["device_kind"] = jax.devices()[0].device_kind
     r["device_memory_bytes"], r["fits"] = int(limit), r["total_bytes"] <= int(limit)
+    if r.get("resident_exceeds_limit"):
+        raise SetupError(
+            f"this run does not fit: what stays on each device needs {r['total_bytes']} bytes "
+            f"({r['total_bytes'] / GiB:.2f} GiB) before any program's temporaries (train state "
+            f"{r['train_state_bytes'] / GiB:.2f} GiB, frozen "
+            f"{(r['transformer_frozen_bytes'] + r['encoders_vae_bytes']) / GiB:.2f} GiB) and "
+            f"each of the {devices} {r['device_kind']} devices has {int(limit)} bytes "
+            f"({int(limit) / GiB:.2f} GiB); try more fsdp, LoRA, a smaller model (python -m "
+            f"wfm_jax.plan --config ... for the figures)")
     if not r["fits"]:
         p = r["programs"][r["peak_program"]]
         raise SetupError(

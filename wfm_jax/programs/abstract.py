@@ -8,6 +8,7 @@ import dataclasses
 import json
 import os
 
+from wfm_jax.core.abstract import abstract_module
 from wfm_jax.programs import setup as setup_lib
 from wfm_jax.programs.released import released_configs
 from wfm_jax.programs.stats import per_device_bytes
@@ -84,8 +85,8 @@ def abstract_model(config: dict, dtype, param_dtype, family=None, **options):
 
     from wfm_jax.families.base import PipelineFamily
     make = (family or PipelineFamily).make_component
-    return nnx.eval_shape(lambda: make(config, dtype=dtype, param_dtype=param_dtype,
-                                       rngs=nnx.Rngs(0), **options))
+    return abstract_module(lambda: make(config, dtype=dtype, param_dtype=param_dtype,
+                                        rngs=nnx.Rngs(0), **options))
 
 
 def abstract_transformer(config, t_cfg: dict, remat: str, scan: bool):
@@ -107,7 +108,7 @@ def abstract_transformer(config, t_cfg: dict, remat: str, scan: bool):
             lora_lib.attach_lora(model, lora.target_modules, lora.r, lora.lora_alpha,
                                  seed=int(t.seed), init=lora.init_lora_weights)
         return model
-    return nnx.eval_shape(make)
+    return abstract_module(make)
 
 
 def family_shell(config, configs: dict, vae):

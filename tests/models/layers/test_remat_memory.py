@@ -10,6 +10,7 @@ from flax import nnx
 
 from wfm_jax.algorithms.sft import flow_matching_loss
 from wfm_jax.bench.suites import SD35_MEDIUM
+from wfm_jax.core.abstract import abstract_module
 from wfm_jax.models.layers.embeddings import Buffer
 from wfm_jax.models.sd3.transformer import SD3Transformer
 
@@ -21,8 +22,8 @@ _COMPILE_ONLY = {"xla_backend_optimization_level": 0}
 def step_temp_bytes(remat: str, batch: int = 2, latent: int = 64, text: int = 333) -> int:
     """Temp bytes of value_and_grad of the flow-matching loss (bf16 compute, fp32 weights) at
     512x512 (1024 image + 333 text tokens), one device."""
-    model = nnx.eval_shape(lambda: SD3Transformer(SD35_MEDIUM, dtype=jnp.bfloat16,
-                                                  rngs=nnx.Rngs(0), remat=remat))
+    model = abstract_module(lambda: SD3Transformer(SD35_MEDIUM, dtype=jnp.bfloat16,
+                                                   rngs=nnx.Rngs(0), remat=remat))
     graph, params, rest = nnx.split(model, nnx.All(nnx.Param, nnx.Not(Buffer)), ...)
 
     def grads(params, rest, x0, noise, embeds, pooled, sigmas):
