@@ -18,15 +18,16 @@ def get_config():
     c.train.seed = 0
     c.train.compute_dtype = "float32"
     c.train.train_batch_per_replica = 16
-    c.train.optm_lr = 2e-3
+    c.train.optm_lr = 3e-3
+    c.train.lr_schedule = "cosine"  # the decay settles the noisy end (0.61 -> 0.67 held-out, seed 0)
     c.train.optm_weight_decay = 0.01
     c.train.optm_warmup_steps = 20
     c.train.ckpt.save_freq = 100
     c.train.ckpt.max_keep = 2
     ds = c.train.train_policy.dataset
     ds.layout = "conversations"
-    ds.local_dir = "./outputs/tiny_vqa/train"
-    c.validation.dataset.local_dir = "./outputs/tiny_vqa/heldout"
+    ds.local_dir = "./outputs/tiny_vqa_fixed/train"
+    c.validation.dataset.local_dir = "./outputs/tiny_vqa_fixed/heldout"
     c.validation.batch_size = 64
     c.policy.family = "qwen3_vl"
     c.policy.model_name_or_path = "./outputs/tiny_vqa/base_model"
@@ -38,4 +39,5 @@ def get_config():
     v.max_new_tokens = 24
     v.vqa_train_count = 1024
     v.vqa_val_count = 96
+    v.vqa_options = "fixed"
     return c

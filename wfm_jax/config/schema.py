@@ -244,6 +244,9 @@ DEFAULTS = {
             # the SFT answers' think text: "fixed" (spec §7) or "answer" (the answer's text,
             # then its letter; worlds/vqa/scenes.py TARGET_STYLES)
             "vqa_target": "answer",
+            # the options' order: "shuffled" per question, or "fixed" (one order per question
+            # type, so the letter is a lookup; worlds/vqa/scenes.py OPTION_ORDERS)
+            "vqa_options": "shuffled",
         },
     },
     "rollout": {"n_generation": 24},
@@ -300,6 +303,7 @@ CHOICES = {
     "policy.attention_impl": ("auto", "xla", "cudnn", "blockwise", "pallas"),
     "policy.context_parallel_impl": ("auto", "ulysses", "ring"),
     "policy.vlm.vqa_target": ("fixed", "answer"),
+    "policy.vlm.vqa_options": ("shuffled", "fixed"),
 }
 
 REWARD_FN_KEYS = ("name", "weight", "score_key", "clip_min", "clip_max")
