@@ -23,7 +23,17 @@ from collections.abc import Sequence
 import numpy as np
 
 from wfm_jax.io.atomic import atomic_directory
-from wfm_jax.worlds.vqa.scenes import OPTION_ORDERS, QUESTION_TYPES, TARGET_STYLES, Question, Scene, ask, draw, random_scene, split_of
+from wfm_jax.worlds.vqa.scenes import (
+    OPTION_ORDERS,
+    QUESTION_TYPES,
+    TARGET_STYLES,
+    Question,
+    Scene,
+    ask,
+    draw,
+    random_scene,
+    split_of,
+)
 
 SPLITS = ("train", "heldout")
 ANNOTATIONS = "annotations.json"
