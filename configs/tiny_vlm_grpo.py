@@ -51,8 +51,9 @@ def get_config():
     g.rewards = ("format", "single_choice")
     g.reward_weights = (1.0, 1.0)
     tp.dataset.layout = "conversations"
-    tp.dataset.local_dir = "./outputs/tiny_vqa/train"
-    c.validation.dataset.local_dir = "./outputs/tiny_vqa/heldout"
+    # the SFT recipe's world: options in a fixed order per question type (policy.vlm.vqa_options)
+    tp.dataset.local_dir = "./outputs/tiny_vqa_fixed/train"
+    c.validation.dataset.local_dir = "./outputs/tiny_vqa_fixed/heldout"
     c.validation.batch_size = 64
     c.policy.family = "qwen3_vl"
     c.policy.model_name_or_path = sft_start()
@@ -64,4 +65,5 @@ def get_config():
     v.max_new_tokens = 24
     v.vqa_train_count = 1024
     v.vqa_val_count = 96
+    v.vqa_options = "fixed"
     return c

@@ -268,6 +268,9 @@ DEFAULTS = {
             # the SFT answers' think text: "fixed" (spec §7) or "answer" (the answer's text,
             # then its letter; worlds/vqa/scenes.py TARGET_STYLES)
             "vqa_target": "answer",
+            # the options' order: "shuffled" per question, or "fixed" (one order per question
+            # type, so the letter is a lookup; worlds/vqa/scenes.py OPTION_ORDERS)
+            "vqa_options": "shuffled",
         },
     },
     "rollout": {"n_generation": 24},
@@ -326,6 +329,7 @@ CHOICES = {
     "policy.vlm.vqa_target": ("fixed", "answer"),
     "train.train_policy.lm_grpo.loss_type": ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
                                              "token-sum"),  # algorithms/lm_grpo.py LOSS_TYPES
+    "policy.vlm.vqa_options": ("shuffled", "fixed"),
 }
 
 REWARD_FN_KEYS = ("name", "weight", "score_key", "clip_min", "clip_max")

@@ -62,13 +62,13 @@ def build_tiny_assets(config) -> None:
     from wfm_jax.worlds.vqa.dataset import ensure_vqa_dataset
     from wfm_jax.worlds.vqa.model import ensure_base_model
 
-    types = tuple(v.vqa_types)
+    types, style = tuple(v.vqa_types), dict(target=str(v.vqa_target), options=str(v.vqa_options))
     ensure_base_model(config.policy.model_name_or_path, seed=int(v.vqa_seed))
     ensure_vqa_dataset(config.train.train_policy.dataset.local_dir, count=int(v.vqa_train_count),
-                       split="train", seed=int(v.vqa_seed), types=types, target=str(v.vqa_target))
+                       split="train", seed=int(v.vqa_seed), types=types, **style)
     if config.validation.dataset.local_dir:
         ensure_vqa_dataset(config.validation.dataset.local_dir, count=int(v.vqa_val_count),
-                           split="heldout", seed=int(v.vqa_seed), types=types, target=str(v.vqa_target))
+                           split="heldout", seed=int(v.vqa_seed), types=types, **style)
 
 
 def check_model_dir(path: str) -> None:

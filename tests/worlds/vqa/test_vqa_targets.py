@@ -2,6 +2,8 @@
 `single_choice` rewards score them 1); "answer" thinks the correct option's text."""
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from reward_client.reason import format_reward, single_choice_reward
@@ -24,4 +26,31 @@ def test_target_styles_keep_cosmos_format(tmp_path, style):
 def test_unknown_target_style_is_refused(tmp_path):
     with pytest.raises(ValueError, match="target style 'long'"):
         build_vqa_dataset(str(tmp_path / "x"), count=2, target="long")
+    assert not (tmp_path / "x").exists()
+
+
+def test_fixed_option_order_keeps_scenes_and_answers(tmp_path):
+    """"fixed": every question type lists its options in one order across the data set (so an
+    answer word always has one letter); the scenes, pictures and answer texts equal the shuffled
+    set's, only the options' order (and so the letter) differs."""
+    kw = dict(count=20, split="train", seed=2, types=("colour", "shape", "background", "count"))
+    shuffled = build_vqa_dataset(str(tmp_path / "shuffled"), **kw)
+    fixed = build_vqa_dataset(str(tmp_path / "fixed"), options="fixed", **kw)
+    a, b = load_records(shuffled), load_records(fixed)
+    orders: dict[str, set] = {}
+    for rs, rf in zip(a, b, strict=True):
+        assert (rs["scene"], rs["answer_text"], rs["question_type"]) == (rf["scene"], rf["answer_text"],
+                                                                          rf["question_type"])
+        assert sorted(rs["options"]) == sorted(rf["options"])
+        assert rf["options"]["ABCD".index(rf["answer"])] == rf["answer_text"]
+        orders.setdefault(rf["question_type"], set()).add(tuple(rf["options"]))
+        with open(os.path.join(shuffled, rs["image"]), "rb") as f1, open(os.path.join(fixed, rf["image"]), "rb") as f2:
+            assert f1.read() == f2.read()
+    assert all(len(o) == 1 for o in orders.values()), orders
+    assert len({tuple(r["options"]) for r in a if r["question_type"] == "colour"}) > 1  # shuffled does shuffle
+
+
+def test_unknown_option_order_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="option order 'sorted'"):
+        build_vqa_dataset(str(tmp_path / "x"), count=2, options="sorted")
     assert not (tmp_path / "x").exists()

@@ -1,11 +1,12 @@
-"""python -m wfm_jax.worlds.vqa DIR --count N --split train|heldout [--seed S] [--types a,b]"""
+"""python -m wfm_jax.worlds.vqa DIR --count N --split train|heldout [--seed S] [--types a,b]
+[--options shuffled|fixed]"""
 from __future__ import annotations
 
 import argparse
 import sys
 
 from wfm_jax.worlds.vqa.dataset import SPLITS, build_vqa_dataset
-from wfm_jax.worlds.vqa.scenes import QUESTION_TYPES
+from wfm_jax.worlds.vqa.scenes import OPTION_ORDERS, QUESTION_TYPES
 
 
 def main(argv=None) -> int:
@@ -16,11 +17,14 @@ def main(argv=None) -> int:
     p.add_argument("--split", default="train", choices=SPLITS)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--types", default=",".join(QUESTION_TYPES), help="comma-separated question types")
+    p.add_argument("--options", default="shuffled", choices=OPTION_ORDERS,
+                   help="the options' order: shuffled per question, or one fixed order per question type")
     p.add_argument("--overwrite", action="store_true")
     args = p.parse_args(argv)
     try:
         print(build_vqa_dataset(args.directory, args.count, args.split, args.seed,
-                                tuple(t for t in args.types.split(",") if t), args.overwrite))
+                                tuple(t for t in args.types.split(",") if t), args.overwrite,
+                                options=args.options))
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -23,16 +23,27 @@ from collections.abc import Sequence
 import numpy as np
 
 from wfm_jax.io.atomic import atomic_directory
-from wfm_jax.worlds.vqa.scenes import QUESTION_TYPES, TARGET_STYLES, Question, Scene, ask, draw, random_scene, split_of
+from wfm_jax.worlds.vqa.scenes import (
+    OPTION_ORDERS,
+    QUESTION_TYPES,
+    TARGET_STYLES,
+    Question,
+    Scene,
+    ask,
+    draw,
+    random_scene,
+    split_of,
+)
 
 SPLITS = ("train", "heldout")
 ANNOTATIONS = "annotations.json"
 _SPLIT_STREAM = {"train": 1, "heldout": 2}  # separate random streams per split
 
 
-def sample(index: int, seed: int, split: str, types: Sequence[str] = QUESTION_TYPES):
+def sample(index: int, seed: int, split: str, types: Sequence[str] = QUESTION_TYPES, options: str = "shuffled"):
     """(scene, question, image) of sample `index`: its own generator, so sample i is the same
-    whatever the count; question types cycle through `types` so any count covers them evenly."""
+    whatever the count; question types cycle through `types` so any count covers them evenly.
+    options: "shuffled" or "fixed" (scenes.OPTION_ORDERS); the scene and image do not depend on it."""
     if split not in SPLITS:
         raise ValueError(f"split {split!r}: expected one of {', '.join(SPLITS)}")
     if not types:
@@ -41,7 +52,9 @@ def sample(index: int, seed: int, split: str, types: Sequence[str] = QUESTION_TY
     scene = random_scene(rng)
     while split_of(scene) != split:
         scene = random_scene(rng)
-    question = ask(scene, types[index % len(types)], rng)
+    if options not in OPTION_ORDERS:
+        raise ValueError(f"option order {options!r}: expected one of {', '.join(OPTION_ORDERS)}")
+    question = ask(scene, types[index % len(types)], rng, shuffle=options == "shuffled")
     return scene, question, draw(scene, rng)
 
 
@@ -55,16 +68,19 @@ def record(sample_id: str, image: str, scene: Scene, question: Question, target:
 
 def build_vqa_dataset(directory: str, count: int = 256, split: str = "train", seed: int = 0,
                       types: Sequence[str] = QUESTION_TYPES, overwrite: bool = False,
-                      target: str = "fixed") -> str:
+                      target: str = "fixed", options: str = "shuffled") -> str:
     """Write `count` records of `split` into `directory`, all or nothing (a temporary sibling
     renamed into place). An existing non-empty directory is an error unless `overwrite`.
-    target: the SFT answers' think style (scenes.TARGET_STYLES)."""
+    target: the SFT answers' think style (scenes.TARGET_STYLES); options: the option order
+    (scenes.OPTION_ORDERS)."""
     if count < 1:
         raise ValueError(f"count must be >= 1, got {count}")
     if seed < 0:
         raise ValueError(f"seed must be >= 0, got {seed}")
     if target not in TARGET_STYLES:
         raise ValueError(f"target style {target!r}: expected one of {', '.join(TARGET_STYLES)}")
+    if options not in OPTION_ORDERS:
+        raise ValueError(f"option order {options!r}: expected one of {', '.join(OPTION_ORDERS)}")
     unknown = [t for t in types if t not in QUESTION_TYPES]
     if unknown:
         raise ValueError(f"unknown question types {unknown} (known: {', '.join(QUESTION_TYPES)})")
@@ -75,7 +91,7 @@ def build_vqa_dataset(directory: str, count: int = 256, split: str = "train", se
         os.makedirs(os.path.join(tmp, "images"))
         records = []
         for i in range(count):
-            scene, question, image = sample(i, seed, split, tuple(types))
+            scene, question, image = sample(i, seed, split, tuple(types), options)
             name = f"images/{i:06d}.png"
             image.save(os.path.join(tmp, name))
             records.append(record(f"{split}-{seed}-{i:06d}", name, scene, question, target))

@@ -5,7 +5,7 @@ one shape (circle / square / triangle) in one colour (red / green / blue / yello
 three shapes of any colour so counting answers stay within 0-3. At 96x96 px the Qwen3-VL
 processor keeps the image as is (grid 1x6x6) and its 2x2 merge gives one visual token per cell.
 
-Questions are multiple choice with four lettered options (shuffled): the colour or the shape in a
+Questions are multiple choice with four lettered options (shuffled, or in a fixed order): the colour or the shape in a
 named cell, the background, how many shapes of a colour there are, and which colour is most
 frequent. The target is cosmos-rl's format, `<think>...</think>\\n\\n<answer>B</answer>`, so its
 `format` and `single_choice` rewards apply unchanged.
@@ -34,6 +34,9 @@ THINK = "I look at the image."  # fixed reasoning text of SFT targets (spec §7)
 # SFT target styles: "fixed" thinks THINK; "answer" thinks "the answer is <text>", then names its
 # letter (a tiny model learns the lookup and the letter binding as two easier steps)
 TARGET_STYLES = ("fixed", "answer")
+# option orders: "shuffled" per question, or "fixed" (each type's options always in one order, so
+# an answer word always has the same letter: the letter is a lookup, not a copy from the prompt)
+OPTION_ORDERS = ("shuffled", "fixed")
 INSTRUCTION = "Answer with the letter of the correct option."
 HELDOUT_BUCKETS = 5  # one scene in five (by content hash) belongs to the held-out split
 
@@ -141,8 +144,11 @@ class Question:
         return f"<think>\n{think}\n</think>\n\n<answer>{self.letter}</answer>"
 
 
-def _shuffled(options, rng: np.random.Generator) -> tuple[str, ...]:
-    return tuple(options[int(i)] for i in rng.permutation(len(options)))
+def _ordered(options, rng: np.random.Generator, shuffle: bool) -> tuple[str, ...]:
+    """The options shuffled, or in their canonical order; the permutation is drawn either way so
+    the rest of the sample (the image's jitter) is the same in both styles."""
+    order = rng.permutation(len(options))
+    return tuple(options[int(i)] for i in order) if shuffle else tuple(options)
 
 
 def most_frequent(scene: Scene) -> str | None:
@@ -153,31 +159,32 @@ def most_frequent(scene: Scene) -> str | None:
     return winners[0] if len(winners) == 1 else None
 
 
-def ask(scene: Scene, kind: str, rng: np.random.Generator) -> Question:
-    """A question of `kind` about `scene`; most_frequent on a tie falls back to a count question."""
+def ask(scene: Scene, kind: str, rng: np.random.Generator, shuffle: bool = True) -> Question:
+    """A question of `kind` about `scene`; most_frequent on a tie falls back to a count question.
+    shuffle=False keeps each type's options in one canonical order (OPTION_ORDERS)."""
     if kind not in QUESTION_TYPES:
         raise ValueError(f"unknown question type {kind!r} (known: {', '.join(QUESTION_TYPES)})")
     if kind == "colour":
         occupied = [i for i, c in enumerate(scene.cells) if c is not None]
         i = occupied[int(rng.integers(len(occupied)))]
         return Question(kind, f"What colour is the shape in the {CELL_NAMES[i]} cell?",
-                        _shuffled(list(COLOURS), rng), scene.cells[i][0])
+                        _ordered(list(COLOURS), rng, shuffle), scene.cells[i][0])
     if kind == "shape":
         i = int(rng.integers(GRID * GRID))
         answer = EMPTY if scene.cells[i] is None else scene.cells[i][1]
-        options = _shuffled([*SHAPES, EMPTY], rng)
+        options = _ordered([*SHAPES, EMPTY], rng, shuffle)
         return Question(kind, f"What is in the {CELL_NAMES[i]} cell?", options, answer)
     if kind == "background":
-        return Question(kind, "What colour is the background?", _shuffled(list(BACKGROUND_OPTIONS), rng),
+        return Question(kind, "What colour is the background?", _ordered(list(BACKGROUND_OPTIONS), rng, shuffle),
                         scene.background)
     if kind == "most_frequent":
         winner = most_frequent(scene)
         if winner is not None:
-            return Question(kind, "Which colour do most shapes have?", _shuffled(list(COLOURS), rng), winner)
+            return Question(kind, "Which colour do most shapes have?", _ordered(list(COLOURS), rng, shuffle), winner)
         kind = "count"
     colour = list(COLOURS)[int(rng.integers(len(COLOURS)))]
     options = [str(n) for n in range(MAX_PER_COLOUR + 1)]
-    return Question("count", f"How many {colour} shapes are there?", _shuffled(options, rng),
+    return Question("count", f"How many {colour} shapes are there?", _ordered(options, rng, shuffle),
                     str(scene.count(colour)))
 
 
