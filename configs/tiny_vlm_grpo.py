@@ -38,18 +38,13 @@ def get_config():
     c.rollout.n_generation = 8
     c.train.optm_lr = 1e-4
     c.train.optm_weight_decay = 0.0
-    c.train.optm_warmup_steps = 0
     c.train.ckpt.save_freq = 5
     c.train.ckpt.max_keep = 2
     tp = c.train.train_policy
     tp.type = "grpo"
     tp.mini_batch = 8
-    tp.mu_iterations = 1
     g = tp.lm_grpo
-    g.temperature = 1.0
     g.max_response_length = 24
-    g.rewards = ("format", "single_choice")
-    g.reward_weights = (1.0, 1.0)
     tp.dataset.layout = "conversations"
     # the SFT recipe's world: options in a fixed order per question type (policy.vlm.vqa_options)
     tp.dataset.local_dir = "./outputs/tiny_vqa_fixed/train"
