@@ -123,7 +123,9 @@ def test_ratios_and_markdown_with_a_failed_stack():
 
 def test_cli_rejects_bad_arguments(tmp_path, capsys):
     for argv in (["--only", "nope"], ["--repeats", "0"], ["--suite", "tpu"],
-                 ["--suite", "cosmos_tiny", "--xla-memory", "--xla-devices", "0"]):
+                 ["--suite", "cosmos_tiny", "--xla-memory", "--xla-devices", "0"],
+                 ["--config.train.seed=1"],  # an override belongs to --recipe
+                 ["--recipe", "configs/tiny_sft.py", "--devices", "0"]):
         with pytest.raises(SystemExit) as e:
             main(argv)
         assert e.value.code == 2
