@@ -2,7 +2,7 @@
 of the abstract 2B / 8B models against an independent count from the architecture (and the sizes
 the released checkpoints have), the tiny VLM recipe planned through the command at 8 CPU devices
 (bytes per device against the model's own count, replicated and fully sharded, and the verdict),
-the few-layer scaling, and one TPU-topology compile of a few-layer Reason2-2B shape."""
+the few-vision-block scaling, and one TPU-topology compile of a few-layer Reason2-2B shape."""
 from __future__ import annotations
 
 import json
@@ -54,8 +54,8 @@ def test_few_layer_scaling_is_linear_in_depth():
                 "flops": 3.0 * layers, "xla_flops_per_device": 2.0 * layers,
                 "optimal_seconds": 0.5 * layers, "xla_bytes_accessed": 11.0 * layers,
                 "collective_bytes": {"all-reduce": 13 * layers}, "compile_seconds": 1.0}
-    full = _scaled([compiled(2), compiled(4)], 28 / 2 - 1)
-    want = compiled(28)
+    full = _scaled([compiled(3), compiled(6)], 24 / 3 - 1)
+    want = compiled(24)
     for key in ("temp_bytes", "generated_code_bytes", "flops", "optimal_seconds", "collective_bytes"):
         assert full[key] == want[key], key
     failed = {"compiled": False, "error": "RESOURCE_EXHAUSTED"}
@@ -105,19 +105,20 @@ def test_tiny_vlm_sft_planned_at_8_devices(tmp_path):
     assert replicated["params_bytes"] == 4 * count
     assert replicated["optimizer_bytes"] >= 2 * replicated["params_bytes"]
     assert replicated["fits"] is True
-    # fsdp=8 splits every weight that divides by 8: about an eighth on each device
-    assert replicated["params_bytes"] / 8 <= sharded["params_bytes"] < replicated["params_bytes"] / 4
+    # fsdp=8 splits the weights whose fsdp axis divides by 8 (the tiny model's norms, biases and
+    # a few small tables stay whole): between an eighth and half of them on each device
+    assert replicated["params_bytes"] / 8 <= sharded["params_bytes"] < replicated["params_bytes"] / 2
     assert sharded["mesh"]["fsdp"] == 8
     assert sharded["fits"] is False and sharded["device_memory_bytes"] == int(0.001 * 2 ** 30)
 
 
-@pytest.mark.slow  # one libtpu compile of a two-layer Reason2-2B step (~1 min)
+@pytest.mark.slow  # one libtpu compile of a Reason2-2B step cut to 2 layers and 3 vision blocks
 def test_reason2_shape_compiles_for_a_tpu_topology(tmp_path, capsys):
     pytest.importorskip("libtpu", reason="libtpu (the TPU compiler) is not installed")
     from wfm_jax import plan as plan_lib
     model = tmp_path / "reason2_2b_two_layers"
     model.mkdir()
-    (model / "config.json").write_text(json.dumps(vlm_abstract.with_depth(QWEN3_VL_2B, 2, 2)))
+    (model / "config.json").write_text(json.dumps(vlm_abstract.with_depth(QWEN3_VL_2B, 2, 3)))
     argv = ["--config", "configs/reason2_2b_sft.py", f"--config.policy.model_name_or_path={model}",
             "--topology", "v5p:2x2x1", "--seq-len", "512", "--size", "256", "--batch-per-device", "1",
             "--config.policy.parallelism.data=1", "--config.policy.parallelism.fsdp=4", "--json"]
@@ -130,3 +131,13 @@ def test_reason2_shape_compiles_for_a_tpu_topology(tmp_path, capsys):
     assert step["fits"] == (step["peak_bytes"] <= step["hbm_bytes"]) and r["fits"] is True
     # bf16 compute, fp32 master weights split four ways
     assert r["params_bytes"] < 4 * r["parameters"] / 2
+
+
+def test_cut_model_keeps_its_deepstack_taps():
+    for config in (QWEN3_VL_2B, QWEN3_VL_8B):
+        taps = len(config["vision_config"]["deepstack_visual_indexes"])
+        for blocks in (3, 6):
+            cut = vlm_abstract.with_depth(config, None, blocks)
+            kept = cut["vision_config"]["deepstack_visual_indexes"]
+            assert len(set(kept)) == taps and max(kept) < blocks == cut["vision_config"]["depth"]
+            assert cut["text_config"] == config["text_config"]

@@ -4,18 +4,19 @@
 
 The batch: --batch-per-device conversations per device of --seq-len tokens (default the
 recipe's policy.vlm.model_max_length), each with one square --size image (default 512 pixels,
-256 visual tokens; 0: text only). --layers K compiles K and 2K decoder layers (and as large a
-share of the vision blocks) and scales the temporaries linearly to the full depth; the
-parameter and optimizer bytes are always the full model's.
+256 visual tokens; 0: text only). --vision-blocks K compiles the step with K and 2K vision
+blocks and scales its temporaries linearly to the whole tower: the vision tower is unrolled, so
+its blocks are most of a compile's time, while the decoder's scanned layers compile once
+whatever their number; the parameter and optimizer bytes are always the full model's.
 """
 from __future__ import annotations
 
 from wfm_jax.plan import topology
 
 DEFAULT_IMAGE_SIDE = 512
-SCALE_METHOD = ("two compiles at K and 2K decoder layers (vision blocks cut in the same "
-                "proportion); temp and FLOPs scaled linearly in depth to the full model: "
-                "full = a + (b - a) x (layers / K - 1)")
+SCALE_METHOD = ("two compiles with K and 2K vision blocks (the whole scanned decoder, the DeepStack "
+                "taps kept); temp, FLOPs and collectives scaled linearly to the full tower: "
+                "full = a + (b - a) x (blocks / K - 1)")
 
 
 def plan_vlm(args, config) -> dict:
@@ -62,15 +63,19 @@ def plan_vlm(args, config) -> dict:
     layers = int(full["text_config"]["num_hidden_layers"])
     depth = int(full["vision_config"]["depth"])
     on_tpu = topo is not None
-    if args.layers and 2 * args.layers < layers:
-        cuts = [(k, max(1, round(depth * k / layers))) for k in (args.layers, 2 * args.layers)]
+    k = args.vision_blocks
+    if k and 2 * k < depth:
+        taps = len(full["vision_config"].get("deepstack_visual_indexes", ()))
+        if k < taps:
+            raise SystemExit(f"wfm_jax.plan: --vision-blocks {k}: at least {taps} (one per DeepStack "
+                             f"tap, so both compiles keep them all)")
         measured = [compile_program(vlm_abstract.sft_step_program(
-            setup_at(vlm_abstract.with_depth(full, k, v)), rows, seq_len, side), on_tpu)
-            for k, v in cuts]
-        step = _scaled(measured, layers / args.layers - 1)
-        step["scaled_from"] = [{"text_layers": k, "vision_blocks": v, **{
+            setup_at(vlm_abstract.with_depth(full, None, v)), rows, seq_len, side), on_tpu)
+            for v in (k, 2 * k)]
+        step = _scaled(measured, depth / k - 1)
+        step["scaled_from"] = [{"vision_blocks": v, **{
             f: m.get(f) for f in ("compiled", "temp_bytes", "flops", "compile_seconds", "error")}}
-            for (k, v), m in zip(cuts, measured)]
+            for v, m in zip((k, 2 * k), measured)]
         step["scale_method"] = SCALE_METHOD
     else:
         step = compile_program(vlm_abstract.sft_step_program(whole, rows, seq_len, side), on_tpu)

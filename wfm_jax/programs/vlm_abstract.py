@@ -35,15 +35,18 @@ def vlm_model_config(config) -> tuple[dict, str]:
 
 def with_depth(model_config: dict, text_layers: int | None, vision_depth: int | None) -> dict:
     """`model_config` cut to `text_layers` decoder layers / `vision_depth` vision blocks (the
-    planner's few-layer compiles); DeepStack indexes beyond the cut are dropped."""
+    planner's few-layer compiles). The DeepStack taps move in proportion to the cut (distinct
+    blocks, no more than the decoder layers they feed: the model needs at least one)."""
     out = json.loads(json.dumps(model_config))
     if text_layers:
         out["text_config"]["num_hidden_layers"] = int(text_layers)
     if vision_depth:
         vision = out["vision_config"]
+        full = int(vision["depth"])
         vision["depth"] = int(vision_depth)
-        keep = [i for i in vision.get("deepstack_visual_indexes", [8, 16, 24]) if i < vision_depth]
-        vision["deepstack_visual_indexes"] = keep[:out["text_config"]["num_hidden_layers"]]
+        taps = sorted({min(vision_depth - 1, i * vision_depth // full)
+                       for i in vision.get("deepstack_visual_indexes", [8, 16, 24])})
+        vision["deepstack_visual_indexes"] = taps[:out["text_config"]["num_hidden_layers"]]
     return out
 
 
