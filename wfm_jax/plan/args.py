@@ -19,9 +19,15 @@ def parse_args(argv):
     p.add_argument("--device-kind", choices=sorted(DEVICE_MEMORY), default="h100")
     p.add_argument("--batch-per-device", type=int, default=4)
     p.add_argument("--size", type=int, default=None,
-                   help="image side in pixels (default: the recipe's inference_size)")
+                   help="image side in pixels (default: the recipe's inference_size; VLM: one image "
+                        "per row, 512)")
     p.add_argument("--frames", type=int, default=None,
                    help="video families: frames (default: the recipe's train_frames, 4k+1)")
+    p.add_argument("--seq-len", type=int, default=None,
+                   help="VLM families: tokens per row (default: the recipe's policy.vlm.model_max_length)")
+    p.add_argument("--vision-blocks", type=int, default=None, metavar="K",
+                   help="VLM families: compile K and 2K vision blocks and scale to the whole tower "
+                        "(a faster compile)")
     p.add_argument("--remat", default=None, help="a policy.remat name (default: the recipe's)")
     p.add_argument("--no-scan", action="store_true", help="unroll the blocks (no lax.scan)")
     p.add_argument("--frozen-dtype", default=None,

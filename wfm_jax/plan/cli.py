@@ -5,6 +5,8 @@ analysis of the compiled programs on N simulated devices, before a single weight
         [--device-kind h100|h200|v5p|v6e] [--batch-per-device 4] [--size 1024] [--frames 81]
         [--remat dots] [--no-scan] [--frozen-dtype float32] [--hbm-gib G] [--json]
     python -m wfm_jax.plan --config X.py --topology v5p:2x2x1 [--num-slices N] [...]
+    python -m wfm_jax.plan --config configs/reason2_8b_sft.py [--seq-len 4096] [--size 512]
+        [--vision-blocks 3]     (VLM families: the SFT step, plan/vlm.py)
 
 --topology compiles for a TPU topology with libtpu's compiler, no TPU needed (plan/topology.py;
 docs/sharding_and_memory.md): per program compiled or the compiler's error, bytes per device

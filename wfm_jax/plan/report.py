@@ -6,7 +6,8 @@ from __future__ import annotations
 import os
 
 from wfm_jax.plan import topology
-from wfm_jax.plan.args import DEVICE_MEMORY, GiB, parse_args
+from wfm_jax.plan.args import GiB, parse_args
+from wfm_jax.plan.compiled import compile_program, finish, memory_limit, peak
 
 MEMORY_ENV = "WFM_JAX_DEVICE_MEMORY_BYTES"  # per-device limit main checks against (any backend)
 
@@ -21,7 +22,11 @@ def plan(args, config=None, limit: int | None = None) -> dict:
 
     if config is None:
         config = load_config(args.config, [tuple(kv.split("=", 1)) for kv in args.set])
+    from wfm_jax.config.schema import VLM_FAMILIES
     try:
+        if str(config.policy.family) in VLM_FAMILIES:  # Qwen3-VL: its own SFT step
+            from wfm_jax.plan.vlm import plan_vlm
+            return plan_vlm(args, config)
         return _plan(args, config, limit)
     except SetupError as e:  # a layout, shape or model dir the run cannot have: one line
         raise SystemExit(f"wfm_jax.plan: {e}") from None
@@ -91,7 +96,7 @@ def _plan(args, config, limit) -> dict:
         "config": args.config, "family": family, "algorithm": kind, "model_configs": source,
         "devices": int(mesh.devices.size),
         "device_kind": topo["chip"] if topo else args.device_kind,
-        "device_memory_bytes": int(_memory_limit(args, topo)),
+        "device_memory_bytes": int(memory_limit(args, topo)),
         "mesh": {k: int(v) for k, v in mesh.shape.items()},
         "size": size[0] if size[0] == size[1] else list(size),
         "frames": frames if setup.pipe.is_video else None, "remat": remat, "scan_layers": scan,
@@ -119,11 +124,11 @@ def _plan(args, config, limit) -> dict:
         out["batch_per_device"] = args.batch_per_device
         out["global_batch"] = batch = args.batch_per_device * mesh.devices.size // context
         programs = build(setup, batch=batch, size=size, frames=frames)
-        step = _compile(programs.sft_step, topo is not None)
+        step = compile_program(programs.sft_step, topo is not None)
         step["batch_bytes"] = per_device_bytes(programs.abstract_args("sft_step")[2:])
         compiled = {"step": step}
         # donated state: the step's outputs reuse its arguments (alias), temp comes on top
-        _peak(step, resident, topo is not None)
+        peak(step, resident, topo is not None)
     else:
         programs = build(setup, algo_cls(algo_config, setup.pipe.shell()), size=size,
                          frames=frames)
@@ -131,7 +136,7 @@ def _plan(args, config, limit) -> dict:
         rollout_args, update_args = (programs.abstract_args("rollout"),
                                      programs.abstract_args("update"))
         on_tpu = topo is not None
-        rollout, update = _compile(programs.rollout, on_tpu), _compile(programs.update, on_tpu)
+        rollout, update = compile_program(programs.rollout, on_tpu), compile_program(programs.update, on_tpu)
         update["batch_bytes"] = per_device_bytes(update_args[2])  # the whole batch's fields
         rollout["vae_bytes"] = per_device_bytes(rollout_args[2])
         rollout["chunk_bytes"] = per_device_bytes((rollout_args[3], rollout_args[4],
@@ -142,101 +147,22 @@ def _plan(args, config, limit) -> dict:
                     "mu_iterations": layout.mu_iterations})
         compiled = {"rollout": rollout, "update": update}
         stored = update["batch_bytes"]  # the whole batch's rollout fields, kept for the update
-        _peak(update, resident + stored, topo is not None)
+        peak(update, resident + stored, topo is not None)
         # (the compiled rollout drops the state it does not read: its argument bytes are less
         # than the resident state, which stays on the device all the same)
-        _peak(rollout, resident + stored + rollout["chunk_bytes"], topo is not None)
+        peak(rollout, resident + stored + rollout["chunk_bytes"], topo is not None)
         step = update
     sampler = programs.evaluate if rl else programs.sample
     if topo is not None and sampler is not None:  # what a TPU run also compiles: validation
         name = "evaluate" if rl else "sample"
-        p = compiled[name] = _compile(sampler, True)
-        _peak(p, resident + per_device_bytes(programs.abstract_args(name)[3:]), True)
-    if topo is not None:
-        out.update({k: topo[k] for k in ("topology", "num_slices", "chips", "chip",
-                                         "peak_flops_per_device", "peak_table")})
-        out["device_kind"] = topo["device_kind"]  # libtpu's name; chip: the table's
-        out["hbm_bytes"] = out["device_memory_bytes"]  # the chip's share, or --hbm-gib
-        out["attention_impl"] = config.policy.attention_impl
-        out["estimate_method"] = topology.ESTIMATE_METHOD
-        for p in compiled.values():
-            topology.program_fields(p, dict(topo, hbm_bytes=out["hbm_bytes"]),
-                                    out["devices"], config.policy.attention_impl)
-        if rl and update["compiled"] and rollout.get("estimated_step_seconds"):
-            chunks = -(-int(t.train_batch_per_replica) // layout.rollout_chunk)
-            rollout["chunks_per_step"] = chunks
-            rollout["estimated_seconds_per_step"] = rollout["estimated_step_seconds"] * chunks
-    out["programs"] = compiled
-    # the train step's figures at the top level (RL: the update), as SFT always had them
-    for k in ("argument", "temp", "output", "alias"):
-        out[f"step_{k}_bytes"] = step.get(f"{k}_bytes")
-    out["compile_seconds"] = round(sum(p["compile_seconds"] for p in compiled.values()), 1)
-    out["flops_per_step"] = step.get("flops")
-    out["xla_flops_per_device"] = step.get("xla_flops_per_device")
-    out["collective_bytes"] = step.get("collective_bytes")
-    peaks = {k: p["peak_bytes"] for k, p in compiled.items() if p["peak_bytes"] is not None}
-    out["peak_program"] = max(peaks, key=peaks.get) if peaks else None
-    out["total_bytes"] = peaks.get(out["peak_program"])
-    # a program the compiler refused for memory does not fit, whatever the others need
-    out["fits"] = (all(p["compiled"] or p["fits"] is not False for p in compiled.values())
-                   and bool(peaks) and out["total_bytes"] <= out["device_memory_bytes"])
-    out["failed_programs"] = [k for k, p in compiled.items() if not p["compiled"]]
+        p = compiled[name] = compile_program(sampler, True)
+        peak(p, resident + per_device_bytes(programs.abstract_args(name)[3:]), True)
+    out = finish(out, compiled, step, topo, config)
+    if topo is not None and rl and update["compiled"] and rollout.get("estimated_step_seconds"):
+        chunks = -(-int(t.train_batch_per_replica) // layout.rollout_chunk)
+        rollout["chunks_per_step"] = chunks
+        rollout["estimated_seconds_per_step"] = rollout["estimated_step_seconds"] * chunks
     return out
-
-
-def _memory_limit(args, topo) -> float:
-    """Per-device memory the fit verdict uses: --hbm-gib, else the topology's chip share, else
-    the --device-kind's."""
-    if getattr(args, "hbm_gib", None):
-        return args.hbm_gib * GiB
-    return topo["hbm_bytes"] if topo else DEVICE_MEMORY[args.device_kind]
-
-
-def _compile(program, progress: bool) -> dict:
-    """program.stats(), or, when the compiler refuses it (on TPU: RESOURCE_EXHAUSTED when its
-    temporaries exceed HBM), the failure as a result, so the plan goes on to the next program.
-    progress: a line on stderr per program (a TPU compile of a large model takes minutes)."""
-    import time
-
-    import jax
-
-    from wfm_jax.programs.stats import per_device_bytes
-    start = time.perf_counter()
-    try:
-        p = dict(program.stats())
-    except jax.errors.JaxRuntimeError as e:
-        p = topology.compile_failure(e)
-        progress and say(f"wfm_jax.plan: {program.name}: not compiled after "
-            f"{time.perf_counter() - start:.0f} s: {p['error']}")
-        p.update({"compile_seconds": round(time.perf_counter() - start, 1),
-                  "argument_bytes": per_device_bytes(program.abstract_args()),
-                  "temp_bytes": p.get("required_bytes"), "output_bytes": None,
-                  "alias_bytes": None, "generated_code_bytes": None, "flops": None,
-                  "xla_flops_per_device": None, "collective_bytes": None})
-        return p
-    p["compiled"] = True
-    if progress:
-        say(f"wfm_jax.plan: {program.name}: compiled in {p['compile_seconds']} s: temp "
-            f"{p['temp_bytes']}, argument {p['argument_bytes']}, output {p['output_bytes']}, "
-            f"alias {p['alias_bytes']} bytes per device, {p['flops']:.4g} FLOP, XLA "
-            f"{p['xla_flops_per_device']:.4g} FLOP/device, optimal_seconds "
-            f"{p['optimal_seconds']:.4g}, kernels {p['custom_calls']}")
-    return p
-
-
-def say(line: str) -> None:
-    import sys
-    print(line, file=sys.stderr, flush=True)
-
-
-def _peak(p: dict, resident: int, code_in_hbm: bool) -> None:
-    """p's peak per device: what stays resident + its temporaries + outputs not written over
-    donated inputs (+ the executable, which a TPU holds in HBM); None when it did not compile."""
-    if not p["compiled"]:
-        p["peak_bytes"] = None
-        return
-    p["peak_bytes"] = (resident + p["temp_bytes"] + p["output_bytes"] - p["alias_bytes"]
-                       + (p["generated_code_bytes"] if code_in_hbm else 0))
 
 
 def _bytes(v: float) -> str:
@@ -251,6 +177,9 @@ def describe(r: dict) -> str:
     mesh = " x ".join(f"{k}={v}" for k, v in r["mesh"].items())
     size = r["size"] if isinstance(r["size"], list) else [r["size"]] * 2
     shape = f"{size[0]}x{size[1]}" + (f"x{r['frames']} frames" if r["frames"] else "")
+    if r.get("sequence_length"):  # a VLM: rows of tokens, one image each
+        shape = (f"{r['sequence_length']} tokens/row, one {shape} image ({r['visual_tokens_per_row']} "
+                 f"visual tokens)" if r["size"] else f"{r['sequence_length']} tokens/row, text only")
     if r["algorithm"] == "sft":
         batch = f"batch {r['batch_per_device']}/device ({r['global_batch']} global)"
     else:
@@ -259,12 +188,22 @@ def describe(r: dict) -> str:
     lines = [
         f"{r['config']} ({r['family']} {r['algorithm']}{', LoRA' if r['lora'] else ''}): "
         f"{r['devices']} devices ({mesh}), {batch}, {shape}, remat {r['remat']}, scan "
-        f"{'on' if r['scan_layers'] else 'off'}, encoders/VAE in {r['frozen_dtype']} "
-        f"(configs: {r['model_configs']})",
+        f"{'on' if r['scan_layers'] else 'off'}, "
+        + ("" if r.get("sequence_length") else f"encoders/VAE in {r['frozen_dtype']} ")
+        + f"(configs: {r['model_configs']})",
         f"  per device: params {g(r['params_bytes'])}, optimizer {g(r['optimizer_bytes'])}, "
         f"EMA {g(r['ema_bytes'])}, old policy {g(r['old_bytes'])}, reference "
         f"{g(r['ref_bytes'])}, frozen transformer buffers {g(r['transformer_frozen_bytes'])}, "
         f"text encoders + VAE {g(r['encoders_vae_bytes'])}"]
+    if r.get("sequence_length"):
+        lines[-1] = (f"  per device: params {g(r['params_bytes'])}, optimizer {g(r['optimizer_bytes'])}, "
+                     f"frozen {g(r['transformer_frozen_bytes'])} (vision tower trained: "
+                     f"{r['train_vision']}); activations (the step's temporaries) "
+                     f"{g(r['activation_bytes']) if r['activation_bytes'] is not None else '?'}; "
+                     f"{r['parameters'] / 1e9:.3f} B parameters, {r['text_layers']} decoder layers, "
+                     f"{r['vision_blocks']} vision blocks")
+        if r["programs"]["step"].get("scale_method"):
+            lines.append(f"  scaled: {r['programs']['step']['scale_method']}")
     if r.get("topology"):
         lines.append(_topology_table(r))
         lines.append(f"  estimates: {r['estimate_method']}; peak bf16 per chip: "

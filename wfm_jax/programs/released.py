@@ -65,6 +65,33 @@ DCAE_F32C32 = dict(
     encoder_qkv_multiscales=[[], [], [], [5], [5], [5]],
     decoder_qkv_multiscales=[[], [], [], [5], [5], [5]])
 
+# Qwen3-VL-2B / -8B-Instruct config.json (nvidia/Cosmos-Reason2-2B / -8B post-train them; same
+# architecture; specs/reason2.md §1.4). The VLM planner's shapes when the model dir is not on disk.
+_QWEN3_VL_COMMON = dict(
+    model_type="qwen3_vl", architectures=["Qwen3VLForConditionalGeneration"],
+    image_token_id=151655, video_token_id=151656, vision_start_token_id=151652,
+    vision_end_token_id=151653)
+_QWEN3_VL_TEXT = dict(vocab_size=151936, head_dim=128, num_key_value_heads=8, hidden_act="silu",
+                      rms_norm_eps=1e-6, max_position_embeddings=262144, attention_bias=False,
+                      rope_parameters=dict(rope_type="default", rope_theta=5e6,
+                                           mrope_section=[24, 20, 20], mrope_interleaved=True),
+                      bos_token_id=151643, eos_token_id=151645)
+_QWEN3_VL_VISION = dict(patch_size=16, temporal_patch_size=2, spatial_merge_size=2,
+                        num_position_embeddings=2304, num_heads=16, in_channels=3,
+                        hidden_act="gelu_pytorch_tanh")
+QWEN3_VL_2B = dict(
+    _QWEN3_VL_COMMON, tie_word_embeddings=True,
+    text_config=dict(_QWEN3_VL_TEXT, num_hidden_layers=28, hidden_size=2048, intermediate_size=6144,
+                     num_attention_heads=16),
+    vision_config=dict(_QWEN3_VL_VISION, depth=24, hidden_size=1024, intermediate_size=4096,
+                       out_hidden_size=2048, deepstack_visual_indexes=[5, 11, 17]))
+QWEN3_VL_8B = dict(
+    _QWEN3_VL_COMMON, tie_word_embeddings=False,
+    text_config=dict(_QWEN3_VL_TEXT, num_hidden_layers=36, hidden_size=4096,
+                     intermediate_size=12288, num_attention_heads=32),
+    vision_config=dict(_QWEN3_VL_VISION, depth=27, hidden_size=1152, intermediate_size=4304,
+                       out_hidden_size=4096, deepstack_visual_indexes=[8, 16, 24]))
+
 
 def _sd3():
     from wfm_jax.families import tiny
@@ -121,3 +148,9 @@ def released_configs(family: str, model_name: str) -> dict:
         raise SetupError(f"no released shape for policy.family={family!r}; "
                          f"put the model dir on disk (its config.json files are enough)")
     return _RELEASED[family](str(model_name))
+
+
+def released_vlm_config(model_name: str) -> dict:
+    """The released Qwen3-VL config.json a VLM recipe names: 8B when its model name says 8B,
+    else 2B (Cosmos-Reason2 comes in those two sizes)."""
+    return dict(QWEN3_VL_8B if "8b" in str(model_name).lower() else QWEN3_VL_2B)

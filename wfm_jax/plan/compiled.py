@@ -1,0 +1,94 @@
+"""What the planner does with a compiled program, for every family (report.py: the DiT recipes;
+vlm.py: the vision-language SFT step): compile it or take the compiler's refusal as a result, its
+peak per device, the memory limit of the verdict, and the report's common tail."""
+from __future__ import annotations
+
+from wfm_jax.plan import topology
+from wfm_jax.plan.args import DEVICE_MEMORY, GiB
+
+
+def finish(out: dict, compiled: dict, step: dict, topo, config) -> dict:
+    """The report's common tail (every family): the topology's fields per program, the train
+    step's figures at the top level, the peak program and the fit verdict."""
+    if topo is not None:
+        out.update({k: topo[k] for k in ("topology", "num_slices", "chips", "chip",
+                                         "peak_flops_per_device", "peak_table")})
+        out["device_kind"] = topo["device_kind"]  # libtpu's name; chip: the table's
+        out["hbm_bytes"] = out["device_memory_bytes"]  # the chip's share, or --hbm-gib
+        out["attention_impl"] = config.policy.attention_impl
+        out["estimate_method"] = topology.ESTIMATE_METHOD
+        for p in compiled.values():
+            topology.program_fields(p, dict(topo, hbm_bytes=out["hbm_bytes"]),
+                                    out["devices"], config.policy.attention_impl)
+    out["programs"] = compiled
+    # the train step's figures at the top level (RL: the update), as SFT always had them
+    for k in ("argument", "temp", "output", "alias"):
+        out[f"step_{k}_bytes"] = step.get(f"{k}_bytes")
+    out["compile_seconds"] = round(sum(p["compile_seconds"] for p in compiled.values()), 1)
+    out["flops_per_step"] = step.get("flops")
+    out["xla_flops_per_device"] = step.get("xla_flops_per_device")
+    out["collective_bytes"] = step.get("collective_bytes")
+    peaks = {k: p["peak_bytes"] for k, p in compiled.items() if p["peak_bytes"] is not None}
+    out["peak_program"] = max(peaks, key=peaks.get) if peaks else None
+    out["total_bytes"] = peaks.get(out["peak_program"])
+    # a program the compiler refused for memory does not fit, whatever the others need
+    out["fits"] = (all(p["compiled"] or p["fits"] is not False for p in compiled.values())
+                   and bool(peaks) and out["total_bytes"] <= out["device_memory_bytes"])
+    out["failed_programs"] = [k for k, p in compiled.items() if not p["compiled"]]
+    return out
+
+
+def memory_limit(args, topo) -> float:
+    """Per-device memory the fit verdict uses: --hbm-gib, else the topology's chip share, else
+    the --device-kind's."""
+    if getattr(args, "hbm_gib", None):
+        return args.hbm_gib * GiB
+    return topo["hbm_bytes"] if topo else DEVICE_MEMORY[args.device_kind]
+
+
+def compile_program(program, progress: bool) -> dict:
+    """program.stats(), or, when the compiler refuses it (on TPU: RESOURCE_EXHAUSTED when its
+    temporaries exceed HBM), the failure as a result, so the plan goes on to the next program.
+    progress: a line on stderr per program (a TPU compile of a large model takes minutes)."""
+    import time
+
+    import jax
+
+    from wfm_jax.programs.stats import per_device_bytes
+    start = time.perf_counter()
+    try:
+        p = dict(program.stats())
+    except jax.errors.JaxRuntimeError as e:
+        p = topology.compile_failure(e)
+        progress and say(f"wfm_jax.plan: {program.name}: not compiled after "
+            f"{time.perf_counter() - start:.0f} s: {p['error']}")
+        p.update({"compile_seconds": round(time.perf_counter() - start, 1),
+                  "argument_bytes": per_device_bytes(program.abstract_args()),
+                  "temp_bytes": p.get("required_bytes"), "output_bytes": None,
+                  "alias_bytes": None, "generated_code_bytes": None, "flops": None,
+                  "xla_flops_per_device": None, "collective_bytes": None})
+        return p
+    p["compiled"] = True
+    if progress:
+        say(f"wfm_jax.plan: {program.name}: compiled in {p['compile_seconds']} s: temp "
+            f"{p['temp_bytes']}, argument {p['argument_bytes']}, output {p['output_bytes']}, "
+            f"alias {p['alias_bytes']} bytes per device, {p['flops']:.4g} FLOP, XLA "
+            f"{p['xla_flops_per_device']:.4g} FLOP/device, optimal_seconds "
+            f"{p['optimal_seconds']:.4g}, kernels {p['custom_calls']}")
+    return p
+
+
+def say(line: str) -> None:
+    import sys
+    print(line, file=sys.stderr, flush=True)
+
+
+def peak(p: dict, resident: int, code_in_hbm: bool) -> None:
+    """p's peak per device: what stays resident + its temporaries + outputs not written over
+    donated inputs (+ the executable, which a TPU holds in HBM); None when it did not compile."""
+    if not p["compiled"]:
+        p["peak_bytes"] = None
+        return
+    p["peak_bytes"] = (resident + p["temp_bytes"] + p["output_bytes"] - p["alias_bytes"]
+                       + (p["generated_code_bytes"] if code_in_hbm else 0))
+

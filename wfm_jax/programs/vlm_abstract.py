@@ -1,0 +1,165 @@
+"""The vision-language SFT step (programs/vlm_sft.py) on abstract weights, for the planner: the
+Qwen3-VL model of a recipe built with nnx.eval_shape (ShapeDtypeStructs carrying the mesh's
+shardings, nothing of 2B / 8B size allocated), its train state as the trainer makes it
+(train/vlm_sft.py: the trainable filter, LoRA, make_tx, TrainState.create) and a batch of
+`rows` conversations of `seq_len` tokens, each with one square image of `image_side` pixels.
+
+The shapes: the model dir's config.json when it is on disk (no weights read), else the released
+Qwen3-VL-2B / -8B config (programs/released.py) picked by the model name.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+
+from wfm_jax.programs.build import Program
+from wfm_jax.programs.released import released_vlm_config
+from wfm_jax.programs.setup import SetupError
+
+
+def vlm_model_config(config) -> tuple[dict, str]:
+    """(config.json dict, where it came from): the recipe's model dir's (the tiny VQA model built
+    there first when policy.vlm.build_tiny_vqa), else the released one."""
+    root = str(config.policy.model_name_or_path)
+    path = os.path.join(root, "config.json")
+    if not os.path.isfile(path) and config.policy.vlm.build_tiny_vqa:  # the tiny recipe's model
+        from wfm_jax.worlds.vqa.model import ensure_base_model
+        ensure_base_model(root, seed=int(config.policy.vlm.vqa_seed))
+    if os.path.isfile(path):
+        with open(path) as f:
+            return json.load(f), root
+    return released_vlm_config(root), "released " + ("Qwen3-VL-8B" if "8b" in root.lower() else "Qwen3-VL-2B")
+
+
+def with_depth(model_config: dict, text_layers: int | None, vision_depth: int | None) -> dict:
+    """`model_config` cut to `text_layers` decoder layers / `vision_depth` vision blocks (the
+    planner's few-layer compiles). The DeepStack taps move in proportion to the cut (distinct
+    blocks, no more than the decoder layers they feed: the model needs at least one)."""
+    out = json.loads(json.dumps(model_config))
+    if text_layers:
+        out["text_config"]["num_hidden_layers"] = int(text_layers)
+    if vision_depth:
+        vision = out["vision_config"]
+        full = int(vision["depth"])
+        vision["depth"] = int(vision_depth)
+        taps = sorted({min(vision_depth - 1, i * vision_depth // full)
+                       for i in vision.get("deepstack_visual_indexes", [8, 16, 24])})
+        vision["deepstack_visual_indexes"] = taps[:out["text_config"]["num_hidden_layers"]]
+    return out
+
+
+def parameter_count(model_config: dict) -> int:
+    """Parameters of the whole Qwen3-VL of `model_config` (vision tower, decoder, lm_head when
+    untied), counted on its abstract model."""
+    import jax
+    from flax import nnx
+
+    from wfm_jax.models.qwen3_vl.model import make_model
+    model = nnx.eval_shape(lambda: make_model(model_config, rngs=nnx.Rngs(0)))
+    return sum(math.prod(x.shape) for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+
+
+@dataclasses.dataclass
+class AbstractVLMSetup:
+    """What the VLM trainer holds, as shapes: state (TrainState), frozen (the untrained
+    variables: the vision tower unless train_vision, LoRA's base weights), graphdef, tx."""
+    config: object
+    mesh: object
+    rules: tuple
+    model_config: dict
+    source: str
+    graphdef: object
+    state: object
+    frozen: object
+    tx: object
+    parameters: int  # of the whole model
+
+
+def abstract_vlm_setup(config, mesh, rules, model_config: dict, source: str, remat: str,
+                       scan: bool) -> AbstractVLMSetup:
+    import jax
+    from flax import nnx
+
+    from wfm_jax.models import lora as lora_lib
+    from wfm_jax.models.qwen3_vl.model import make_model
+    from wfm_jax.programs import abstract as abstract_lib
+    from wfm_jax.programs import setup as setup_lib
+    from wfm_jax.programs import vlm_sft
+    from wfm_jax.programs.state import TrainState
+    t, p = config.train, config.policy
+    dtype, param_dtype = setup_lib.DTYPES[str(t.compute_dtype)], setup_lib.DTYPES[str(t.param_dtype)]
+    lora = bool(p.lora.enable)
+
+    def make():
+        model = make_model(model_config, dtype=dtype, param_dtype=param_dtype, rngs=nnx.Rngs(0),
+                           remat=remat, scan_layers=scan)
+        if lora:
+            lora_lib.attach_lora(model, list(p.lora.target_modules), int(p.lora.r),
+                                 float(p.lora.lora_alpha), seed=int(t.seed),
+                                 init=str(p.lora.init_lora_weights))
+        return model
+    try:
+        model = nnx.eval_shape(make)
+    except ValueError as e:  # a config.json the model cannot take
+        raise SetupError(f"{source}: {e}") from None
+    wanted = vlm_sft.trainable_filter(lora, bool(p.vlm.train_vision))
+    graphdef, _, _ = nnx.split(model, wanted, ...)
+    params = abstract_lib.placed(model, mesh, rules, wanted)
+    frozen = abstract_lib.placed(model, mesh, rules, nnx.Not(wanted))
+    tx, _ = setup_lib.make_tx(config)
+    rng = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=setup_lib.replicated(mesh))
+    shapes = jax.eval_shape(lambda prm, key: TrainState.create(prm, tx, key), params, rng)
+    shardings = setup_lib.state_shardings(shapes, jax.tree.map(lambda x: x.sharding, params),
+                                          mesh, tx)
+    state = setup_lib.with_shardings(shapes, shardings)
+    count = sum(math.prod(x.shape) for x in jax.tree.leaves(
+        nnx.state(model, nnx.All(nnx.Param, nnx.Not(nnx.LoRAParam)))))
+    return AbstractVLMSetup(config, mesh, tuple(rules), model_config, source, graphdef, state,
+                            frozen, tx, count)
+
+
+def image_grid(model_config: dict, image_side: int) -> tuple[int, int, int]:
+    """(t, h, w) in patches of one square image of `image_side` pixels (a multiple of
+    patch x merge: the processor's resize target)."""
+    v = model_config["vision_config"]
+    factor = int(v.get("patch_size", 16)) * int(v.get("spatial_merge_size", 2))
+    if image_side % factor:
+        raise SetupError(f"image side {image_side} is not a multiple of {factor} (patch x merge: "
+                         f"the processor resizes to such sizes)")
+    side = image_side // int(v.get("patch_size", 16))
+    return (1, side, side)
+
+
+def visual_tokens(model_config: dict, grid: tuple[int, int, int]) -> int:
+    merge = int(model_config["vision_config"].get("spatial_merge_size", 2))
+    return grid[0] * grid[1] * grid[2] // merge ** 2
+
+
+def sft_step_program(setup: AbstractVLMSetup, rows: int, seq_len: int, image_side: int) -> Program:
+    """The VLM SFT step (vlm_sft.VLMSFTStep's program for this grid) on a batch of `rows`
+    conversations of `seq_len` tokens, each with one `image_side` image (0: text only)."""
+    import jax
+    import jax.numpy as jnp
+
+    from wfm_jax.programs import vlm_sft
+    cfg = setup.model_config
+    grid = image_grid(cfg, image_side) if image_side else None
+    if grid is not None and visual_tokens(cfg, grid) + 2 > seq_len:
+        raise SetupError(f"a {image_side}x{image_side} image is {visual_tokens(cfg, grid)} visual "
+                         f"tokens: more than a {seq_len}-token sequence holds")
+    v = cfg["vision_config"]
+    patch_dim = (int(v.get("in_channels", 3)) * int(v.get("temporal_patch_size", 2))
+                 * int(v.get("patch_size", 16)) ** 2)
+    shapes = {"input_ids": ((rows, seq_len), jnp.int32),
+              "attention_mask": ((rows, seq_len), jnp.int32),
+              "loss_mask": ((rows, seq_len), jnp.bool_),
+              "position_ids": ((4, rows, seq_len), jnp.int32)}
+    if grid is not None:
+        shapes["pixel_values"] = ((rows * grid[0] * grid[1] * grid[2], patch_dim), jnp.float32)
+    shardings = vlm_sft.batch_shardings(shapes, setup.mesh, setup.rules)
+    batch = {k: jax.ShapeDtypeStruct(s, d, sharding=shardings[k]) for k, (s, d) in shapes.items()}
+    grids = None if grid is None else (grid,) * rows
+    fn = vlm_sft.VLMSFTStep(setup.graphdef, setup.tx, setup.mesh, setup.rules).program(grids)
+    return Program("step", fn, lambda: (setup.state, setup.frozen, batch))
