@@ -33,27 +33,19 @@ from collections.abc import Callable, Sequence
 import jax
 import numpy as np
 from flax import nnx
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
 
 from reward_client.catalog import get_reward
 from reward_client.errors import RewardConfigError
 from wfm_jax.algorithms import lm_grpo
-from wfm_jax.core.console import say
 from wfm_jax.core.mesh import MeshConfig, check_batch, make_mesh
 from wfm_jax.data.conversations import read_records, to_messages
 from wfm_jax.families.qwen3_vl.answer import load_processor
-from wfm_jax.models.lora import attach_lora
 from wfm_jax.models.qwen3_vl.generate import Sampling, generate
 from wfm_jax.models.qwen3_vl.rope_index import position_ids
-from wfm_jax.programs import vlm_grpo, vlm_sft
-from wfm_jax.programs.setup import make_tx
-from wfm_jax.programs.state import TrainState
+from wfm_jax.programs import vlm_grpo
 from wfm_jax.train import preempt
 from wfm_jax.train import vlm_sft as sft_trainer
-from wfm_jax.train.checkpoint import Checkpointer, abstract_of
 from wfm_jax.train.metrics import MetricsLogger, check_finite
-from wfm_jax.train.setup import checkpoints_path
 from wfm_jax.train.vlm_eval import end_tokens, read_images, val_metrics
 from wfm_jax.train.vlm_sft import DTYPES, VLMSetupError, build_tiny_assets, check_model_dir, load_base
 
@@ -143,34 +135,15 @@ class VLMGRPOTrainer:
         mc = model.config
         self.visual_ids = tuple(int(i) for i in (mc.image_token_id, mc.video_token_id, mc.vision_start_token_id,
                                                  mc.vision_end_token_id) if i is not None)
-        self.lora = bool(p.lora.enable)
-        if self.lora:
-            attach_lora(model, list(p.lora.target_modules), int(p.lora.r), float(p.lora.lora_alpha),
-                        seed=int(t.seed), init=str(p.lora.init_lora_weights))
-        graphdef, params, frozen = nnx.split(model, vlm_sft.trainable_filter(self.lora, bool(v.train_vision)), ...)
-        self.graphdef = graphdef
-        self.frozen = vlm_sft.place_params(frozen, self.mesh)
-        params = vlm_sft.place_params(params, self.mesh)
+        trained = sft_trainer.TrainedModel(config, model, self.mesh)
+        self.lora, self.graphdef, self.frozen = trained.lora, trained.graphdef, trained.frozen
+        self.tx, self.lr = trained.tx, trained.lr
         # the KL reference: the starting policy (rebuilt the same way on resume)
-        self.ref_params = jax.tree.map(lambda x: x.copy(), params) if self.cfg.kl_beta else None
-        self.tx, self.lr = make_tx(config)
-        state = TrainState.create(params, self.tx, jax.random.key(int(t.seed)))
-        rep = NamedSharding(self.mesh, P())
-        self.state = jax.tree.map(lambda x: x if isinstance(x.sharding, NamedSharding) else jax.device_put(x, rep),
-                                  state)
-        self.step_fn = vlm_grpo.VLMGRPOStep(graphdef, self.tx, self.mesh, self.cfg)
-        self.logprobs = vlm_grpo.VLMLogprobs(graphdef, self.mesh, self.cfg.temperature)
-        self.ckpt = Checkpointer(checkpoints_path(config), max_keep=t.ckpt.max_keep,
-                                 save_freq=t.ckpt.save_freq, async_=t.ckpt.save_mode == "async")
-        self.start_step = 0
-        if t.resume:
-            restored = self.ckpt.restore_latest(abstract_of(self.state))
-            if restored is not None:
-                self.state, self.start_step = restored.state, restored.step
-                say(f"resumed from checkpoint step {restored.step}")
-        if jax.process_index() == 0:
-            from wfm_jax.config.recipe import save_resolved
-            save_resolved(config, os.path.join(t.output_dir, "config.json"))
+        self.ref_params = (jax.tree.map(lambda x: x.copy(), trained.state.params)
+                           if self.cfg.kl_beta else None)
+        self.step_fn = vlm_grpo.VLMGRPOStep(self.graphdef, self.tx, self.mesh, self.cfg)
+        self.logprobs = vlm_grpo.VLMLogprobs(self.graphdef, self.mesh, self.cfg.temperature)
+        self.ckpt, self.state, self.start_step = sft_trainer.checkpointer_and_start(config, trained.state)
 
     def _read(self, location: str, key: str):
         try:

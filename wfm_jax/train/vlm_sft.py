@@ -115,6 +115,49 @@ def load_base(path: str, dtype=None, param_dtype=jnp.float32):
     return load_model(path, dtype=dtype, param_dtype=param_dtype)[0]
 
 
+class TrainedModel:
+    """What both VLM trainers train: the model's split (LoRA attached when policy.lora.enable;
+    the vision tower trained per policy.vlm.train_vision), the frozen part on the mesh, the
+    optimizer and its learning-rate schedule, and the train state with every leaf on the mesh
+    (step, rng and optimizer counters replicated, so a restore into abstract_of(state) lands
+    there too, not on one device)."""
+
+    def __init__(self, config, model, mesh):
+        t, p = config.train, config.policy
+        self.lora = bool(p.lora.enable)
+        if self.lora:
+            attach_lora(model, list(p.lora.target_modules), int(p.lora.r), float(p.lora.lora_alpha),
+                        seed=int(t.seed), init=str(p.lora.init_lora_weights))
+        trainable = vlm_sft.trainable_filter(self.lora, bool(p.vlm.train_vision))
+        self.graphdef, params, frozen = nnx.split(model, trainable, ...)
+        self.frozen = vlm_sft.place_params(frozen, mesh)
+        params = vlm_sft.place_params(params, mesh)
+        self.tx, self.lr = make_tx(config)
+        state = TrainState.create(params, self.tx, jax.random.key(int(t.seed)))
+        rep = NamedSharding(mesh, P())
+        self.state = jax.tree.map(lambda x: x if isinstance(x.sharding, NamedSharding) else jax.device_put(x, rep),
+                                  state)
+
+
+def checkpointer_and_start(config, state) -> tuple[Checkpointer, object, int]:
+    """(checkpointer, state, start step): the latest checkpoint's state and step when
+    train.resume finds one, else the given state at step 0; the resolved config is written to
+    the output dir (process 0)."""
+    t = config.train
+    ckpt = Checkpointer(checkpoints_path(config), max_keep=t.ckpt.max_keep,
+                        save_freq=t.ckpt.save_freq, async_=t.ckpt.save_mode == "async")
+    start = 0
+    if t.resume:
+        restored = ckpt.restore_latest(abstract_of(state))
+        if restored is not None:
+            state, start = restored.state, restored.step
+            say(f"resumed from checkpoint step {restored.step}")
+    if jax.process_index() == 0:
+        from wfm_jax.config.recipe import save_resolved
+        save_resolved(config, os.path.join(t.output_dir, "config.json"))
+    return ckpt, state, start
+
+
 class VLMSFTTrainer:
     def __init__(self, config, *, on_step: Callable[[int, dict], None] | None = None):
         self.config, self.on_step = config, on_step
@@ -143,34 +186,11 @@ class VLMSFTTrainer:
         except ValueError as e:
             raise VLMSetupError(f"train.train_batch_per_replica: {e}") from None
         model = load_base(p.model_name_or_path, DTYPES[t.compute_dtype], DTYPES[t.param_dtype])
-        self.lora = bool(p.lora.enable)
-        if self.lora:
-            attach_lora(model, list(p.lora.target_modules), int(p.lora.r), float(p.lora.lora_alpha),
-                        seed=int(t.seed), init=str(p.lora.init_lora_weights))
-        graphdef, params, frozen = nnx.split(model, vlm_sft.trainable_filter(self.lora, bool(v.train_vision)),
-                                             ...)
-        self.graphdef = graphdef
-        self.frozen = vlm_sft.place_params(frozen, self.mesh)
-        params = vlm_sft.place_params(params, self.mesh)
-        self.tx, self.lr = make_tx(config)
-        state = TrainState.create(params, self.tx, jax.random.key(int(t.seed)))
-        # every leaf on the mesh (step, rng and optimizer counters replicated), so a restore
-        # into abstract_of(state) lands there too, not on one device
-        rep = NamedSharding(self.mesh, P())
-        self.state = jax.tree.map(lambda x: x if isinstance(x.sharding, NamedSharding) else jax.device_put(x, rep),
-                                  state)
-        self.step_fn = vlm_sft.VLMSFTStep(graphdef, self.tx, self.mesh)
-        self.ckpt = Checkpointer(checkpoints_path(config), max_keep=t.ckpt.max_keep,
-                                 save_freq=t.ckpt.save_freq, async_=t.ckpt.save_mode == "async")
-        self.start_step = 0
-        if t.resume:
-            restored = self.ckpt.restore_latest(abstract_of(self.state))
-            if restored is not None:
-                self.state, self.start_step = restored.state, restored.step
-                say(f"resumed from checkpoint step {restored.step}")
-        if jax.process_index() == 0:
-            from wfm_jax.config.recipe import save_resolved
-            save_resolved(config, os.path.join(t.output_dir, "config.json"))
+        trained = TrainedModel(config, model, self.mesh)
+        self.lora, self.graphdef, self.frozen = trained.lora, trained.graphdef, trained.frozen
+        self.tx, self.lr = trained.tx, trained.lr
+        self.step_fn = vlm_sft.VLMSFTStep(self.graphdef, self.tx, self.mesh)
+        self.ckpt, self.state, self.start_step = checkpointer_and_start(config, trained.state)
         self._epochs: dict[int, list[list[int]]] = {}
 
     # -- data: batch k of the run, from (seed, epoch) alone --
