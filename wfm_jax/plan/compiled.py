@@ -38,6 +38,32 @@ def finish(out: dict, compiled: dict, step: dict, topo, config) -> dict:
     return out
 
 
+def plan_mesh(args, config):
+    """(mesh, topology or None): the recipe's policy.parallelism on the --topology's devices or
+    the first --devices of this backend; a count or layout that cannot be made is one line."""
+    import jax
+
+    from wfm_jax.core import mesh as wmesh
+    topo = None
+    if getattr(args, "topology", None):
+        devices, topo = topology.topology_devices(args.topology, args.num_slices)
+        where = f"the {len(devices)} devices of {args.topology}"
+    else:
+        if len(jax.devices()) < args.devices:
+            raise SystemExit(f"wfm_jax.plan: {args.devices} devices asked, the backend has "
+                             f"{len(jax.devices())} (run it as a fresh process: python -m "
+                             f"wfm_jax.plan)")
+        devices, where = jax.devices()[:args.devices], f"{args.devices} devices"
+    try:
+        mesh = wmesh.make_mesh(config.policy.parallelism, devices=devices)
+    except ValueError as e:
+        sizes = {k: int(v) for k, v in dict(config.policy.parallelism).items()}
+        raise SystemExit(f"wfm_jax.plan: policy.parallelism {sizes} does not fit {where}: {e} "
+                         f"(override, e.g. --config.policy.parallelism.fsdp=-1 "
+                         f"--config.policy.parallelism.data=1)") from e
+    return mesh, topo
+
+
 def memory_limit(args, topo) -> float:
     """Per-device memory the fit verdict uses: --hbm-gib, else the topology's chip share, else
     the --device-kind's."""

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import os
 
-from wfm_jax.plan import topology
 from wfm_jax.plan.args import GiB, parse_args
-from wfm_jax.plan.compiled import compile_program, finish, memory_limit, peak
+from wfm_jax.plan.compiled import compile_program, finish, memory_limit, peak, plan_mesh
 
 MEMORY_ENV = "WFM_JAX_DEVICE_MEMORY_BYTES"  # per-device limit main checks against (any backend)
 
@@ -33,7 +32,6 @@ def plan(args, config=None, limit: int | None = None) -> dict:
 
 
 def _plan(args, config, limit) -> dict:
-    import jax
     import jax.numpy as jnp
 
     from wfm_jax.algorithms.base import AlgorithmConfigError
@@ -60,23 +58,7 @@ def _plan(args, config, limit) -> dict:
     family = str(config.policy.family)
     remat = args.remat or config.policy.remat
     scan = bool(config.policy.scan_layers) and not args.no_scan
-    topo = None
-    if getattr(args, "topology", None):
-        devices, topo = topology.topology_devices(args.topology, args.num_slices)
-        where = f"the {len(devices)} devices of {args.topology}"
-    else:
-        if len(jax.devices()) < args.devices:
-            raise SystemExit(f"wfm_jax.plan: {args.devices} devices asked, the backend has "
-                             f"{len(jax.devices())} (run it as a fresh process: python -m "
-                             f"wfm_jax.plan)")
-        devices, where = jax.devices()[:args.devices], f"{args.devices} devices"
-    try:
-        mesh = wmesh.make_mesh(config.policy.parallelism, devices=devices)
-    except ValueError as e:
-        sizes = {k: int(v) for k, v in dict(config.policy.parallelism).items()}
-        raise SystemExit(f"wfm_jax.plan: policy.parallelism {sizes} does not fit {where}: {e} "
-                         f"(override, e.g. --config.policy.parallelism.fsdp=-1 "
-                         f"--config.policy.parallelism.data=1)") from e
+    mesh, topo = plan_mesh(args, config)
     rules = wmesh.active_rules()
     setup_lib.ensure_tiny_assets(config)  # a tiny recipe's dir: its config.json files
     size = (args.size, args.size) if args.size else tuple(int(v) for v in d.inference_size)

@@ -11,8 +11,6 @@ whatever their number; the parameter and optimizer bytes are always the full mod
 """
 from __future__ import annotations
 
-from wfm_jax.plan import topology
-
 DEFAULT_IMAGE_SIDE = 512
 SCALE_METHOD = ("two compiles with K and 2K vision blocks (the whole scanned decoder, the DeepStack "
                 "taps kept); temp, FLOPs and collectives scaled linearly to the full tower: "
@@ -20,10 +18,9 @@ SCALE_METHOD = ("two compiles with K and 2K vision blocks (the whole scanned dec
 
 
 def plan_vlm(args, config) -> dict:
-    import jax
 
     from wfm_jax.core import mesh as wmesh
-    from wfm_jax.plan.compiled import compile_program, finish, memory_limit, peak
+    from wfm_jax.plan.compiled import compile_program, finish, memory_limit, peak, plan_mesh
     from wfm_jax.programs import vlm_abstract
     from wfm_jax.programs.stats import per_device_bytes
 
@@ -32,20 +29,7 @@ def plan_vlm(args, config) -> dict:
                          f"(train.train_policy.type={config.train.train_policy.type!r})")
     remat = args.remat or config.policy.remat
     scan = bool(config.policy.scan_layers) and not args.no_scan
-    topo = None
-    if getattr(args, "topology", None):
-        devices, topo = topology.topology_devices(args.topology, args.num_slices)
-        where = f"the {len(devices)} devices of {args.topology}"
-    else:
-        if len(jax.devices()) < args.devices:
-            raise SystemExit(f"wfm_jax.plan: {args.devices} devices asked, the backend has "
-                             f"{len(jax.devices())} (run it as a fresh process: python -m wfm_jax.plan)")
-        devices, where = jax.devices()[:args.devices], f"{args.devices} devices"
-    try:
-        mesh = wmesh.make_mesh(config.policy.parallelism, devices=devices)
-    except ValueError as e:
-        sizes = {k: int(v) for k, v in dict(config.policy.parallelism).items()}
-        raise SystemExit(f"wfm_jax.plan: policy.parallelism {sizes} does not fit {where}: {e}") from e
+    mesh, topo = plan_mesh(args, config)
     rules = wmesh.active_rules()
     full, source = vlm_abstract.vlm_model_config(config)
     seq_len = int(args.seq_len or config.policy.vlm.model_max_length)
