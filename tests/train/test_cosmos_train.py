@@ -30,6 +30,16 @@ def _shell(scheduler_config):
                           scheduler_config)
 
 
+def _tiny_transformer():
+    """The tiny Cosmos DiT, initialised eagerly: its few random-op compiles per parameter shape
+    are shared by every test here (one jitted init program measured slower to compile)."""
+    from flax import nnx
+
+    from wfm_jax.families.cosmos.tiny import transformer_config
+    from wfm_jax.models.cosmos.transformer import CosmosTransformer
+    return CosmosTransformer(transformer_config(), rngs=nnx.Rngs(0))
+
+
 def test_rl_rollouts_step_on_the_family_sigma_range():
     from wfm_jax.algorithms.grpo.algorithm import GRPO
     from wfm_jax.algorithms.nft.algorithm import NFT
@@ -84,13 +94,18 @@ def test_video_condition_masks_each_row_on_its_first_frames():
     import jax
     from flax import nnx
 
-    from wfm_jax.families.cosmos.tiny import transformer_config
-    from wfm_jax.models.cosmos.transformer import CosmosTransformer
-    model = CosmosTransformer(transformer_config(), rngs=nnx.Rngs(0))
-    noise = jax.random.normal(jax.random.key(0), c.shape)
+    # one compiled forward for both calls (same shapes): eager, the DiT compiled every op on
+    # every shape (~180 programs); row 0 still runs the same program on the same inputs
+    graph, state = nnx.split(_tiny_transformer())
+    forward = jax.jit(lambda s, *a, **kw: nnx.merge(graph, s)(*a, **kw))
+
+    def model(*a, **kw):
+        return forward(state, *a, **kw)
+    rng = np.random.default_rng(0)  # numpy draws: no random program to compile per shape
+    noise = rng.standard_normal(c.shape).astype(np.float32)
     sigma = 0.7
     x = (1 - sigma) * c + sigma * noise
-    text = {"encoder_hidden_states": jax.random.normal(jax.random.key(1), (2, 5, 64))}
+    text = {"encoder_hidden_states": rng.standard_normal((2, 5, 64)).astype(np.float32)}
     v = pipe.velocity_with(model, x, jnp.full((2,), 1000 * sigma), {**text, **out})
     np.testing.assert_allclose(np.asarray(x - sigma * v)[1, :, :2], np.asarray(c)[1, :, :2],
                                atol=1e-4)
@@ -354,19 +369,17 @@ def test_cosmos_sequence_the_context_does_not_divide_is_padded():
     """12 tokens (3 latent frames of 2x2 patches) over context=8: the ring pads them, and the
     forward equals one device (the tiny DiT's 2 heads take "auto" to the ring)."""
     import jax
-    import jax.numpy as jnp
     from flax import nnx
 
     from wfm_jax.core import mesh as wmesh
     from wfm_jax.families.cosmos.tiny import transformer_config
-    from wfm_jax.models.cosmos.transformer import CosmosTransformer
 
-    graph, state = nnx.split(CosmosTransformer(transformer_config(), rngs=nnx.Rngs(0)))
-    k = jax.random.split(jax.random.key(0), 3)
-    x = jax.random.normal(k[0], (2, transformer_config()["in_channels"] - 1, 3, 4, 4))
-    t = jax.random.uniform(k[1], (2,))
-    text = jax.random.normal(k[2], (2, 5, 64))
-    mask = jnp.zeros((2, 1, 3, 4, 4))
+    graph, state = nnx.split(_tiny_transformer())
+    rng = np.random.default_rng(0)  # numpy draws: no random program to compile per shape
+    x = rng.standard_normal((2, transformer_config()["in_channels"] - 1, 3, 4, 4), np.float32)
+    t = rng.uniform(size=(2,)).astype(np.float32)
+    text = rng.standard_normal((2, 5, 64), np.float32)
+    mask = np.zeros((2, 1, 3, 4, 4), np.float32)
 
     def fwd(s, *a):
         return nnx.merge(graph, s)(*a, condition_mask=mask)
