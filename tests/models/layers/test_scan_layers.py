@@ -3,6 +3,8 @@ values and parameter gradients equal with the blocks scanned or unrolled and und
 policy (tiny random models, fp32), and the parameter layout is the same either way."""
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -68,6 +70,7 @@ def _model(family, **options):
     return cls(config, rngs=nnx.Rngs(0), **options)
 
 
+@functools.cache  # shared between the tests: the same (family, scan, policy) compiles once
 def _value_and_grads(family, scan_layers, remat):
     model = _model(family, scan_layers=scan_layers, remat=remat)
     graph, params, rest = nnx.split(model, nnx.Param, ...)
