@@ -8,10 +8,19 @@ import os
 
 import pytest
 
+from tests._resume import persistent_compile_cache
 from wfm_jax.train import pretrain as tiny_pretrain
 from wfm_jax.train.pretrain import MARKER, QUICK, ensure_pretrained, is_built
 
 pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _builds_share_compiles(tmp_path_factory):
+    """The module builds the same QUICK pipeline several times (the fixture, the rebuilds): the
+    later builds load the programs the first compiled, from an on-disk cache."""
+    with persistent_compile_cache(tmp_path_factory.mktemp("jax_cache")):
+        yield
 
 
 @pytest.fixture(scope="module")

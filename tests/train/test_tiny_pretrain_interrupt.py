@@ -59,8 +59,22 @@ sys.exit(cli.main(["--pretrained", directory]))
 """
 
 
+_COMPILE_CACHE: list[str] = []
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _children_share_compiles(tmp_path_factory):
+    """Every child builds the same QUICK pipeline: one on-disk compilation cache for the module
+    lets the later children load the programs the first compiled (a hit is the executable of
+    the same HLO, so it cannot change what a child computes)."""
+    _COMPILE_CACHE[:] = [str(tmp_path_factory.mktemp("jax_cache"))]
+
+
 def _env():
-    return {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}
+    return {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu",
+            "JAX_COMPILATION_CACHE_DIR": _COMPILE_CACHE[0],
+            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+            "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
 
 
 def _build(directory, sig="none", at="none", **kw):

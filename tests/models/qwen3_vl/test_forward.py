@@ -2,9 +2,12 @@
 tower (merged tokens and DeepStack features), every decoder hidden state and the logits."""
 from __future__ import annotations
 
+import functools
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 from tests.models.qwen3_vl._oracle import (
     IMAGE,
@@ -38,14 +41,34 @@ def _torch_forward(tm, ids, mask=None, pv=None, grid=None, pvv=None, vgrid=None)
     return out.logits.numpy(), [h.numpy() for h in out.hidden_states]
 
 
+def _static(grid):
+    """A grid as a hashable jit static argument (the model reads grids on the host)."""
+    return None if grid is None else tuple(tuple(int(v) for v in row) for row in grid)
+
+
+def _array(grid):
+    return None if grid is None else np.asarray(grid)
+
+
+# One compiled program per input layout: run eagerly, the model compiled each of its ~1300
+# primitive ops on its own and the file took minutes; the numbers are the same program's.
+@functools.partial(nnx.jit, static_argnames=("grid", "vgrid"))
+def _jit_forward(fm, ids, mask, pos, pv, pvv, grid, vgrid):
+    return fm(ids, mask, pos, pv, _array(grid), pvv, _array(vgrid), output_hidden_states=True)
+
+
+@functools.partial(nnx.jit, static_argnames=("grid",))
+def _jit_visual(fm, pv, grid):
+    return fm.model.visual(pv, _array(grid))
+
+
 def _flax_forward(fm, ids, mask=None, pv=None, grid=None, pvv=None, vgrid=None, positions=True):
     pos = None
     if positions:
         pos, _ = position_ids(ids, mask, image_grid_thw=grid, video_grid_thw=vgrid,
                               image_token_id=IMAGE, video_token_id=VIDEO)
-    out = fm(jnp.asarray(ids), None if mask is None else jnp.asarray(mask), pos, pv,
-             None if grid is None else np.asarray(grid), pvv,
-             None if vgrid is None else np.asarray(vgrid), output_hidden_states=True)
+    out = _jit_forward(fm, jnp.asarray(ids), None if mask is None else jnp.asarray(mask), pos, pv,
+                       pvv, _static(grid), _static(vgrid))
     return np.asarray(out["logits"]), [np.asarray(h) for h in out["hidden_states"]]
 
 
@@ -68,7 +91,7 @@ def test_vision_tower_matches(models, grid):
     pv = pixels(grid, seed=1)
     with torch.no_grad():
         ref = tm.model.visual(torch.tensor(pv), grid_thw=torch.tensor(grid))
-    merged, deepstack = fm.model.visual(jnp.asarray(pv), grid)
+    merged, deepstack = _jit_visual(fm, jnp.asarray(pv), _static(grid))
     np.testing.assert_allclose(np.asarray(merged), ref.pooler_output.numpy(), atol=ATOL, rtol=0)
     assert len(deepstack) == len(ref.deepstack_features) == 2
     for a, b in zip(ref.deepstack_features, deepstack, strict=False):
