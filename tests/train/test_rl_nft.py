@@ -2,9 +2,9 @@
 
 One 20-step run of configs/tiny_nft.py through the reference reward server on loopback (the
 remote path) must raise the JPEG-compressibility reward; a local-reward run of the same recipe,
-killed after step 4 and resumed from its step-3 checkpoint, must log exactly the same metrics for
-steps 1..6 and hold the same step-6 state bit for bit (local == remote, resume bit-identical); a LoRA run's export must load in
-diffusers and give the JAX model's velocity. Bad input stops with one line before compiling.
+killed after step 3 and resumed from its step-2 checkpoint, must log exactly the same metrics for
+steps 1..3 and hold the same step-3 state bit for bit (local == remote, resume bit-identical); a
+LoRA run's export must load in diffusers and give the JAX model's velocity. Bad input stops with one line before compiling.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from tests import _rl_toy as toy
-from tests._resume import assert_resumed_run_matches, kill_and_resume
+from tests._resume import assert_resumed_run_matches, kill_and_resume, persistent_compile_cache
 from tests._support.paths import REPO_ROOT
 from wfm_jax.cli import main as wmain
 
@@ -47,7 +47,15 @@ def tiny_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def remote_run(tiny_dir, tmp_path_factory):
+def compile_cache(tmp_path_factory):
+    """The killed and the resumed run load the remote run's programs instead of compiling them
+    again (a cache hit is the same HLO: it cannot hide a resume that changes the computation)."""
+    with persistent_compile_cache(tmp_path_factory.mktemp("jax_cache")):
+        yield
+
+
+@pytest.fixture(scope="module")
+def remote_run(tiny_dir, compile_cache, tmp_path_factory):
     """The whole tiny recipe, rewards from the reference server over HTTP."""
     from reward_client.background import BackgroundServer
     from reward_client.protocol import ENQUEUE_PATH, PULL_PATH
@@ -60,7 +68,7 @@ def remote_run(tiny_dir, tmp_path_factory):
                               f"--config.train.train_policy.remote_reward.fetch_url="
                               f"{srv.url}{PULL_PATH}",
                               f"--config.train.train_policy.remote_reward.token={TOKEN}",
-                              # every third step kept: the resume test compares step 6's state
+                              # every third step kept: the resume test compares step 3's state
                               "--config.train.ckpt.save_freq=3", "--config.train.ckpt.max_keep=7"))
     assert rc == 0
     return out
@@ -88,17 +96,18 @@ def test_tiny_nft_reward_rises_through_the_reward_server(remote_run):
 
 
 @pytest.mark.slow
-def test_local_rewards_match_remote_and_resume_is_bit_identical(remote_run, tiny_dir, tmp_path,
-                                                                monkeypatch):
-    """A local-reward run killed after step 4 (last checkpoint: step 3) and resumed to step 6
-    equals the remote run: every logged metric but timings, every leaf of the step-6 train state
-    (params, optimizer moments, EMA, old policy, step, key), and the batches read."""
+def test_local_rewards_match_remote_and_resume_is_bit_identical(remote_run, tiny_dir, compile_cache,
+                                                                tmp_path, monkeypatch):
+    """A local-reward run killed after step 3 (last checkpoint: step 2) and resumed to step 3
+    (the killed step, redone once) equals the remote run: every logged metric but timings, every
+    leaf of the step-3 train state (params, optimizer moments, EMA, old policy, step, key), and
+    the batches read. (Was killed after 4, resumed to 6: the same restore, 4 more steps run.)"""
     out = tmp_path / "nft_local"
-    argv = _argv(tiny_dir, out, "--config.train.ckpt.save_freq=3",
+    argv = _argv(tiny_dir, out, "--config.train.ckpt.save_freq=2",
                  "--config.train.ckpt.export_safetensors=False", "--config.validation.enable=False")
-    read = kill_and_resume(monkeypatch, argv, kill_after=4, resume_to=6)
-    assert read == {"killed": [0, 1, 2, 3, 4], "resumed": [3, 4, 5]}  # 4: step 5 began
-    assert_resumed_run_matches(out, remote_run, 6)
+    read = kill_and_resume(monkeypatch, argv, kill_after=3, resume_to=3)
+    assert read == {"killed": [0, 1, 2, 3], "resumed": [2]}  # 3: step 4 began
+    assert_resumed_run_matches(out, remote_run, 3)
 
 
 @pytest.mark.slow
