@@ -108,13 +108,15 @@ def test_plan_refuses_what_it_cannot_plan(sd3_dir):
         plan_lib.parse_args(["--bogus"])
 
 
-def test_main_refuses_a_run_that_cannot_fit_before_loading_weights(tmp_path, monkeypatch,
-                                                                   capsys):
+def test_main_refuses_a_run_that_cannot_fit_before_loading_weights(sd3_dir, tmp_path,
+                                                                   monkeypatch, capsys):
+    # the module's tiny pipeline (build_tiny finds it there and builds nothing): the refusal
+    # depends on the model's shapes, not on which random weights it holds
     from wfm_jax.cli.main import EXIT_BAD_INPUT, main
     monkeypatch.setenv(plan_lib.MEMORY_ENV, str(1 << 20))  # a 1 MiB device
     out = tmp_path / "run"
     code = main(["--config", "configs/tiny_sft.py", f"--config.train.output_dir={out}",
-                 f"--config.policy.model_name_or_path={tmp_path / 'tiny_sd3'}",
+                 f"--config.policy.model_name_or_path={sd3_dir}",
                  "--config.policy.build_tiny=True",
                  f"--config.train.train_policy.dataset.local_dir={tmp_path / 'shapes'}"])
     err = capsys.readouterr().err.strip().splitlines()
@@ -127,7 +129,7 @@ def test_main_refuses_a_run_that_cannot_fit_before_loading_weights(tmp_path, mon
     resident = int(err[0].split(" needs ")[1].split(" bytes")[0])
     monkeypatch.setenv(plan_lib.MEMORY_ENV, str(resident))
     code = main(["--config", "configs/tiny_sft.py", f"--config.train.output_dir={out}",
-                 f"--config.policy.model_name_or_path={tmp_path / 'tiny_sd3'}",
+                 f"--config.policy.model_name_or_path={sd3_dir}",
                  f"--config.train.train_policy.dataset.local_dir={tmp_path / 'shapes'}"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == EXIT_BAD_INPUT
