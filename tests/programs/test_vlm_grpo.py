@@ -109,7 +109,8 @@ def test_loss_and_gradient_match_numpy_reference(models, batch, loss_type, kl_be
     def loss_fn(p):
         return vlm_grpo.grpo_loss(nnx.merge(graphdef, p, rest), jb, cfg, grid, use_old=use_old)
 
-    (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+    # jitted: run eagerly, each primitive of the forward and backward compiles on its own
+    (loss, aux), grads = jax.jit(jax.value_and_grad(loss_fn, has_aux=True))(params)
     assert int(aux["tokens"]) == int(mask.sum())
     np.testing.assert_allclose(float(loss), want_loss, rtol=1e-5, atol=2e-6)
     flat = {".".join(str(k) for k in path): np.asarray(v.get_value()) for path, v in grads.flat_state()}
@@ -131,7 +132,8 @@ def test_compiled_step_and_logprobs_on_mesh(models, batch):
     grid = batch["image_grid_thw"]
     placed = vlm_grpo.place(batch, mesh)
     logp = vlm_grpo.VLMLogprobs(graphdef, mesh)(params, frozen, placed, grid)
-    direct = vlm_grpo.sequence_logprobs(nnx.merge(graphdef, params, frozen), placed, vlm_sft.grid_key(grid))
+    direct = jax.jit(lambda p, f, b: vlm_grpo.sequence_logprobs(
+        nnx.merge(graphdef, p, f), b, vlm_sft.grid_key(grid)))(params, frozen, placed)
     np.testing.assert_allclose(np.asarray(logp), np.asarray(direct), rtol=1e-5, atol=1e-5)
     before, _ = vlm_grpo.grpo_loss(nnx.merge(graphdef, params, frozen), placed, cfg, vlm_sft.grid_key(grid))
     tx = make_optimizer(1e-3, grad_norm_clip=1.0)

@@ -79,11 +79,15 @@ def test_loss_and_gradient_match_transformers(models, batch):
     def loss_fn(p):
         return vlm_sft.sft_loss(nnx.merge(graphdef, p, rest), jb, grid)
 
-    (loss, count), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+    def logits_fn(p):
+        return nnx.merge(graphdef, p, rest)(jb["input_ids"], jb["attention_mask"], jb["position_ids"],
+                                            jb["pixel_values"], np.asarray(grid))["logits"]
+
+    # jitted: run eagerly, each primitive of the forward and backward compiles on its own
+    (loss, count), grads = jax.jit(jax.value_and_grad(loss_fn, has_aux=True))(params)
     assert int(count) == int(batch["loss_mask"][:, 1:].sum())
     np.testing.assert_allclose(float(loss), ref_loss, rtol=1e-5, atol=2e-5)
-    logits = fm(jb["input_ids"], jb["attention_mask"], jb["position_ids"], jb["pixel_values"],
-                np.asarray(grid))["logits"]
+    logits = jax.jit(logits_fn)(params)
     np.testing.assert_allclose(float(loss), _numpy_loss(logits, batch["input_ids"], batch["loss_mask"]),
                                rtol=1e-5, atol=1e-6)
     flat = {".".join(str(k) for k in path): np.asarray(v.get_value()) for path, v in grads.flat_state()}
