@@ -92,11 +92,19 @@ def test_schedule_is_the_schedulers(torch_pipe, pipe):
                                 .0099, 0], atol=6e-5)
 
 
-def test_prompt_embedding_matches_diffusers(torch_pipe, pipe):
+@pytest.fixture(scope="module")
+def encode_prompt(pipe):
+    """pipe.encode_prompt under one jit the tests share (eager, every text-encoder op compiles
+    on its own); tokenising stays on the host."""
+    run = jax.jit(lambda ids: pipe.encode_text_with(pipe.text_encoders, ids, MAX_LEN))
+    return lambda prompts: run(pipe.tokenize(prompts, MAX_LEN))
+
+
+def test_prompt_embedding_matches_diffusers(torch_pipe, pipe, encode_prompt):
     with torch.no_grad():
         want, _ = torch_pipe.encode_prompt(PROMPTS, do_classifier_free_guidance=False,
                                            max_sequence_length=MAX_LEN, dtype=torch.float32)
-    got = pipe.encode_prompt(PROMPTS, MAX_LEN)["encoder_hidden_states"]
+    got = encode_prompt(PROMPTS)["encoder_hidden_states"]
     assert got.shape == tuple(want.shape) == (2, MAX_LEN, tiny_cosmos.TEXT_WIDTH)
     np.testing.assert_allclose(np.asarray(got), want.numpy(), atol=EMBED_ATOL, rtol=0)
 
@@ -136,7 +144,7 @@ def test_whole_pipeline_matches_diffusers(torch_pipe, pipe, case):
     assert err <= ATOL
 
 
-def test_conditioned_frames_through_jit_and_guided_velocity(pipe):
+def test_conditioned_frames_through_jit_and_guided_velocity(pipe, encode_prompt):
     """A cond dict with conditional frames is a plain pytree: jitted guided_velocity keeps the
     conditioned frames at the given velocity (or (x - c) / sigma without one) and guides the
     rest in Cosmos' form (scale traced: 0 gives v_c alone)."""
@@ -145,8 +153,8 @@ def test_conditioned_frames_through_jit_and_guided_velocity(pipe):
     x = jnp.asarray(_latents(b, seed=1))
     c = jnp.asarray(_latents(b, seed=2))
     mask = jnp.zeros((b, 1, x.shape[2], 1, 1)).at[:, :, :1].set(1.0)
-    text = pipe.encode_prompt(PROMPTS, MAX_LEN)
-    neg = pipe.encode_prompt(["", ""], MAX_LEN)
+    text = encode_prompt(PROMPTS)
+    neg = encode_prompt(["", ""])
     frames = {"cond_latents": c, "cond_mask": mask}
     graphdef, state = nnx.split(pipe.transformer)
     family = pipe.shell()

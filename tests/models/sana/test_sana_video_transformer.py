@@ -120,7 +120,8 @@ class TestSanaVideoTransformer(ModelConformance):
         num = np.einsum("bnhd,bmhd->bhnm", rot(q.astype(np.float64)), rot(k.astype(np.float64)))
         den = np.einsum("bnhd,bmhd->bnh", q.astype(np.float64), k)
         want = np.einsum("bhnm,bmhe->bnhe", num, v) / (den[..., None] + 1e-15)
-        got = linear_attention(q, k, v, (jnp.asarray(cos, jnp.float32), jnp.asarray(sin, jnp.float32)))
+        # under jit: eager, each of its ops would compile on its own
+        got = jax.jit(linear_attention)(q, k, v, (cos.astype(np.float32), sin.astype(np.float32)))
         np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-5)
 
     def test_load_transformer_from_a_pipeline_dir(self, tmp_path):
@@ -180,7 +181,7 @@ class TestSanaVideoTransformer(ModelConformance):
         q, k, v = (rng.standard_normal((4, 24, 2, d)).astype(np.float32) for _ in range(3))
         q, k = np.maximum(q, 0), np.maximum(k, 0)
         tables = tuple(jnp.asarray(t) for t in rope_tables(d, grid, 32)) if rope else None
-        want = np.asarray(linear_attention(q, k, v, tables))
+        want = np.asarray(jax.jit(linear_attention)(q, k, v, tables))  # jit: not op by op
         mesh = make_mesh(data=2, fsdp=2, context=2)
         with jax.set_mesh(mesh):
             assert sequence_split(24, 4, 2) == ("context",)
@@ -191,7 +192,7 @@ class TestSanaVideoTransformer(ModelConformance):
             split = jax.jit(jax.grad(loss(lambda *a: context_parallel_linear_attention(
                 *a, seq_axes=("context",))), argnums=(0, 1, 2)))(q, k, v)
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
-        whole = jax.grad(loss(linear_attention), argnums=(0, 1, 2))(q, k, v)
+        whole = jax.jit(jax.grad(loss(linear_attention), argnums=(0, 1, 2)))(q, k, v)
         # and the same gradients (training under context parallel)
         for a, b in zip(split, whole, strict=True):
             np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)
