@@ -5,6 +5,7 @@ video2world) generation, as one function the CLI, the shapes world's scoring and
 call."""
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 
 import jax
@@ -21,6 +22,8 @@ from wfm_jax.sampling.schedule import flow_sigmas, unipc_flow_schedule
 
 # the deterministic flow samplers diffusers' pipelines run (dpm_solver: SANA's DPM-Solver++)
 SAMPLERS = ("euler", "unipc", "dpm_solver")
+# pipe -> {(model structure, mesh, sampler, steps, guidance): the jitted sample-and-decode}
+_GENERATORS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def encode_prompts(pipe, prompts: Sequence[str], max_sequence_length: int,
@@ -75,9 +78,22 @@ def generate(pipe, prompts: Sequence[str], *, steps: int, guidance: float, heigh
     if guidance > 1:  # diffusers: do_classifier_free_guidance = guidance_scale > 1
         uncond = {**encode_prompts(pipe, [negative_prompt] * len(prompts), max_sequence_length,
                                    negative=True), **extra}
-    sigmas, timesteps = schedule(pipe, sampler, steps)
+    run = _generator(pipe, graphdef, vae_def, mesh_of(state), sampler, steps, guidance)
+    return np.asarray(run(state, vae_state, latents, cond, uncond))
 
-    @mesh_jit(mesh=mesh_of(state))
+
+def _generator(pipe, graphdef, vae_def, mesh, sampler: str, steps: int, guidance: float):
+    """The jitted sample-and-decode for one pipe and setting, kept while the pipe lives: calls
+    in batches (tiny_eval's chunks, a user's loop) reuse its compiled program instead of
+    tracing and compiling a new closure each time."""
+    programs = _GENERATORS.setdefault(pipe, {})
+    key = (graphdef, vae_def, mesh, sampler, steps, float(guidance))
+    if key in programs:
+        return programs[key]
+    sigmas, timesteps = schedule(pipe, sampler, steps)
+    family = pipe.shell()
+
+    @mesh_jit(mesh=mesh)
     def run(state, vae_state, x, cond, uncond):
         transformer = nnx.merge(graphdef, state)
         velocity = lambda x, t, c: family.velocity_with(transformer, x, t, c)
@@ -85,7 +101,8 @@ def generate(pipe, prompts: Sequence[str], *, steps: int, guidance: float, heigh
                      cfg_scale=guidance, timesteps=timesteps, guide=family.guide)
         return family.decode_with(nnx.merge(vae_def, vae_state), out.latents)
 
-    return np.asarray(run(state, vae_state, latents, cond, uncond))
+    programs[key] = run
+    return run
 
 
 def video_condition(pipe, family, vae_def, vae_state, video, num_conditional_frames: int,
