@@ -4,26 +4,17 @@ same pixels; another setting gets its own program."""
 from __future__ import annotations
 
 import numpy as np
-from jax._src import monitoring
-from jax._src.dispatch import BACKEND_COMPILE_EVENT
 
+from tests._support.compiles import CompileCounter
 from wfm_jax.families.base import load_pipeline
 from wfm_jax.families.tiny import build_tiny_pipeline
 from wfm_jax.programs.sample import generate
 
 
 def _compiled_names(fn):
-    names = []
-
-    def on_compile(event, duration, **kwargs):
-        if event == BACKEND_COMPILE_EVENT:
-            names.append(kwargs.get("fun_name", "?"))
-
-    monitoring.register_event_duration_secs_listener(on_compile)
-    try:
-        return fn(), names
-    finally:
-        monitoring.unregister_event_duration_listener(on_compile)
+    with CompileCounter() as counter:
+        counter.counting = True
+        return fn(), counter.names
 
 
 def test_a_repeated_call_reuses_the_compiled_program(tmp_path):

@@ -9,9 +9,8 @@ from __future__ import annotations
 import os
 
 import pytest
-from jax._src import monitoring
-from jax._src.dispatch import BACKEND_COMPILE_EVENT
 
+from tests._support.compiles import CompileCounter
 from tests._support.paths import CONFIGS
 from wfm_jax.config.recipe import load_config
 
@@ -27,33 +26,6 @@ def assets(tmp_path_factory):
     root = tmp_path_factory.mktemp("assets")
     return (build_tiny_pipeline(str(root / "pipe"), seed=0),
             build_shapes_dataset(str(root / "shapes"), count=16, size=16, seed=0))
-
-
-CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
-
-
-class CompileCounter:
-    """Counts XLA compilations (and persistent-cache hits) while `counting` is True."""
-
-    def __init__(self):
-        self.counting, self.names = False, []
-
-    def _on_compile(self, event, duration, **kwargs):
-        if event == BACKEND_COMPILE_EVENT and self.counting:
-            self.names.append(kwargs.get("fun_name", "?"))
-
-    def _on_event(self, event, **kwargs):
-        if event == CACHE_HIT_EVENT and self.counting:
-            self.names.append("(persistent cache hit)")
-
-    def __enter__(self):
-        monitoring.register_event_duration_secs_listener(self._on_compile)
-        monitoring.register_event_listener(self._on_event)
-        return self
-
-    def __exit__(self, *exc):
-        monitoring.unregister_event_duration_listener(self._on_compile)
-        monitoring.unregister_event_listener(self._on_event)
 
 
 def _config(recipe, assets, out_dir, **extra):

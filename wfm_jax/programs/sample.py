@@ -78,11 +78,11 @@ def generate(pipe, prompts: Sequence[str], *, steps: int, guidance: float, heigh
     if guidance > 1:  # diffusers: do_classifier_free_guidance = guidance_scale > 1
         uncond = {**encode_prompts(pipe, [negative_prompt] * len(prompts), max_sequence_length,
                                    negative=True), **extra}
-    run = _generator(pipe, graphdef, vae_def, mesh_of(state), sampler, steps, guidance)
+    run = _generator(pipe, family, graphdef, vae_def, mesh_of(state), sampler, steps, guidance)
     return np.asarray(run(state, vae_state, latents, cond, uncond))
 
 
-def _generator(pipe, graphdef, vae_def, mesh, sampler: str, steps: int, guidance: float):
+def _generator(pipe, family, graphdef, vae_def, mesh, sampler: str, steps: int, guidance: float):
     """The jitted sample-and-decode for one pipe and setting, kept while the pipe lives: calls
     in batches (tiny_eval's chunks, a user's loop) reuse its compiled program instead of
     tracing and compiling a new closure each time."""
@@ -91,7 +91,6 @@ def _generator(pipe, graphdef, vae_def, mesh, sampler: str, steps: int, guidance
     if key in programs:
         return programs[key]
     sigmas, timesteps = schedule(pipe, sampler, steps)
-    family = pipe.shell()
 
     @mesh_jit(mesh=mesh)
     def run(state, vae_state, x, cond, uncond):
