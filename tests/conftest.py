@@ -8,8 +8,11 @@ import os
 import pytest
 
 from tests import s3_server as _s3
+from tests._support.xla import use_test_flags
 
 _BUCKETS = itertools.count()
+
+use_test_flags()  # LLVM -O1: see tests/_support/xla.py
 
 
 @pytest.fixture(scope="session")

@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+from tests._support.xla import host_devices
 from wfm_jax.cli import main as wmain
 from wfm_jax.config import recipe as cfg
 from wfm_jax.config.base import ConfigError
@@ -212,7 +213,7 @@ def test_mock_quick_start_runs_on_the_tiny_twin(tmp_path):
     docs/cosmos_rl_migration.md), each with a finite loss and a reward, on the tiny Cosmos twin
     with the mock videos shrunk to its size."""
     env = dict(os.environ, PYTHONPATH=ROOT, WANDB_MODE="disabled",
-               XLA_FLAGS="--xla_force_host_platform_device_count=8")
+               XLA_FLAGS=host_devices(8))
     env.pop("REMOTE_REWARD_ENQUEUE_URL", None)
     env.pop("COSMOS_OUTPUT_DIR", None)
     proc = subprocess.run([sys.executable, "-m", "wfm_jax.main", "--config", _path(MOCK),

@@ -27,6 +27,7 @@ from converters.safetensors_io import open_checkpoint_slices
 from converters.table import TRANSFORMS, ConversionError, Rule
 from tests import _toy_model as toy
 from tests._support.paths import REPO_ROOT
+from tests._support.xla import host_devices
 from tests._two_process_load import bounds, recording_opener
 from wfm_jax.core import mesh as wmesh
 from wfm_jax.core.tree import flat_arrays, flat_params
@@ -230,7 +231,7 @@ def test_two_processes_each_read_their_half(ckpt, tmp_path):
     two halves are disjoint and cover it."""
     tensors, path = ckpt
     port = _free_port()
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
+    env = dict(os.environ, XLA_FLAGS=host_devices(4),
                JAX_PLATFORMS="cpu")
     root = REPO_ROOT
     procs = [subprocess.Popen([sys.executable, "-m", "tests._two_process_load", str(i),

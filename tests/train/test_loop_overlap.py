@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from tests._support.paths import CONFIGS
+from tests._support.xla import host_devices
 from wfm_jax.config.recipe import load_config
 from wfm_jax.programs.rl_encode import max_local_groups
 
@@ -259,7 +260,7 @@ def test_chunk_conditions_with_two_processes_equal_one(run, pipe_dir, tmp_path):
 
     from tests._processes import free_port, run_processes
     port, root = free_port(), os.path.dirname(CONFIGS)
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
+    env = dict(os.environ, XLA_FLAGS=host_devices(4),
                PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
     codes, tails = run_processes(
         [[sys.executable, "-m", "tests._two_process_conditions", str(i), str(port), pipe_dir,

@@ -14,6 +14,7 @@ import pytest
 
 from tests._processes import free_port, run_processes
 from tests._support.paths import REPO_ROOT
+from tests._support.xla import host_devices
 from wfm_jax.cli import main as wmain
 from wfm_jax.config.recipe import load_config
 from wfm_jax.train import sft
@@ -182,7 +183,7 @@ def test_two_processes_match_one(full_run, assets, tmp_path):
     args = [f"--config.{k}={v}" for k, v in _overrides(assets, tmp_path, train__max_steps=steps)]
     args += [f"--config.distributed.coordinator_address=127.0.0.1:{port}",
              "--config.distributed.num_processes=2"]
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4")
+    env = dict(os.environ, XLA_FLAGS=host_devices(4))
     codes, tails = run_processes(
         [[sys.executable, "-m", "wfm_jax.main", "--config", f"{ROOT}/configs/tiny_sft.py", *args,
           f"--config.distributed.process_id={i}"] for i in range(2)],
