@@ -41,6 +41,13 @@ def get_config():
     ds.layout = "conversations"
     ds.local_dir = "./data/reason2_llava_sft"
     c.policy.family = "qwen3_vl"
+    # wfm_jax's layout (cosmos-rl shards with FSDP too): weights and AdamW state split over every
+    # device, each decoder block recomputed in the backward pass. Planned at 56.6 GiB per device
+    # on 8 (4 rows of 4096 tokens + a 512^2 image each): fits an 80 GB GPU; data-parallel
+    # without remat needs 427 GiB (docs/sharding_and_memory.md)
+    c.policy.parallelism.data = 1
+    c.policy.parallelism.fsdp = -1
+    c.policy.remat = "nothing_saveable"
     c.policy.model_name_or_path = "./checkpoints/Cosmos-Reason2-2B"
     c.policy.lora.target_modules = QWEN3_VL_LORA_TARGETS
     v = c.policy.vlm

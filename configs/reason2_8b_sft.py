@@ -11,6 +11,11 @@ tokens, 32 conversations per optimizer update.
 Per-device memory before any weight is read (figures: docs/sharding_and_memory.md):
 
     python -m wfm_jax.plan --config configs/reason2_8b_sft.py --devices 8 --device-kind h100
+
+With the 2B recipe's layout (fsdp over every device, nothing_saveable remat) the plan on 8 devices
+is 91.9 GiB per device: an H200 (141 GB) holds it, an 80 GB H100 does not (use 16 devices, or
+--config.train.train_batch_per_replica=16 with --config.train.grad_accum_steps=2, which halves
+the activations per device; that one is not planned yet).
 """
 from wfm_jax.config.recipe import compose
 

@@ -13,6 +13,7 @@ import pytest
 
 from wfm_jax.config.schema import default_config
 from wfm_jax.families.qwen3_vl.tiny import ensure_tiny_qwen3_vl
+from wfm_jax.models.layers.remat import check_remat
 from wfm_jax.train import preempt, vlm_sft
 from wfm_jax.worlds.vqa.dataset import build_vqa_dataset
 from wfm_jax.worlds.vqa.scenes import vocabulary
@@ -112,12 +113,15 @@ def test_lora_frozen_vision_trains_adapters_and_exports_merged(assets, tmp_path)
 
     c = _config(assets, tmp_path / "lora", max_steps=2, **{"validation.dataset.local_dir": "",
                 "policy.lora.enable": True, "policy.lora.r": 4, "policy.lora.lora_alpha": 8,
-                   "policy.lora.target_modules": ("q_proj", "v_proj"), "policy.vlm.train_vision": False})
+                   "policy.lora.target_modules": ("q_proj", "v_proj"), "policy.vlm.train_vision": False,
+                "policy.remat": "nothing_saveable", "policy.scan_layers": True})
     trainer = vlm_sft.VLMSFTTrainer(c)
+    text = trainer.model().model.language_model  # the recipe's remat and scan reached the decoder
+    assert (text.remat, text.scan_layers) == (check_remat("nothing_saveable"), True)
     before = {".".join(map(str, p)) for p, _ in trainer.state.params.flat_state()}
     assert before and all(p.endswith(("lora_a", "lora_b")) for p in before)
     trainer.run()
-    base = state_tensors(vlm_sft.load_base(c.policy.model_name_or_path))
+    base = state_tensors(vlm_sft.load_base(c))
     from safetensors.numpy import load_file
     exported = load_file(str(tmp_path / "lora" / "safetensors" / "step_2" / "model.safetensors"))
     merged = vlm_sft.lora_merged(trainer.model())

@@ -47,7 +47,7 @@ from wfm_jax.train import preempt
 from wfm_jax.train import vlm_sft as sft_trainer
 from wfm_jax.train.metrics import MetricsLogger, check_finite
 from wfm_jax.train.vlm_eval import end_tokens, read_images, val_metrics
-from wfm_jax.train.vlm_sft import DTYPES, VLMSetupError, build_tiny_assets, check_model_dir, load_base
+from wfm_jax.train.vlm_sft import VLMSetupError, build_tiny_assets, check_model_dir, load_base
 
 
 def grpo_config(config) -> lm_grpo.LMGRPOConfig:
@@ -129,7 +129,7 @@ class VLMGRPOTrainer:
             check_batch(self.mesh, self.per_optimize)
         except ValueError as e:
             raise VLMSetupError(f"train.train_batch_per_replica / batch_size_per_optimize: {e}") from None
-        model = load_base(p.model_name_or_path, DTYPES[t.compute_dtype], DTYPES[t.param_dtype])
+        model = load_base(config)
         self.eos, self.pad = end_tokens(model.config)
         self.merge_size = int(model.config.vision.spatial_merge_size)
         mc = model.config

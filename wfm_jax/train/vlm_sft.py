@@ -108,11 +108,16 @@ def lora_merged(model) -> dict[str, np.ndarray]:
     return out
 
 
-def load_base(path: str, dtype=None, param_dtype=jnp.float32):
-    """The Flax model of a Qwen3-VL model dir (its safetensors through converters.qwen3_vl)."""
+def load_base(config):
+    """The Flax model of the run's Qwen3-VL model dir (its safetensors through
+    converters.qwen3_vl), built as the planner builds it: the decoder's blocks rematerialised
+    per policy.remat and run as one lax.scan when policy.scan_layers (same weights layout)."""
     from converters.loading import load_model
 
-    return load_model(path, dtype=dtype, param_dtype=param_dtype)[0]
+    t, p = config.train, config.policy
+    return load_model(p.model_name_or_path, dtype=DTYPES[t.compute_dtype],
+                      param_dtype=DTYPES[t.param_dtype], remat=str(p.remat),
+                      scan_layers=bool(p.scan_layers))[0]
 
 
 class TrainedModel:
@@ -185,7 +190,7 @@ class VLMSFTTrainer:
             check_batch(self.mesh, self.batch_size)
         except ValueError as e:
             raise VLMSetupError(f"train.train_batch_per_replica: {e}") from None
-        model = load_base(p.model_name_or_path, DTYPES[t.compute_dtype], DTYPES[t.param_dtype])
+        model = load_base(config)
         trained = TrainedModel(config, model, self.mesh)
         self.lora, self.graphdef, self.frozen = trained.lora, trained.graphdef, trained.frozen
         self.tx, self.lr = trained.tx, trained.lr
