@@ -11,7 +11,9 @@ One loop step:
      its end token (`<|im_end|>`), decoded without special tokens for the rewards;
   3. rewards: sum of weight * reward (reward_client's text rewards, the record's `answer` the
      reference), advantages per group, groups whose rewards are all equal dropped (cosmos-rl's
-     dynamic sampling); none left: no update this step (train/kept_groups 0, train/loss 0);
+     dynamic sampling); none left: no update this step (train/kept_groups 0, train/loss 0); with
+     lm_grpo.min_filter_prefix_tokens, a prefix shared by completions of differing rewards
+     carries no loss (lm_grpo.ignore_prefix_lengths);
   4. the update batch: prompt + completion rows, kept groups first, left-padded prompts to a
      multiple of policy.vlm.pad_to_multiple and completions to max_response_length (fixed shapes:
      one program), M-RoPE position ids from the rows' own masks; mu_iterations passes, each of
