@@ -178,3 +178,11 @@ def test_imported_reason1_grpo_recipe_trains_one_step(assets, tmp_path):
     assert rec["train/kept_groups"] > 0 and math.isfinite(rec["train/loss"]) and rec["optimizer/grad_norm"] > 0
     roll = seen["roll"]
     assert roll["ignore"].shape == (8,) and (roll["ignore"] <= roll["completion_mask"].sum(1)).all()
+    # whatever the draw gave, a row's first `ignore` completion tokens leave the update's loss mask
+    forced = dict(roll, ignore=np.arange(8) % 3, keep=np.ones(8, bool))
+    order = list(range(8))
+    mask = trainer.update_batch(forced, order)["completion_mask"][:, -roll["tokens"].shape[1]:]
+    want = roll["completion_mask"].copy()
+    for row, n in enumerate(forced["ignore"]):
+        want[row, :n] = 0
+    np.testing.assert_array_equal(mask, want)
