@@ -63,8 +63,10 @@ def test_reason2_hf_sft_names_the_dataset_it_cannot_read(capsys):
     _train(c, train_batch_per_replica=32, optm_lr=1e-6, optm_betas=(0.9, 0.999), **ADAMW)
     assert c.train.train_policy.type == "sft" and c.train.train_policy.mini_batch == 4
     assert c.train.train_policy.dataset.local_dir == ""
-    notes = [line for line in capsys.readouterr().err.splitlines() if "Hugging Face dataset" in line]
+    err = capsys.readouterr().err
+    notes = [line for line in err.splitlines() if "Hugging Face dataset" in line]
     assert len(notes) == 1 and "/tmp/cosmos_reason2/cosmos_rl/data/hf_sft" in notes[0]
+    assert "custom.dataset.path" not in err.splitlines()[-1]  # named by the note, not "no meaning"
     assert "--config.train.train_policy.dataset.local_dir" in notes[0]
 
 

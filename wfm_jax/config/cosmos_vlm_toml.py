@@ -61,10 +61,12 @@ def _refuse_unless(ok: Callable[[Any], bool], key: str, instead: str) -> Setter:
 def _reward_function(value, out):
     """cosmos-rl's reward_function: a list of names (weight 1 each) or a table name = weight."""
     key = "train.train_policy.reward_function"
-    if isinstance(value, str):
-        value = [value]
-    pairs = list(value.items()) if isinstance(value, dict) else [(v, 1.0) for v in value] \
-        if isinstance(value, list) else None
+    if isinstance(value, dict):
+        pairs = list(value.items())
+    elif isinstance(value, (list, str)):
+        pairs = [(name, 1.0) for name in ([value] if isinstance(value, str) else value)]
+    else:
+        pairs = []
     if not pairs or not all(isinstance(n, str) for n, _ in pairs):
         raise ConfigError(f"{key} = {value!r}: give a list of reward names or a table name = weight")
     from reward_client.catalog import available_rewards, get_reward
@@ -147,6 +149,7 @@ VLM_MAPPED: dict[str, Setter] = {
     "custom.dataset.annotation_path": _to("train.train_policy.dataset.local_dir", str),
     "custom.dataset.media_path": _to("policy.vlm.media_root", str),
     "custom.dataset.system_prompt": _to("policy.vlm.system_prompt", str),
+    "custom.dataset.path": lambda value, out: None,  # an Arrow dir: vlm_notes says what to give
 }
 for _key in _SAME:
     VLM_MAPPED[f"train.train_policy.{_key}"] = _to(f"{LM}.{_key}")
