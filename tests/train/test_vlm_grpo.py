@@ -140,3 +140,49 @@ def test_recipe_file_resolves_and_bad_reward_is_one_clear_error(assets, tmp_path
     bad = _config(assets, tmp_path / "bad", **{"train.train_policy.lm_grpo.rewards": ("format", "singel_choice", "test_length_mod3")})
     with pytest.raises(vlm_grpo.VLMSetupError, match="did you mean 'single_choice'"):
         vlm_grpo.VLMGRPOTrainer(bad)
+
+
+@pytest.mark.slow
+def test_imported_reason1_grpo_recipe_trains_one_step(assets, tmp_path):
+    """cosmos-reason1's GRPO TOML (tests/recipes/cosmos_rl/reason/) as imported, on the tiny model:
+    its min_filter_prefix_tokens = 1 and the annotation file read with its images elsewhere
+    (policy.vlm.media_root, cosmos-reason2's custom.dataset.media_path); sizes shrunk by overrides."""
+    import shutil
+
+    from wfm_jax.config.recipe import load_config
+
+    model, train, _ = assets
+    annotations = tmp_path / "elsewhere" / "annotations.json"
+    annotations.parent.mkdir()
+    shutil.copy(os.path.join(train, "annotations.json"), annotations)
+    recipe = os.path.join(os.path.dirname(os.path.dirname(__file__)), "recipes", "cosmos_rl", "reason",
+                          "cosmos-reason1-7b-grpo.toml")
+    overrides = {"policy.model_name_or_path": model, "train.train_policy.dataset.local_dir": str(annotations),
+                 "policy.vlm.media_root": train, "train.output_dir": str(tmp_path / "out"),
+                 "train.max_steps": "1", "train.train_batch_per_replica": "8", "rollout.n_generation": "4",
+                 "train.train_policy.lm_grpo.max_response_length": "6", "policy.parallelism.fsdp": "1",
+                 "policy.parallelism.data": "-1", "policy.vlm.pad_to_multiple": "64",
+                 "policy.vlm.model_max_length": "512", "train.compute_dtype": "float32",
+                 "train.optm_warmup_steps": "0", "train.optm_lr": "1e-3", "train.ckpt.export_safetensors": "False",
+                 "train.wandb.enable": "False",
+                 # the recipe's rewards plus one that varies on a random model's text: groups are kept
+                 "train.train_policy.lm_grpo.rewards": "('single_choice', 'format', 'test_length_mod3')",
+                 "train.train_policy.lm_grpo.reward_weights": "(1.0, 1.0, 1.0)"}
+    c = load_config(recipe, list(overrides.items()))
+    assert c.train.train_policy.lm_grpo.min_filter_prefix_tokens == 1
+    trainer = vlm_grpo.VLMGRPOTrainer(c)
+    seen, first_rollout = {}, trainer.rollout
+    trainer.rollout = lambda step: seen.setdefault("roll", first_rollout(step))
+    assert trainer.run() == 1
+    rec = _records(c.train.output_dir)[-1]
+    assert rec["train/kept_groups"] > 0 and math.isfinite(rec["train/loss"]) and rec["optimizer/grad_norm"] > 0
+    roll = seen["roll"]
+    assert roll["ignore"].shape == (8,) and (roll["ignore"] <= roll["completion_mask"].sum(1)).all()
+    # whatever the draw gave, a row's first `ignore` completion tokens leave the update's loss mask
+    forced = dict(roll, ignore=np.arange(8) % 3, keep=np.ones(8, bool))
+    order = list(range(8))
+    mask = trainer.update_batch(forced, order)["completion_mask"][:, -roll["tokens"].shape[1]:]
+    want = roll["completion_mask"].copy()
+    for row, n in enumerate(forced["ignore"]):
+        want[row, :n] = 0
+    np.testing.assert_array_equal(mask, want)

@@ -20,6 +20,7 @@ Per token (variant "grpo", dual-clip PPO):
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import jax
@@ -133,6 +134,35 @@ def compact_order(keep_rows_mask) -> np.ndarray:
     as cosmos-rl's (it drops invalid groups before splitting the batch into mini-batches)."""
     keep = np.asarray(keep_rows_mask, bool).reshape(-1)
     return np.concatenate([np.flatnonzero(keep), np.flatnonzero(~keep)])
+
+
+def ignore_prefix_lengths(completions: Sequence[Sequence[int]], rewards: Sequence[float],
+                          min_tokens: int | None) -> list[int]:
+    """cosmos-rl's n_ignore_prefix_tokens of one group (reward/local_calculator.py with
+    utils/util.find_maximal_prefix_groups): in a trie of the completions' tokens, a maximal group
+    is a node at depth >= min_tokens that 2+ completions pass through and none of whose children
+    does; when its completions' rewards differ, each of them but one equal to the prefix itself
+    leaves the prefix's tokens out of the loss. Groups of equal rewards (filtered anyway): 0s."""
+    out = [0] * len(completions)
+    if min_tokens is None or min_tokens < 1 or len(set(rewards)) <= 1:
+        return out
+    root: dict = {"idxs": [], "kids": {}}
+    for i, seq in enumerate(completions):
+        node = root
+        for token in seq:
+            node = node["kids"].setdefault(int(token), {"idxs": [], "kids": {}})
+            node["idxs"].append(i)
+    stack = [(child, 1) for child in root["kids"].values()]  # explicit: completions run long
+    while stack:
+        node, depth = stack.pop()
+        kids = node["kids"].values()
+        maximal = depth >= min_tokens and len(node["idxs"]) > 1 and all(len(k["idxs"]) < 2 for k in kids)
+        if maximal and len({rewards[i] for i in node["idxs"]}) > 1:
+            for i in node["idxs"]:
+                if len(completions[i]) != depth:  # the completion is more than the prefix
+                    out[i] = depth
+        stack.extend((k, depth + 1) for k in kids if len(k["idxs"]) > 1)
+    return out
 
 
 # -- log-probs and masks ---------------------------------------------------------------------------

@@ -19,6 +19,7 @@ import os
 from collections.abc import Sequence
 
 from wfm_jax.config.base import ConfigError
+from wfm_jax.config.schema import VLM_FAMILIES
 
 WFM_MODULES = ("cosmos_rl.tools.dataset.wfm_rl",)
 DIFFUSERS_MODULES = ("cosmos_rl.tools.dataset.diffusers_dataset", "cosmos_rl.tools.dataset.diffusion_nft")
@@ -126,6 +127,10 @@ def would_load(config) -> list[str]:
     names = ", ".join(f"{f['name']} x {f.get('weight', 1.0)}" for f in tp.remote_reward.reward_fns)
     if tp.type == "sft":
         pass
+    elif p.family in VLM_FAMILIES:  # text rewards, computed here (train.train_policy.lm_grpo)
+        pairs = zip(tp.lm_grpo.rewards, tp.lm_grpo.reward_weights, strict=False)
+        lines.append("reward: built in, on the completions' text: "
+                     + ", ".join(f"{n} x {w}" for n, w in pairs))
     elif tp.use_remote_reward:
         url = tp.remote_reward.enqueue_url or os.environ.get("REMOTE_REWARD_ENQUEUE_URL", "")
         lines.append(f"reward: remote service {url or '(REMOTE_REWARD_ENQUEUE_URL unset)'}: {names}; "

@@ -25,10 +25,20 @@ from typing import Any
 import tomllib
 
 from wfm_jax.config.base import ConfigError
+from wfm_jax.config.cosmos_vlm_toml import (
+    VLM_DEFAULTS,
+    VLM_IGNORED,
+    WHOLE_KEYS,
+    is_vlm_recipe,
+    vlm_notes,
+    vlm_setter,
+    vlm_trainer,
+)
 from wfm_jax.config.cosmos_wfm_toml import is_wfm_recipe, read_wfm_recipe
 
 _PARALLELISM = ("n_init_replicas tp_size cp_size ep_size dp_shard_size pp_size pp_dynamic_shape "
-                "pp_micro_batch_size dp_replicate_size pp_schedule pp_layers_per_stage")
+                "pp_micro_batch_size dp_replicate_size pp_schedule pp_layers_per_stage "
+                "cp_rotate_method")  # cp_rotate_method: older recipes (Cosmos-Reason1)
 _DATASET = "name subset revision split test_size local_dir"
 # reward_fns: [[...]] tables; older cosmos-rl recipes write score_key + a reward_fn {name = weight}
 _REMOTE_REWARD = "scale reward_fns reward_fn score_key reward_clip_min reward_clip_max batch_size"
@@ -57,7 +67,9 @@ KNOWN = {k: frozenset(v.split()) for k, v in {
               "output_dir timestamp epsilon async_tp_enabled compile sync_weight_interval "
               "coalesce_weight_sync deterministic activation_offload fa_version seed local_dataset "
               "force_use_hf non_text max_num_steps sequence_packing save_ckpt_at_exit "
-              "signal_to_handle"),
+              "signal_to_handle "
+              # older cosmos-rl (the Cosmos-Reason1 recipes): SFT validation on a held-out split
+              "enable_validation validation_step validation_batch_per_replica"),
     # GrpoConfig and SFTDataConfig share this section
     "train.train_policy": (
         "type trainer_type variant dataset dataloader_shuffle dataloader_seed "
@@ -226,7 +238,7 @@ def _flatten(node: dict, prefix: str = "") -> dict[str, Any]:
     out = {}
     for key, value in node.items():
         path = f"{prefix}{key}"
-        if isinstance(value, dict) and path not in MAPPED:
+        if isinstance(value, dict) and path not in MAPPED and path not in WHOLE_KEYS:
             out.update(_flatten(value, path + "."))
         else:
             out[path] = value
@@ -359,6 +371,8 @@ def _read_tree(tree: dict, path: str, notes: list[str]) -> tuple[dict[str, Any],
         out, wfm_notes = read_wfm_recipe(tree, path)
         notes.extend(f"note: {n}" for n in wfm_notes)
         return out, []
+    if is_vlm_recipe(tree):
+        return _read_vlm_tree(tree, path, notes)
     diffusers = tree.get("policy", {}).get("diffusers", {})
     if isinstance(diffusers, dict) and "timestep_fraction" in diffusers:
         typo = diffusers.pop("timestep_fraction")
@@ -368,10 +382,7 @@ def _read_tree(tree: dict, path: str, notes: list[str]) -> tuple[dict[str, Any],
                      f"cosmos-rl does (write timesteps_fraction to change it)")
     flat = _flatten(tree)
     out: dict[str, Any] = dict(COSMOS_DEFAULTS)
-    if "lora" in tree.get("policy", {}):  # [policy.lora] present: LoRA, with cosmos-rl's defaults
-        out.update(LORA_DEFAULTS, **{"policy.lora.enable": True})
-    else:
-        out["policy.lora.enable"] = False
+    _lora_switch(tree, out)
     ignored = []
     for key, value in flat.items():
         if _check_known(key, path):
@@ -387,6 +398,41 @@ def _read_tree(tree: dict, path: str, notes: list[str]) -> tuple[dict[str, Any],
             except ConfigError as exc:
                 raise ConfigError(f"{path}: {exc}") from None
     _joint(flat, path, out)
+    return out, ignored
+
+
+def _lora_switch(tree: dict, out: dict) -> None:
+    if "lora" in tree.get("policy", {}):  # [policy.lora] present: LoRA, with cosmos-rl's defaults
+        out.update(LORA_DEFAULTS, **{"policy.lora.enable": True})
+    else:
+        out["policy.lora.enable"] = False
+
+
+def _read_vlm_tree(tree: dict, path: str, notes: list[str]) -> tuple[dict[str, Any], list[str]]:
+    """A Cosmos-Reason / Qwen-VL recipe: the VLM keys (cosmos_vlm_toml), else the shared ones."""
+    from wfm_jax.config.schema import QWEN3_VL_LORA_TARGETS
+    flat = _flatten(tree)
+    out: dict[str, Any] = dict(VLM_DEFAULTS)
+    _lora_switch(tree, out)
+    if out["policy.lora.enable"]:
+        out["policy.lora.target_modules"] = QWEN3_VL_LORA_TARGETS
+    ignored = []
+    for key, value in flat.items():
+        setter = vlm_setter(key)
+        if setter is None:
+            if key in ("train.train_policy.type", "train.train_policy.trainer_type"):
+                continue  # vlm_trainer below
+            # the remote-reward keys mean nothing here: use_remote_reward = true is refused
+            if key in VLM_IGNORED or key in JOINT or _check_known(key, path) or MAPPED[key] is None:
+                ignored.append(key)
+                continue
+            setter = MAPPED[key]
+        try:
+            setter(value, out)
+        except ConfigError as exc:
+            raise ConfigError(f"{path}: {exc}") from None
+    out["train.train_policy.type"] = vlm_trainer(flat, path)
+    notes.extend(vlm_notes(flat, out))
     return out, ignored
 
 

@@ -131,6 +131,12 @@ DEFAULTS = {
                 "unbiased_loss_max_tokens": placeholder(int),
                 "unbiased_advantage": False,
                 "temperature": 1.0,            # divides the policy logits in the loss, and samples
+                # rollout.sampling_config.temperature: None samples at `temperature` (cosmos-rl
+                # samples at this one and scores at `temperature`; its Reason1 recipe: 1.0 / 0.9)
+                "sampling_temperature": placeholder(float),
+                # cosmos-rl's min_filter_prefix_tokens: in a group of mixed rewards, completions
+                # sharing a prefix of at least this many tokens leave it out of the loss (None: off)
+                "min_filter_prefix_tokens": placeholder(int),
                 "top_p": 1.0, "top_k": -1,     # rollout.sampling_config (-1: no top-k)
                 "max_response_length": 32,     # rollout.max_response_length (new tokens)
                 # the weighted sum of these text rewards (reward_client.reason; the record's
@@ -256,6 +262,9 @@ DEFAULTS = {
             "model_max_length": 4096,  # cosmos-rl policy.model_max_length: longer rows are cut
             "train_vision": True,      # False: the vision tower (model.visual) stays frozen
             "system_prompt": "",       # a system turn before each conversation ("" none)
+            # the records' image / video paths are relative to this ("": the annotation file's
+            # dir; cosmos-reason2's custom.dataset.media_path)
+            "media_root": "",
             "pad_to_multiple": 8,      # batch lengths rounded up: fewer distinct programs
             "max_new_tokens": 32,      # greedy answer length for val/accuracy
             # the tiny VQA world (wfm_jax.worlds.vqa): build the tiny random model at

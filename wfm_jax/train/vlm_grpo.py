@@ -11,7 +11,9 @@ One loop step:
      its end token (`<|im_end|>`), decoded without special tokens for the rewards;
   3. rewards: sum of weight * reward (reward_client's text rewards, the record's `answer` the
      reference), advantages per group, groups whose rewards are all equal dropped (cosmos-rl's
-     dynamic sampling); none left: no update this step (train/kept_groups 0, train/loss 0);
+     dynamic sampling); none left: no update this step (train/kept_groups 0, train/loss 0); with
+     lm_grpo.min_filter_prefix_tokens, a prefix shared by completions of differing rewards
+     carries no loss (lm_grpo.ignore_prefix_lengths);
   4. the update batch: prompt + completion rows, kept groups first, left-padded prompts to a
      multiple of policy.vlm.pad_to_multiple and completions to max_response_length (fixed shapes:
      one program), M-RoPE position ids from the rows' own masks; mu_iterations passes, each of
@@ -55,13 +57,15 @@ def grpo_config(config) -> lm_grpo.LMGRPOConfig:
     try:
         return lm_grpo.LMGRPOConfig(
             n_generation=int(config.rollout.n_generation), temperature=float(g.temperature),
+            sampling_temperature=None if g.sampling_temperature is None else float(g.sampling_temperature),
             top_p=float(g.top_p), top_k=int(g.top_k), max_response_length=int(g.max_response_length),
             epsilon_low=float(g.epsilon_low), epsilon_high=float(g.epsilon_high),
             lower_bound_ratio=float(g.lower_bound_ratio), kl_beta=float(g.kl_beta),
             unbiased_kl_estimate=bool(g.unbiased_kl_estimate), loss_type=str(g.loss_type),
             unbiased_loss_max_tokens=g.unbiased_loss_max_tokens, unbiased_advantage=bool(g.unbiased_advantage),
             mu_iterations=int(tp.mu_iterations), mini_batch=int(tp.mini_batch),
-            batch_size_per_optimize=tp.batch_size_per_optimize)
+            batch_size_per_optimize=tp.batch_size_per_optimize,
+            min_filter_prefix_tokens=g.min_filter_prefix_tokens)
     except ValueError as e:
         raise VLMSetupError(f"train.train_policy.lm_grpo: {e}") from None
 
@@ -156,6 +160,8 @@ class VLMGRPOTrainer:
         if missing and key.startswith("train"):
             raise VLMSetupError(f"{key}: records {missing[:3]} have no 'answer' (the rewards' reference)")
         root = location if os.path.isdir(location) else os.path.dirname(os.path.abspath(location))
+        if key.startswith("train") and self.config.policy.vlm.media_root:
+            root = self.config.policy.vlm.media_root
         try:
             return records, read_images(records, root)
         except OSError as e:
@@ -205,14 +211,19 @@ class VLMGRPOTrainer:
         adv = np.asarray(lm_grpo.group_advantages(rewards, unbiased=self.cfg.unbiased_advantage,
                                                   eps=self.cfg.advantage_eps)).reshape(-1)
         keep = np.asarray(lm_grpo.keep_rows(rewards))
+        ids = [r[(m > 0) & ~np.isin(r, self.eos)].tolist() for r, m in zip(tokens, cmask, strict=True)]
+        ignore = [k for g in range(self.groups) for k in lm_grpo.ignore_prefix_lengths(
+            ids[g * n:(g + 1) * n], rewards[g].tolist(), self.cfg.min_filter_prefix_tokens)]
         return {"rows": rows, "tokens": tokens, "completion_mask": cmask, "texts": texts, "rewards": rewards,
-                "per_reward": per_reward, "advantages": adv, "keep": keep}
+                "per_reward": per_reward, "advantages": adv, "keep": keep, "ignore": np.asarray(ignore)}
 
     def update_batch(self, roll: dict, order: Sequence[int]) -> dict[str, np.ndarray]:
         """Prompt + completion rows `order` of a rollout (prompt pixels re-encoded in that order)."""
         prompt = self.encode_prompts([roll["rows"][k] for k in order])
         ids = np.concatenate([prompt["input_ids"], roll["tokens"][order]], axis=1)
         cmask = roll["completion_mask"][order] * roll["keep"][order, None]
+        # min_filter_prefix_tokens: the shared prefix carries no loss (lm_grpo.ignore_prefix_lengths)
+        cmask = cmask * (np.arange(cmask.shape[1])[None, :] >= roll["ignore"][order, None])
         attention = np.concatenate([prompt["attention_mask"], roll["completion_mask"][order]], axis=1)
         proc = self.processor
         pos, _ = position_ids(ids, attention, image_grid_thw=prompt.get("image_grid_thw"),

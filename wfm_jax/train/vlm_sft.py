@@ -170,7 +170,8 @@ class VLMSFTTrainer:
         build_tiny_assets(config)
         check_model_dir(p.model_name_or_path)
         self.processor = load_processor(p.model_name_or_path)
-        options = dict(system_prompt=v.system_prompt or None, max_length=int(v.model_max_length))
+        options = dict(system_prompt=v.system_prompt or None, max_length=int(v.model_max_length),
+                       media_root=v.media_root or None)
         self.data = open_dataset(t.train_policy.dataset.local_dir, self.processor, **options)
         self.batch_size = int(t.train_batch_per_replica)
         if self.batch_size > len(self.data):
