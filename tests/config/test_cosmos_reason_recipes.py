@@ -118,6 +118,16 @@ def test_older_grpo_recipe_sampling_config(tmp_path, capsys):
     assert c.train.train_batch_per_replica == 8 and c.train.train_policy.mini_batch == 1
 
 
+def test_gradient_checkpointing_is_the_decoders_remat(tmp_path):
+    """cosmos-rl's policy.model_gradient_checkpointing (PolicyConfig default True) recomputes every
+    block in the backward pass: policy.remat nothing_saveable, which the VLM trainers build with;
+    false keeps every activation (everything_saveable)."""
+    assert cfg.load_config(R1_GRPO).policy.remat == "nothing_saveable"  # written true
+    assert cfg.load_config(LLAVA).policy.remat == "nothing_saveable"  # left out: the default
+    off = _edit(tmp_path, R1_GRPO, "model_gradient_checkpointing = true", "model_gradient_checkpointing = false")
+    assert cfg.load_config(off).policy.remat == "everything_saveable"
+
+
 def test_reward_function_table_sets_weights(tmp_path):
     path = _edit(tmp_path, R1_GRPO, 'reward_function = ["single_choice", "format"]',
                  "reward_function = { single_choice = 2.0, format = 0.5 }")

@@ -158,9 +158,9 @@ for _key in ("entropy_coeff", "positive_nll_coef", "aipo_rho", "off_policy_maski
              "use_decoupled_loss"):
     VLM_MAPPED[f"train.train_policy.{_key}"] = _refuse_unless(
         lambda v: v in (None, 0, 0.0, False), f"train.train_policy.{_key}", _NO_KNOB)
-# ignored for a language model: DiT-only clips, or memory-only settings the VLM trainers do not read
+# ignored for a language model: DiT-only clips, or a setting of cosmos-rl's own sampler
 VLM_IGNORED = ("train.train_policy.advantage_low", "train.train_policy.advantage_high",
-               "policy.model_gradient_checkpointing", "rollout.sampling_config.use_flashinfer")
+               "rollout.sampling_config.use_flashinfer")
 
 
 def vlm_setter(key: str) -> Setter | None:
@@ -176,6 +176,8 @@ def vlm_setter(key: str) -> Setter | None:
 VLM_DEFAULTS: dict[str, Any] = {
     "policy.family": "qwen3_vl",
     "train.train_policy.dataset.layout": "conversations",
+    # policy.model_gradient_checkpointing = true (PolicyConfig's default): every block recomputed
+    "policy.remat": "nothing_saveable",
     "train.optm_lr": 1e-6,
     "train.optm_weight_decay": 0.01,
     "train.optm_eps": 1e-6,
