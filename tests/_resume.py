@@ -26,18 +26,27 @@ from wfm_jax.data.groups import GroupBatcher
 from wfm_jax.train.metrics import MetricsLogger
 
 TIMING = ("time/", "train/samples_per_s", "train/iteration_time")
-_CACHE_OPTIONS = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
-                  "jax_persistent_cache_min_entry_size_bytes")
+
+
+def _cache_settings(directory) -> dict:
+    """jax config name -> value: every compilation goes through the on-disk cache in `directory`."""
+    return {"jax_compilation_cache_dir": str(directory), "jax_persistent_cache_min_compile_time_secs": 0.0,
+            "jax_persistent_cache_min_entry_size_bytes": 0}
+
+
+def compile_cache_env(directory) -> dict[str, str]:
+    """The same settings as environment variables, for the processes a test starts."""
+    return {name.upper(): str(value) for name, value in _cache_settings(directory).items()}
 
 
 @contextlib.contextmanager
 def persistent_compile_cache(directory):
     """Every compilation inside goes through an on-disk cache in `directory`; the previous
     settings come back after."""
-    old = {name: getattr(jax.config, name) for name in _CACHE_OPTIONS}
-    jax.config.update("jax_compilation_cache_dir", str(directory))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    settings = _cache_settings(directory)
+    old = {name: getattr(jax.config, name) for name in settings}
+    for name, value in settings.items():
+        jax.config.update(name, value)
     compilation_cache.reset_cache()
     try:
         yield

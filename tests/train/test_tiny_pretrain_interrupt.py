@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from tests._resume import compile_cache_env
 from tests._support.paths import REPO_ROOT
 from wfm_jax.io.lock import LockHeldError, exclusive_lock
 from wfm_jax.train.pretrain import QUICK, is_built, lock_file, work_dir
@@ -71,10 +72,7 @@ def _children_share_compiles(tmp_path_factory):
 
 
 def _env():
-    return {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu",
-            "JAX_COMPILATION_CACHE_DIR": _COMPILE_CACHE[0],
-            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-            "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
+    return {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu", **compile_cache_env(_COMPILE_CACHE[0])}
 
 
 def _build(directory, sig="none", at="none", **kw):

@@ -15,6 +15,7 @@ directories are removed when the next run opens the directory.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 from typing import Any, NamedTuple
@@ -29,6 +30,7 @@ from wfm_jax.core.console import say
 _FORMAT = 1
 
 
+@functools.cache  # a process-wide orbax setting: once per process
 def _single_writer_arrays_on_cpu() -> None:
     """On CPU devices orbax's replica-parallel save (each replica writes a slice of a replicated
     array) slices every array eagerly per device, compiling one tiny XLA program per slice shape
