@@ -141,3 +141,30 @@ def test_cut_model_keeps_its_deepstack_taps():
             kept = cut["vision_config"]["deepstack_visual_indexes"]
             assert len(set(kept)) == taps and max(kept) < blocks == cut["vision_config"]["depth"]
             assert cut["text_config"] == config["text_config"]
+
+
+def test_main_refuses_a_vlm_run_that_cannot_fit_before_loading_weights(tmp_path, monkeypatch, capsys):
+    """main plans a VLM SFT run as it does a DiT one: on a 1 MiB device the tiny model's train
+    state alone does not fit, refused from its shapes in one line before any compile or weight;
+    the VLM GRPO step, which the planner does not cover, is not refused."""
+    from wfm_jax.cli.main import EXIT_BAD_INPUT, main
+    from wfm_jax.config.recipe import load_config
+    from wfm_jax.families.qwen3_vl.tiny import ensure_tiny_qwen3_vl
+    from wfm_jax.plan import MEMORY_ENV, check_fits
+    from wfm_jax.worlds.vqa.scenes import vocabulary
+    model = ensure_tiny_qwen3_vl(str(tmp_path / "model"), vocabulary(), size="spec")
+    monkeypatch.setenv(MEMORY_ENV, str(1 << 20))
+    out = tmp_path / "run"
+    code = main(["--config", "configs/tiny_vlm_sft.py", f"--config.policy.model_name_or_path={model}",
+                 f"--config.train.output_dir={out}", "--config.policy.vlm.build_tiny_vqa=False",
+                 f"--config.train.train_policy.dataset.local_dir={tmp_path / 'none'}"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == EXIT_BAD_INPUT
+    assert len(err) == 1 and "what stays on each device needs" in err[0] and "has 1048576 bytes" in err[0], err
+    with open(os.path.join(model, "config.json")) as f:
+        count = vlm_abstract.parameter_count(json.load(f))
+    # the recipe replicates the model: fp32 weights and AdamW's two moments whole on each device
+    assert int(err[0].split(" needs ")[1].split(" bytes")[0]) >= 12 * count > 1 << 20
+    assert not (out / "checkpoints").exists()
+    grpo = load_config("configs/tiny_vlm_grpo.py", [("policy.model_name_or_path", model)])
+    assert check_fits(grpo) is None

@@ -130,10 +130,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             from wfm_jax.config.recipe import config_from_argv
             return dry_run(config_from_argv(argv))
         config = prepare(argv, held)
-        from wfm_jax.config.schema import VLM_FAMILIES
         from wfm_jax.plan import check_fits
-        if config.policy.family not in VLM_FAMILIES:  # the planner covers the DiT families
-            check_fits(config)  # on accelerators: refuse what cannot fit before loading weights
+        check_fits(config)  # on accelerators: refuse what cannot fit before loading weights
         from wfm_jax.train.preempt import sigterm_stops_after_step
         with sigterm_stops_after_step():
             step = train(config)

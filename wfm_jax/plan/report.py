@@ -8,6 +8,9 @@ import os
 from wfm_jax.plan.args import GiB, parse_args
 from wfm_jax.plan.compiled import compile_program, finish, memory_limit, peak, plan_mesh
 
+# a VLM step is planned with every row at policy.vlm.model_max_length, the longest batch the
+# trainer can make (it pads each batch to its longest row): a run refused for that cannot OOM later
+VLM_ROWS = ", a shorter policy.vlm.model_max_length (rows are planned at that length)"
 MEMORY_ENV = "WFM_JAX_DEVICE_MEMORY_BYTES"  # per-device limit main checks against (any backend)
 
 
@@ -25,7 +28,7 @@ def plan(args, config=None, limit: int | None = None) -> dict:
     try:
         if str(config.policy.family) in VLM_FAMILIES:  # Qwen3-VL: its own SFT step
             from wfm_jax.plan.vlm import plan_vlm
-            return plan_vlm(args, config)
+            return plan_vlm(args, config, limit)
         return _plan(args, config, limit)
     except SetupError as e:  # a layout, shape or model dir the run cannot have: one line
         raise SystemExit(f"wfm_jax.plan: {e}") from None
@@ -256,6 +259,9 @@ def check_fits(config) -> dict | None:
         limit = (jax.local_devices()[0].memory_stats() or {}).get("bytes_limit")
         if not limit:
             return None
+    from wfm_jax.config.schema import VLM_FAMILIES
+    if config.policy.family in VLM_FAMILIES and config.train.train_policy.type != "sft":
+        return None  # the planner covers the VLM SFT step only (VLM GRPO: not planned yet)
     devices = jax.device_count()
     context = max(1, int(config.policy.parallelism.context))
     args = parse_args(["--devices", str(devices), "--batch-per-device",
@@ -284,5 +290,6 @@ def check_fits(config) -> dict | None:
             f"{(r['transformer_frozen_bytes'] + r['encoders_vae_bytes']) / GiB:.2f} GiB, temp "
             f"{p['temp_bytes'] / GiB:.2f} GiB) and each of the {devices} {r['device_kind']} "
             f"devices has {int(limit)} bytes ({int(limit) / GiB:.2f} GiB); try policy.remat=full, "
-            f"more fsdp, a smaller batch (python -m wfm_jax.plan --config ... for the figures)")
+            f"more fsdp, a smaller batch{VLM_ROWS if 'sequence_length' in r else ''} (python -m "
+            f"wfm_jax.plan --config ... for the figures)")
     return r

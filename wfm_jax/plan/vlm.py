@@ -17,7 +17,9 @@ SCALE_METHOD = ("two compiles with K and 2K vision blocks (the whole scanned dec
                 "full = a + (b - a) x (blocks / K - 1)")
 
 
-def plan_vlm(args, config) -> dict:
+def plan_vlm(args, config, limit: int | None = None) -> dict:
+    """limit: per-device bytes; when the train state and the frozen variables alone exceed it,
+    the report stops before compiling (report.plan's early refusal)."""
 
     from wfm_jax.core import mesh as wmesh
     from wfm_jax.plan.compiled import compile_program, finish, memory_limit, peak, plan_mesh
@@ -44,6 +46,14 @@ def plan_vlm(args, config) -> dict:
             raise SystemExit(f"wfm_jax.plan: on mesh {dict(mesh.shape)}: {e}") from e
 
     whole = setup_at(full)  # the resident bytes: always the full model's
+    resident = per_device_bytes(whole.state) + per_device_bytes(whole.frozen)
+    if limit is not None and resident > limit:  # a lower bound of the step's peak
+        return {"config": args.config, "family": str(config.policy.family), "algorithm": "sft",
+                "devices": int(mesh.devices.size), "parameters": whole.parameters,
+                "train_state_bytes": per_device_bytes(whole.state),
+                "transformer_frozen_bytes": per_device_bytes(whole.frozen), "encoders_vae_bytes": 0,
+                "programs": {}, "peak_program": None, "total_bytes": resident, "fits": False,
+                "failed_programs": [], "resident_exceeds_limit": True}
     layers = int(full["text_config"]["num_hidden_layers"])
     depth = int(full["vision_config"]["depth"])
     on_tpu = topo is not None
