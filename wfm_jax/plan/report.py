@@ -9,7 +9,8 @@ from wfm_jax.plan.args import GiB, parse_args
 from wfm_jax.plan.compiled import compile_program, finish, memory_limit, peak, plan_mesh
 
 # a VLM step is planned with every row at policy.vlm.model_max_length, the longest batch the
-# trainer can make (it pads each batch to its longest row): a run refused for that cannot OOM later
+# trainer can make (it pads each batch to its longest row): a run that passes cannot run out of
+# memory later on a longer batch
 VLM_ROWS = ", a shorter policy.vlm.model_max_length (rows are planned at that length)"
 MEMORY_ENV = "WFM_JAX_DEVICE_MEMORY_BYTES"  # per-device limit main checks against (any backend)
 
