@@ -198,7 +198,8 @@ class VLMGRPOTrainer:
         texts = [tok.decode(r[(m > 0) & ~np.isin(r, self.eos)].tolist(), skip_special_tokens=True)
                  for r, m in zip(tokens, cmask, strict=True)]
         # the prompts the rewards see: each row's question as the model saw it
-        prompts = [prompt_text(self.processor, self.records[i], self.system_prompt) for i in rows]
+        questions = {i: prompt_text(self.processor, self.records[i], self.system_prompt) for i in set(rows)}
+        prompts = [questions[i] for i in rows]
         per_reward, total = self.rewards.score(texts, prompts, [str(self.records[i]["answer"]) for i in rows])
         rewards = np.asarray(total, np.float32).reshape(self.groups, n)
         adv = np.asarray(lm_grpo.group_advantages(rewards, unbiased=self.cfg.unbiased_advantage,
