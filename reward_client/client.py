@@ -167,6 +167,20 @@ class RemoteRewardClient:
         return self.enqueue_body(body, f"enqueue of {sorted(reward_weights)} to {self.config.enqueue_url}",
                                  deadline or Deadline(self.config.budget_s))
 
+    def enqueue_text(self, completions, prompts, references, reward_weights: Mapping[str, float], *,
+                     extras: Mapping[str, Any] | None = None,
+                     deadline: Deadline | None = None) -> EnqueueReceipt:
+        """Text completions (a language model's answers) and their reference answers, as
+        media_type "text" (wfm_jax's extension of the protocol, see protocol.py); pull as for images."""
+        completions = protocol.text_media(completions)
+        references = [str(r) for r in references]
+        if len(references) != completions.shape[0]:
+            raise RewardProtocolError(f"{len(references)} references for {completions.shape[0]} completions")
+        if "references" in (extras or {}):
+            raise RewardProtocolError("pass the references as the references argument, not in extras")
+        return self.enqueue(completions, prompts, reward_weights, media_type="text",
+                            extras={**(extras or {}), "references": references}, deadline=deadline)
+
     def pull(self, uuid: str, reward_name: str, *, replica_id: str | None = None,
              deadline: Deadline | None = None) -> PullReceipt:
         scores, stats = self._post(

@@ -8,7 +8,8 @@ full (never a silent drop), keeps results until pulled or ``--ttl-s`` after comp
 With ``--pipeline DIR`` (a diffusers pipeline dir with a Wan2.1 ``vae/``) it also takes
 media_type "latent": float VAE latents [B,C,T,h,w], as cosmos-rl's video trainer sends them,
 decoded to uint8 videos (reward_client.latents) and scored as media_type "video"; without it a
-latent payload is answered 422.
+latent payload is answered 422. media_type "text" (completions, wfm_jax's extension; protocol.py)
+is scored by the text rewards; an enqueue asking a reward of the other media is answered 422.
 Needs the ``server`` extra (fastapi, uvicorn).
 """
 
@@ -23,7 +24,7 @@ from contextlib import asynccontextmanager
 import numpy as np
 
 from reward_client import protocol
-from reward_client.catalog import available_rewards, is_local, score_local
+from reward_client.catalog import available_rewards, get_reward, is_local, score_local
 from reward_client.errors import RewardError, RewardProtocolError
 from reward_client.task_store import QueueFull, TaskStore
 
@@ -56,6 +57,18 @@ def local_scorer(max_video_frames: int):
                              extras=extras, max_video_frames=max_video_frames)
         return {k: [float(x) for x in v] for k, v in scores.items()}
     return score
+
+
+def media_mismatch(names, media_type: str) -> str | None:
+    """Why these rewards cannot score this payload (text rewards take media_type "text", the
+    others pixels), or None: refused at enqueue, so no reward is ever computed on the wrong media."""
+    text = media_type == "text"
+    wrong = [n for n in names if (get_reward(n).media == "text") != text]
+    if not wrong:
+        return None
+    want = "media_type 'text' (completions)" if not text else "images, videos or latents"
+    return (f"rewards {wrong} cannot score a media_type {media_type!r} payload: they score {want}; "
+            f"send them in their own enqueue")
 
 
 def decode_latents_with(decoder):
@@ -146,6 +159,9 @@ def create_app(token: str | None, *, max_body_bytes: int = 512 << 20, max_queue:
         if unknown or not names:
             return _json(422, {"detail": f"rewards {unknown or 'none with weight > 0'} not served; "
                                          f"served: {available_rewards()}"})
+        mismatch = media_mismatch(names, header["media_type"])
+        if mismatch:
+            return _json(422, {"detail": mismatch})
         try:
             uuid = store.submit(header, media, names)
         except QueueFull as exc:

@@ -140,7 +140,6 @@ def test_reward_function_table_sets_weights(tmp_path):
      "train.train_policy.reward_function: no text reward 'overlong'"),
     (R1_GRPO, "mini_batch = 2", "mini_batch = 2\nvariant = \"gspo\"", "train.train_policy.variant = 'gspo'"),
     (R1_GRPO, "mini_batch = 2", "mini_batch = 2\nentropy_coeff = 0.01", "train.train_policy.entropy_coeff = 0.01"),
-    (R1_GRPO, "mini_batch = 2", "mini_batch = 2\nuse_remote_reward = true", "use_remote_reward = True"),
     (R1_GRPO, "compile = false", "compile = false\nsequence_packing = true", "train.sequence_packing = True"),
     (R1_GRPO, "compile = false", "compile = false\noptm_decay_type = \"cosine\"", "--config.train.lr_schedule=cosine"),
     (R1_SFT, 'conversation_column_name = "conversations"', 'conversation_column_name = "messages"',
@@ -181,3 +180,18 @@ def test_dry_run_names_the_text_rewards(capsys):
     assert wmain.main(["--config", R1_GRPO, "--dry-run"]) == 0
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("would load: reward")]
     assert lines == ["would load: reward: built in, on the completions' text: single_choice x 1.0, format x 1.0"]
+
+
+def test_use_remote_reward_sends_the_reward_function_to_the_service(tmp_path, capsys, monkeypatch):
+    """use_remote_reward = true: the same names and weights, scored by the service (dry run says so)."""
+    monkeypatch.setenv("REMOTE_REWARD_ENQUEUE_URL", "http://rewards.example:8080/api/reward/enqueue")
+    path = _edit(tmp_path, R1_GRPO, "mini_batch = 2", "mini_batch = 2\nuse_remote_reward = true")
+    c = cfg.load_config(path)
+    tp = c.train.train_policy
+    assert tp.use_remote_reward is True
+    assert (tuple(tp.lm_grpo.rewards), tuple(tp.lm_grpo.reward_weights)) == (("single_choice", "format"), (1.0, 1.0))
+    capsys.readouterr()
+    assert wmain.main(["--config", path, "--dry-run"]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("would load: reward")]
+    assert lines == ["would load: reward: remote service http://rewards.example:8080/api/reward/enqueue, "
+                     "sent as text, on the completions' text: single_choice x 1.0, format x 1.0"]

@@ -127,9 +127,12 @@ def would_load(config) -> list[str]:
     names = ", ".join(f"{f['name']} x {f.get('weight', 1.0)}" for f in tp.remote_reward.reward_fns)
     if tp.type == "sft":
         pass
-    elif p.family in VLM_FAMILIES:  # text rewards, computed here (train.train_policy.lm_grpo)
+    elif p.family in VLM_FAMILIES:  # text rewards (train.train_policy.lm_grpo), here or remote
         pairs = zip(tp.lm_grpo.rewards, tp.lm_grpo.reward_weights, strict=False)
-        lines.append("reward: built in, on the completions' text: "
+        url = tp.remote_reward.enqueue_url or os.environ.get("REMOTE_REWARD_ENQUEUE_URL", "")
+        where = (f"remote service {url or '(REMOTE_REWARD_ENQUEUE_URL unset)'}, sent as text"
+                 if tp.use_remote_reward else "built in")
+        lines.append(f"reward: {where}, on the completions' text: "
                      + ", ".join(f"{n} x {w}" for n, w in pairs))
     elif tp.use_remote_reward:
         url = tp.remote_reward.enqueue_url or os.environ.get("REMOTE_REWARD_ENQUEUE_URL", "")

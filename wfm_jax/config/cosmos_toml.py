@@ -422,7 +422,7 @@ def _read_vlm_tree(tree: dict, path: str, notes: list[str]) -> tuple[dict[str, A
         if setter is None:
             if key in ("train.train_policy.type", "train.train_policy.trainer_type"):
                 continue  # vlm_trainer below
-            # the remote-reward keys mean nothing here: use_remote_reward = true is refused
+            # remote_reward.* mean nothing here: a remote VLM run sends reward_function's names
             if key in VLM_IGNORED or key in JOINT or _check_known(key, path) or MAPPED[key] is None:
                 ignored.append(key)
                 continue

@@ -130,9 +130,9 @@ VLM_MAPPED: dict[str, Setter] = {
     "train.train_policy.variant": _refuse_unless(
         lambda v: v == "grpo", "train.train_policy.variant",
         "wfm_jax's VLM GRPO is cosmos-rl's 'grpo' variant (dual-clip PPO loss); use \"grpo\""),
-    "train.train_policy.use_remote_reward": _refuse_unless(
-        lambda v: not v, "train.train_policy.use_remote_reward",
-        "the VLM GRPO trainer scores text locally; set false and list reward_function"),
+    # true: reward_function's names and weights are scored by the reward service (media_type
+    # "text"; train/vlm_rewards.py), URLs and token from REMOTE_REWARD_* or remote_reward.*
+    "train.train_policy.use_remote_reward": _to("train.train_policy.use_remote_reward", bool),
     "train.train_policy.overlong_reward.enable_overlong_penalty": _refuse_unless(
         lambda v: not v, "train.train_policy.overlong_reward.enable_overlong_penalty",
         "the DAPO overlong penalty is not here; set false"),

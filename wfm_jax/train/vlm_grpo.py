@@ -10,7 +10,8 @@ One loop step:
      top_k, up to lm_grpo.max_response_length tokens; a completion is its tokens up to and with
      its end token (`<|im_end|>`), decoded without special tokens for the rewards;
   3. rewards: sum of weight * reward (reward_client's text rewards, the record's `answer` the
-     reference), advantages per group, groups whose rewards are all equal dropped (cosmos-rl's
+     reference; here, or by the reward service with use_remote_reward: train/vlm_rewards.py),
+     advantages per group, groups whose rewards are all equal dropped (cosmos-rl's
      dynamic sampling); none left: no update this step (train/kept_groups 0, train/loss 0); with
      lm_grpo.min_filter_prefix_tokens, a prefix shared by completions of differing rewards
      carries no loss (lm_grpo.ignore_prefix_lengths);
@@ -36,8 +37,6 @@ import jax
 import numpy as np
 from flax import nnx
 
-from reward_client.catalog import get_reward
-from reward_client.errors import RewardConfigError
 from wfm_jax.algorithms import lm_grpo
 from wfm_jax.core.mesh import MeshConfig, check_batch, make_mesh
 from wfm_jax.data.conversations import read_records, to_messages
@@ -49,6 +48,7 @@ from wfm_jax.train import preempt
 from wfm_jax.train import vlm_sft as sft_trainer
 from wfm_jax.train.metrics import MetricsLogger, check_finite
 from wfm_jax.train.vlm_eval import end_tokens, read_images, val_metrics
+from wfm_jax.train.vlm_rewards import TextRewards, VLMRewardError
 from wfm_jax.train.vlm_sft import VLMSetupError, build_tiny_assets, check_model_dir, load_base
 
 
@@ -99,17 +99,11 @@ class VLMGRPOTrainer:
         self.config, self.on_step = config, on_step
         t, p, v = config.train, config.policy, config.policy.vlm
         self.cfg = grpo_config(config)
-        g = t.train_policy.lm_grpo
-        if len(g.rewards) != len(g.reward_weights) or not g.rewards:
-            raise VLMSetupError(f"train.train_policy.lm_grpo.rewards {tuple(g.rewards)} and reward_weights "
-                                f"{tuple(g.reward_weights)} must be non-empty and of one length")
         try:
-            self.rewards = [(get_reward(name), float(w)) for name, w in zip(g.rewards, g.reward_weights, strict=True)]
-        except RewardConfigError as e:  # the name, the nearest one and the known ones in one line
-            raise VLMSetupError(f"train.train_policy.lm_grpo.rewards: {e}") from None
-        pixel_rewards = [rw.name for rw, _ in self.rewards if rw.media != "text"]
-        if pixel_rewards:
-            raise VLMSetupError(f"train.train_policy.lm_grpo.rewards: {pixel_rewards} score pixels, not text")
+            self.rewards = TextRewards.from_config(config)
+        except VLMRewardError as e:
+            raise VLMSetupError(str(e)) from None
+        self.rewards.check_reachable()  # an unreachable service fails here, before the model loads
         self.rows = int(t.train_batch_per_replica)
         self.groups = self.rows // self.cfg.n_generation
         per_optimize = self.cfg.batch_size_per_optimize or self.rows
@@ -203,10 +197,10 @@ class VLMGRPOTrainer:
         tok = self.processor.tokenizer
         texts = [tok.decode(r[(m > 0) & ~np.isin(r, self.eos)].tolist(), skip_special_tokens=True)
                  for r, m in zip(tokens, cmask, strict=True)]
-        extras = {"references": [str(self.records[i]["answer"]) for i in rows]}
-        per_reward = {rw.name: np.asarray(rw.fn(texts, [self.records[i] for i in rows], extras), np.float64)
-                      for rw, _ in self.rewards}
-        total = sum(w * per_reward[rw.name] for rw, w in self.rewards)
+        # the prompts the rewards see: each row's question as the model saw it
+        questions = {i: prompt_text(self.processor, self.records[i], self.system_prompt) for i in set(rows)}
+        prompts = [questions[i] for i in rows]
+        per_reward, total = self.rewards.score(texts, prompts, [str(self.records[i]["answer"]) for i in rows])
         rewards = np.asarray(total, np.float32).reshape(self.groups, n)
         adv = np.asarray(lm_grpo.group_advantages(rewards, unbiased=self.cfg.unbiased_advantage,
                                                   eps=self.cfg.advantage_eps)).reshape(-1)
@@ -314,6 +308,7 @@ class VLMGRPOTrainer:
         finally:
             logger.close()
             self.ckpt.close()
+            self.rewards.close()
         return step
 
 
