@@ -250,3 +250,14 @@ def redacted(tree: dict, prefix: str = "") -> dict:
 def get(config: ConfigDict, dotted: str) -> Any:
     node, key = _resolve(config, dotted)
     return node[key]
+
+
+# an imported recipe key's handler: (its value, the wfm_jax {dotted key: value} being built)
+Setter = Callable[[Any, dict], None]
+
+
+def to_key(key: str, convert: Callable[[Any], Any] = lambda v: v) -> Setter:
+    """The Setter that writes a value, converted, to one wfm_jax key (the TOML imports' tables)."""
+    def set_(value, out):
+        out[key] = convert(value)
+    return set_

@@ -19,12 +19,11 @@ from __future__ import annotations
 import difflib
 import os
 import sys
-from collections.abc import Callable
 from typing import Any
 
 import tomllib
 
-from wfm_jax.config.base import ConfigError
+from wfm_jax.config.base import ConfigError, Setter, to_key
 from wfm_jax.config.cosmos_vlm_toml import (
     VLM_DEFAULTS,
     VLM_IGNORED,
@@ -111,14 +110,6 @@ OPAQUE = ("custom", "profiler", "distillation", "vla", "train.fp8", "train.fp4",
           "rollout.sampling_config", "rollout.multi_turn_config", "rollout.async_config",
           "policy.diffusers.lora")
 
-Setter = Callable[[Any, dict], None]
-
-
-def _to(key: str, convert: Callable[[Any], Any] = lambda v: v) -> Setter:
-    def set_(value, out):
-        out[key] = convert(value)
-    return set_
-
 
 def _experiment_name(value, out):
     out["train.wandb.name"] = "" if value in (None, "None") else str(value)
@@ -147,39 +138,39 @@ def _checkpointing(value, out):
 
 
 MAPPED: dict[str, Setter] = {
-    "policy.model_name_or_path": _to("policy.model_name_or_path"),
+    "policy.model_name_or_path": to_key("policy.model_name_or_path"),
     "policy.model_gradient_checkpointing": _checkpointing,
     # dp_shard_size x dp_replicate_size devices; an unset replicate size takes what is left
-    "policy.parallelism.dp_shard_size": _to("policy.parallelism.fsdp"),
-    "policy.parallelism.dp_replicate_size": _to("policy.parallelism.data"),
-    "policy.parallelism.cp_size": _to("policy.parallelism.context"),
-    "policy.lora.r": _to("policy.lora.r"),
-    "policy.lora.lora_alpha": _to("policy.lora.lora_alpha"),
+    "policy.parallelism.dp_shard_size": to_key("policy.parallelism.fsdp"),
+    "policy.parallelism.dp_replicate_size": to_key("policy.parallelism.data"),
+    "policy.parallelism.cp_size": to_key("policy.parallelism.context"),
+    "policy.lora.r": to_key("policy.lora.r"),
+    "policy.lora.lora_alpha": to_key("policy.lora.lora_alpha"),
     "policy.lora.init_lora_weights": _lora_init,
-    "policy.lora.target_modules": _to("policy.lora.target_modules", tuple),
-    "policy.diffusers.timesteps_fraction": _to("train.train_policy.timesteps_fraction"),
+    "policy.lora.target_modules": to_key("policy.lora.target_modules", tuple),
+    "policy.diffusers.timesteps_fraction": to_key("train.train_policy.timesteps_fraction"),
     "train.optm_name": _optimizer,
-    "train.epsilon": _to("train.optm_eps"),
-    "train.max_num_steps": _to("train.max_steps"),
+    "train.epsilon": to_key("train.optm_eps"),
+    "train.max_num_steps": to_key("train.max_steps"),
     "train.train_policy.remote_reward.reward_fns": None,  # _reward_fns, with its own key checks
     "train.train_policy.remote_reward.reward_fn": None,  # {name: weight}, older recipes
     "logging.logger": _loggers,
-    "logging.project_name": _to("train.wandb.project"),
+    "logging.project_name": to_key("train.wandb.project"),
     "logging.experiment_name": _experiment_name,
-    "logging.log_interval": _to("train.log_freq"),
+    "logging.log_interval": to_key("train.log_freq"),
 }
 for _key in ["is_video", "max_prompt_length", "inference_size", "train_frames", "inference_frames",
              "weighting_scheme", "logit_mean", "logit_std", "nft_beta", "weight_copy_decay_type"]:
-    MAPPED[f"policy.diffusers.{_key}"] = _to(f"policy.diffusers.{_key}")
+    MAPPED[f"policy.diffusers.{_key}"] = to_key(f"policy.diffusers.{_key}")
 for _key in ["num_steps", "eval_num_steps", "guidance_scale", "noise_level", "deterministic_sampling", "solver"]:
-    MAPPED[f"policy.diffusers.sample.{_key}"] = _to(f"policy.diffusers.sample.{_key}")
+    MAPPED[f"policy.diffusers.sample.{_key}"] = to_key(f"policy.diffusers.sample.{_key}")
 for _key in ["output_dir", "resume", "epoch", "seed", "train_batch_per_replica", "param_dtype", "optm_lr",
              "optm_weight_decay", "optm_betas", "optm_grad_norm_clip", "optm_warmup_steps", "ema_enable",
              "ema_decay", "ema_update_step_interval"]:
-    MAPPED[f"train.{_key}"] = _to(f"train.{_key}")
+    MAPPED[f"train.{_key}"] = to_key(f"train.{_key}")
 for _key in ["mini_batch", "mu_iterations", "batch_size_per_optimize", "kl_beta", "advantage_low",
              "advantage_high", "use_remote_reward"]:
-    MAPPED[f"train.train_policy.{_key}"] = _to(f"train.train_policy.{_key}")
+    MAPPED[f"train.train_policy.{_key}"] = to_key(f"train.train_policy.{_key}")
 def _upload_s3(value, out):
     # cosmos-rl: False | "final" | "all"
     out["train.ckpt.upload_s3"] = "" if value in (False, None, "") else value
@@ -187,13 +178,13 @@ def _upload_s3(value, out):
 
 MAPPED["train.ckpt.upload_s3"] = _upload_s3
 for _key in ["save_freq", "save_mode", "max_keep", "export_safetensors", "s3_bucket", "s3_prefix"]:
-    MAPPED[f"train.ckpt.{_key}"] = _to(f"train.ckpt.{_key}")
+    MAPPED[f"train.ckpt.{_key}"] = to_key(f"train.ckpt.{_key}")
 for _key in ["enable", "val_before_train", "freq", "batch_size"]:
-    MAPPED[f"validation.{_key}"] = _to(f"validation.{_key}")
-MAPPED["train.train_policy.dataset.local_dir"] = _to("train.train_policy.dataset.local_dir")
-MAPPED["validation.dataset.local_dir"] = _to("validation.dataset.local_dir")
-MAPPED["train.train_policy.remote_reward.scale"] = _to("train.train_policy.remote_reward.scale")
-MAPPED["rollout.n_generation"] = _to("rollout.n_generation")
+    MAPPED[f"validation.{_key}"] = to_key(f"validation.{_key}")
+MAPPED["train.train_policy.dataset.local_dir"] = to_key("train.train_policy.dataset.local_dir")
+MAPPED["validation.dataset.local_dir"] = to_key("validation.dataset.local_dir")
+MAPPED["train.train_policy.remote_reward.scale"] = to_key("train.train_policy.remote_reward.scale")
+MAPPED["rollout.n_generation"] = to_key("rollout.n_generation")
 # handled together below: the trainer from (type, trainer_type), the total clip from both ends
 JOINT = ("train.train_policy.type", "train.train_policy.trainer_type",
          "train.train_policy.remote_reward.score_key",

@@ -14,7 +14,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from wfm_jax.config.base import ConfigError
+from wfm_jax.config.base import ConfigError, Setter, to_key
 
 # model ids (lower case) of cosmos-rl's vision-language recipes; Reason1 is Qwen2.5-VL
 VLM_MODEL_IDS = ("cosmos-reason", "qwen2.5-vl", "qwen2_5_vl", "qwen3-vl", "qwen3_vl")
@@ -23,8 +23,6 @@ QWEN2_5_VL_IDS = ("cosmos-reason1", "qwen2.5-vl", "qwen2_5_vl")
 LM = "train.train_policy.lm_grpo"
 # keys kept whole when the tree is flattened (a table value, not a section)
 WHOLE_KEYS = ("train.train_policy.reward_function",)
-
-Setter = Callable[[Any, dict], None]
 
 
 def _config_json_type(path: str) -> str | None:
@@ -43,12 +41,6 @@ def is_vlm_recipe(tree: dict) -> bool:
     if name and os.path.isdir(name):
         return _config_json_type(name) in QWEN3_VL_TYPES
     return any(pattern in name.lower() for pattern in VLM_MODEL_IDS)
-
-
-def _to(key: str, convert: Callable[[Any], Any] = lambda v: v) -> Setter:
-    def set_(value, out):
-        out[key] = convert(value)
-    return set_
 
 
 def _refuse_unless(ok: Callable[[Any], bool], key: str, instead: str) -> Setter:
@@ -115,16 +107,16 @@ _SAME = ("epsilon_low", "epsilon_high", "lower_bound_ratio", "kl_beta", "unbiase
 _NO_KNOB = "wfm_jax's VLM GRPO has no such setting (docs/reason2_post_training.md); leave it out"
 
 VLM_MAPPED: dict[str, Setter] = {
-    "policy.model_max_length": _to("policy.vlm.model_max_length", int),
+    "policy.model_max_length": to_key("policy.vlm.model_max_length", int),
     # cosmos-rl: master_dtype = the weights the optimizer updates, param_dtype = compute
-    "train.master_dtype": _to("train.param_dtype"),
-    "train.param_dtype": _to("train.compute_dtype"),
+    "train.master_dtype": to_key("train.param_dtype"),
+    "train.param_dtype": to_key("train.compute_dtype"),
     "train.optm_lr": _lr,
     "train.optm_decay_type": _decay,
     "train.sequence_packing": _refuse_unless(
         lambda v: not v, "train.sequence_packing",
         "wfm_jax does not pack sequences (it batches conversations of similar length); set it false"),
-    "train.train_policy.system_prompt": _to("policy.vlm.system_prompt", str),
+    "train.train_policy.system_prompt": to_key("policy.vlm.system_prompt", str),
     "train.train_policy.conversation_column_name": _column,
     "train.train_policy.reward_function": _reward_function,
     "train.train_policy.variant": _refuse_unless(
@@ -132,27 +124,27 @@ VLM_MAPPED: dict[str, Setter] = {
         "wfm_jax's VLM GRPO is cosmos-rl's 'grpo' variant (dual-clip PPO loss); use \"grpo\""),
     # true: reward_function's names and weights are scored by the reward service (media_type
     # "text"; train/vlm_rewards.py), URLs and token from REMOTE_REWARD_* or remote_reward.*
-    "train.train_policy.use_remote_reward": _to("train.train_policy.use_remote_reward", bool),
+    "train.train_policy.use_remote_reward": to_key("train.train_policy.use_remote_reward", bool),
     "train.train_policy.overlong_reward.enable_overlong_penalty": _refuse_unless(
         lambda v: not v, "train.train_policy.overlong_reward.enable_overlong_penalty",
         "the DAPO overlong penalty is not here; set false"),
     "train.train_policy.balance_dp_token": _refuse_unless(
         lambda v: not v, "train.train_policy.balance_dp_token",
         "the VLM GRPO loss averages tokens per mini-batch over the whole batch; set false"),
-    "rollout.max_response_length": _to(f"{LM}.max_response_length", int),
-    "rollout.sampling_config.temperature": _to(f"{LM}.sampling_temperature", float),
-    "rollout.sampling_config.top_p": _to(f"{LM}.top_p", float),
-    "rollout.sampling_config.top_k": _to(f"{LM}.top_k", int),
+    "rollout.max_response_length": to_key(f"{LM}.max_response_length", int),
+    "rollout.sampling_config.temperature": to_key(f"{LM}.sampling_temperature", float),
+    "rollout.sampling_config.top_p": to_key(f"{LM}.top_p", float),
+    "rollout.sampling_config.top_k": to_key(f"{LM}.top_k", int),
     "rollout.sampling_config.repetition_penalty": _refuse_unless(
         lambda v: v == 1.0, "rollout.sampling_config.repetition_penalty",
         "wfm_jax's sampler has no repetition penalty; set 1.0 (or leave it out)"),
-    "custom.dataset.annotation_path": _to("train.train_policy.dataset.local_dir", str),
-    "custom.dataset.media_path": _to("policy.vlm.media_root", str),
-    "custom.dataset.system_prompt": _to("policy.vlm.system_prompt", str),
+    "custom.dataset.annotation_path": to_key("train.train_policy.dataset.local_dir", str),
+    "custom.dataset.media_path": to_key("policy.vlm.media_root", str),
+    "custom.dataset.system_prompt": to_key("policy.vlm.system_prompt", str),
     "custom.dataset.path": lambda value, out: None,  # an Arrow dir: vlm_notes says what to give
 }
 for _key in _SAME:
-    VLM_MAPPED[f"train.train_policy.{_key}"] = _to(f"{LM}.{_key}")
+    VLM_MAPPED[f"train.train_policy.{_key}"] = to_key(f"{LM}.{_key}")
 # cosmos-rl defaults that change the loss: non-default values are refused (0 / None / False)
 for _key in ("entropy_coeff", "positive_nll_coef", "aipo_rho", "off_policy_masking_delta",
              "use_decoupled_loss"):
