@@ -195,8 +195,10 @@ class VLMGRPOTrainer:
         cmask = completion_masks(tokens, self.eos, self.visual_ids)
         tokens = np.where(cmask > 0, tokens, self.pad)
         tok = self.processor.tokenizer
-        texts = [tok.decode(r[(m > 0) & ~np.isin(r, self.eos)].tolist(), skip_special_tokens=True)
-                 for r, m in zip(tokens, cmask, strict=True)]
+        # each completion's tokens without padding and end token: decoded for the rewards, and
+        # the trie min_filter_prefix_tokens walks
+        ids = [r[(m > 0) & ~np.isin(r, self.eos)].tolist() for r, m in zip(tokens, cmask, strict=True)]
+        texts = [tok.decode(seq, skip_special_tokens=True) for seq in ids]
         # the prompts the rewards see: each row's question as the model saw it
         questions = {i: prompt_text(self.processor, self.records[i], self.system_prompt) for i in set(rows)}
         prompts = [questions[i] for i in rows]
@@ -205,7 +207,6 @@ class VLMGRPOTrainer:
         adv = np.asarray(lm_grpo.group_advantages(rewards, unbiased=self.cfg.unbiased_advantage,
                                                   eps=self.cfg.advantage_eps)).reshape(-1)
         keep = np.asarray(lm_grpo.keep_rows(rewards))
-        ids = [r[(m > 0) & ~np.isin(r, self.eos)].tolist() for r, m in zip(tokens, cmask, strict=True)]
         ignore = [k for g in range(self.groups) for k in lm_grpo.ignore_prefix_lengths(
             ids[g * n:(g + 1) * n], rewards[g].tolist(), self.cfg.min_filter_prefix_tokens)]
         return {"rows": rows, "tokens": tokens, "completion_mask": cmask, "texts": texts, "rewards": rewards,

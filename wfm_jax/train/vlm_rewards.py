@@ -46,9 +46,9 @@ class TextRewards:
     def from_config(cls, config, environ=None) -> TextRewards:
         tp = config.train.train_policy
         names, weights = tuple(tp.lm_grpo.rewards), tuple(tp.lm_grpo.reward_weights)
+        rewards = cls(names, weights)  # the names are text rewards, before any connection
         if not tp.use_remote_reward:
-            return cls(names, weights)
-        cls(names, weights)  # the names are text rewards, before any connection
+            return rewards
         rr = tp.remote_reward
         remote = {k: v for k, v in (("enqueue_url", rr.enqueue_url), ("fetch_url", rr.fetch_url),
                                     ("token", rr.token)) if v}
@@ -66,7 +66,8 @@ class TextRewards:
                                       remote=cfg, clip=None, on_failure="raise")
         except RewardConfigError as e:
             raise VLMRewardError(f"train.train_policy.remote_reward: {e}") from None
-        return cls(names, weights, computer)
+        rewards.computer = computer
+        return rewards
 
     @property
     def remote(self) -> bool:
