@@ -37,7 +37,10 @@ def test_nft_recipe_resolves_to_its_meaning(capsys):
     assert d.sample.guidance_scale == 1.0 and d.sample.deterministic_sampling
     t = c.train
     assert (t.train_batch_per_replica, t.optm_lr, t.optm_eps, t.optm_weight_decay) == (1152, 3e-4, 1e-8, 1e-4)
-    assert t.ema_enable and t.ema_decay == 0.9 and t.param_dtype == "bfloat16" and t.seed == 42
+    assert t.ema_enable and t.ema_decay == 0.9 and t.seed == 42
+    # cosmos-rl's param_dtype is the forward/backward dtype; its master_dtype (float32 by default)
+    # is the weights AdamW updates: wfm_jax's compute_dtype and param_dtype
+    assert (t.compute_dtype, t.param_dtype) == ("bfloat16", "float32")
     assert t.ckpt.save_freq == 20 and t.wandb.enable and t.wandb.project == "cosmos_rl"
     assert t.wandb.name == "" and c.rollout.n_generation == 24
     assert c.policy.parallelism.fsdp == 8 and c.policy.remat == "nothing_saveable"
@@ -164,6 +167,14 @@ def test_s3_upload_keys_carry_over(tmp_path, value, want):
                  f's3_bucket = "runs"\ns3_prefix = "sft/a"', src=src)
     ck = cfg.load_config(path).train.ckpt
     assert (ck.upload_s3, ck.s3_bucket, ck.s3_prefix) == (want, "runs", "sft/a")
+
+
+def test_precision_keys_mean_what_cosmos_rl_means(tmp_path):
+    """cosmos-rl's master_dtype is the optimizer's weights, its param_dtype the forward/backward
+    dtype (its TrainingConfig): a recipe's pair lands in param_dtype / compute_dtype."""
+    path = _edit(tmp_path, 'param_dtype = "bfloat16"', 'master_dtype = "bfloat16"\nparam_dtype = "float32"')
+    t = cfg.load_config(path).train
+    assert (t.param_dtype, t.compute_dtype) == ("bfloat16", "float32")
 
 
 @pytest.mark.parametrize("model,family", [

@@ -164,10 +164,14 @@ for _key in ["is_video", "max_prompt_length", "inference_size", "train_frames", 
     MAPPED[f"policy.diffusers.{_key}"] = to_key(f"policy.diffusers.{_key}")
 for _key in ["num_steps", "eval_num_steps", "guidance_scale", "noise_level", "deterministic_sampling", "solver"]:
     MAPPED[f"policy.diffusers.sample.{_key}"] = to_key(f"policy.diffusers.sample.{_key}")
-for _key in ["output_dir", "resume", "epoch", "seed", "train_batch_per_replica", "param_dtype", "optm_lr",
+for _key in ["output_dir", "resume", "epoch", "seed", "train_batch_per_replica", "optm_lr",
              "optm_weight_decay", "optm_betas", "optm_grad_norm_clip", "optm_warmup_steps", "ema_enable",
              "ema_decay", "ema_update_step_interval"]:
     MAPPED[f"train.{_key}"] = to_key(f"train.{_key}")
+# cosmos-rl: master_dtype = the weights the optimizer updates (float32), param_dtype = the
+# forward/backward dtype (bfloat16); wfm_jax calls them param_dtype and compute_dtype
+MAPPED["train.master_dtype"] = to_key("train.param_dtype")
+MAPPED["train.param_dtype"] = to_key("train.compute_dtype")
 for _key in ["mini_batch", "mu_iterations", "batch_size_per_optimize", "kl_beta", "advantage_low",
              "advantage_high", "use_remote_reward"]:
     MAPPED[f"train.train_policy.{_key}"] = to_key(f"train.train_policy.{_key}")
@@ -210,7 +214,6 @@ COSMOS_DEFAULTS = {
     "train.optm_warmup_steps": 20,
     "train.optm_eps": 1e-6,
     "train.ema_decay": 0.9999,
-    "train.param_dtype": "bfloat16",
     "rollout.n_generation": 16,
     "train.log_freq": 100,
 }

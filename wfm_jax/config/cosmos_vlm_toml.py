@@ -3,8 +3,8 @@
 cosmos_toml.read_recipe calls this part when `is_vlm_recipe` says the recipe's model is a
 Qwen-VL / Cosmos-Reason one (specs/reason2.md §4.4). The keys the DiT import maps the same way
 (optimizer, output dir, checkpointing, logging, parallelism) go through its MAPPED table; the keys
-below either mean something else for a language model (train.param_dtype is the compute dtype
-here, kl_beta is lm_grpo's) or exist only here. A value wfm_jax cannot train as cosmos-rl would
+below either mean something else for a language model (kl_beta is lm_grpo's) or exist only
+here. A value wfm_jax cannot train as cosmos-rl would
 is one ConfigError naming the key and what to use instead.
 """
 from __future__ import annotations
@@ -108,9 +108,6 @@ _NO_KNOB = "wfm_jax's VLM GRPO has no such setting (docs/reason2_post_training.m
 
 VLM_MAPPED: dict[str, Setter] = {
     "policy.model_max_length": to_key("policy.vlm.model_max_length", int),
-    # cosmos-rl: master_dtype = the weights the optimizer updates, param_dtype = compute
-    "train.master_dtype": to_key("train.param_dtype"),
-    "train.param_dtype": to_key("train.compute_dtype"),
     "train.optm_lr": _lr,
     "train.optm_decay_type": _decay,
     "train.sequence_packing": _refuse_unless(
