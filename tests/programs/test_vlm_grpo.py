@@ -9,6 +9,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from flax import nnx
 
@@ -146,3 +147,47 @@ def test_compiled_step_and_logprobs_on_mesh(models, batch):
     state, out = step(state, frozen, {**placed, "old_logp": logp}, True, grid)
     assert int(state.step) == 2 and np.isfinite(float(out["loss"]))
     assert len(step._programs) == 1  # use_old is traced: one program for both
+
+
+def test_micro_batches_sum_to_the_whole_update(batch):
+    """train.grad_accum_steps: the update's rows in k micro-batches (whole mini-batches), each
+    loss weighted by micro_scales, accumulated by optax.MultiSteps, move the weights as the one
+    update over all rows does; the filtered group's micro-batch (no completion token) weighs 0."""
+    mesh = make_mesh(data=2, devices=jax.devices()[:2]) if len(jax.devices()) >= 2 else make_mesh()
+    graphdef, params, frozen = nnx.split(flax_model(torch_model(seed=2)), vlm_sft.trainable_filter(False, True), ...)
+    params, frozen = vlm_sft.place_params(params, mesh), vlm_sft.place_params(frozen, mesh)
+    cfg = lm_grpo.LMGRPOConfig(n_generation=2, mini_batch=2)
+    host = {k: v for k, v in batch.items() if k in vlm_grpo.BATCH_KEYS or k == "image_grid_thw"}
+    grid = host["image_grid_thw"]
+
+    def update(k):
+        # plain SGD: the weights move by the (averaged) gradient itself, so equal moves are
+        # equal gradients (Adam's first step is about lr * sign(g), blind to its size)
+        tx = optax.sgd(1.0) if k == 1 else optax.MultiSteps(optax.sgd(1.0), k).gradient_transformation()
+        state = TrainState.create(jax.tree.map(jnp.copy, params), tx, jax.random.key(0))
+        step = vlm_grpo.VLMGRPOStep(graphdef, tx, mesh, cfg)
+        rows = len(host["advantages"]) // k
+        def part(key, v, c):  # rows c*rows.. of each array: positions (4, B, L) on axis 1, patches by image
+            if key == "position_ids":
+                return v[:, c * rows:(c + 1) * rows]
+            if key == "pixel_values":
+                return v[c * len(v) // k:(c + 1) * len(v) // k]
+            return v[c * rows:(c + 1) * rows]
+        parts = [{key: part(key, v, c) for key, v in host.items()} for c in range(k)]
+        scales = vlm_grpo.micro_scales([int((p["completion_mask"].sum(1) > 0).sum()) for p in parts])
+        losses = []
+        for part, scale in zip(parts, scales, strict=True):
+            state, out = step(state, frozen, vlm_grpo.place(part, mesh), False, part["image_grid_thw"], scale=scale)
+            losses.append(float(out["loss"]))
+        return state, float(np.mean(losses)), scales
+
+    whole, loss, _ = update(1)
+    micro, micro_loss, scales = update(3)
+    assert scales == [1.5, 1.5, 0.0] and int(whole.step) == int(micro.step) == 1
+    np.testing.assert_allclose(micro_loss, loss, rtol=1e-5, atol=1e-7)
+    moves = [(np.asarray(a) - np.asarray(p), np.asarray(b) - np.asarray(p)) for a, b, p in zip(
+        jax.tree.leaves(whole.params), jax.tree.leaves(micro.params), jax.tree.leaves(params), strict=True)]
+    largest = max(float(np.abs(a).max()) for a, _ in moves)
+    assert largest > 1e-4 and grid.shape[0] == 6  # the update moved the weights
+    for a, b in moves:
+        np.testing.assert_allclose(b, a, atol=1e-5 * largest, rtol=0)

@@ -163,10 +163,18 @@ def describe(r: dict) -> str:
     mesh = " x ".join(f"{k}={v}" for k, v in r["mesh"].items())
     size = r["size"] if isinstance(r["size"], list) else [r["size"]] * 2
     shape = f"{size[0]}x{size[1]}" + (f"x{r['frames']} frames" if r["frames"] else "")
-    if r.get("sequence_length"):  # a VLM: rows of tokens, one image each
+    if r.get("prompt_tokens"):  # VLM GRPO: prompt + response rows, one image each
+        shape = (f"{r['prompt_tokens']} prompt + {r['response_tokens']} response tokens/row, "
+                 + (f"one {shape} image ({r['visual_tokens_per_row']} visual tokens)" if r["size"]
+                    else "text only"))
+    elif r.get("sequence_length"):  # a VLM: rows of tokens, one image each
         shape = (f"{r['sequence_length']} tokens/row, one {shape} image ({r['visual_tokens_per_row']} "
                  f"visual tokens)" if r["size"] else f"{r['sequence_length']} tokens/row, text only")
-    if r["algorithm"] == "sft":
+    if r.get("prompt_tokens"):  # VLM GRPO
+        batch = (f"rollout of {r['rollout_rows']} rows ({r['rollout_rows'] // r['n_generation']} prompts x "
+                 f"{r['n_generation']}), optimizer updates of {r['optimizer_update_rows']} rows in "
+                 f"micro-batches of {r['update_rows']}")
+    elif r["algorithm"] == "sft":
         batch = f"batch {r['batch_per_device']}/device ({r['global_batch']} global)"
     else:
         batch = (f"batch {r['global_batch']} global, rollout chunks of {r['rollout_chunk']}, "
@@ -183,13 +191,15 @@ def describe(r: dict) -> str:
         f"text encoders + VAE {g(r['encoders_vae_bytes'])}"]
     if r.get("sequence_length"):
         lines[-1] = (f"  per device: params {g(r['params_bytes'])}, optimizer {g(r['optimizer_bytes'])}, "
+                     f"reference {g(r['ref_bytes'])}, "
                      f"frozen {g(r['transformer_frozen_bytes'])} (vision tower trained: "
                      f"{r['train_vision']}); activations (the step's temporaries) "
                      f"{g(r['activation_bytes']) if r['activation_bytes'] is not None else '?'}; "
                      f"{r['parameters'] / 1e9:.3f} B parameters, {r['text_layers']} decoder layers, "
                      f"{r['vision_blocks']} vision blocks")
-        if r["programs"]["step"].get("scale_method"):
-            lines.append(f"  scaled: {r['programs']['step']['scale_method']}")
+        scaled = [p["scale_method"] for p in r["programs"].values() if p.get("scale_method")]
+        if scaled:
+            lines.append(f"  scaled: {scaled[0]}")
     if r.get("topology"):
         lines.append(_topology_table(r))
         lines.append(f"  estimates: {r['estimate_method']}; peak bf16 per chip: "
@@ -260,9 +270,6 @@ def check_fits(config) -> dict | None:
         limit = (jax.local_devices()[0].memory_stats() or {}).get("bytes_limit")
         if not limit:
             return None
-    from wfm_jax.config.schema import VLM_FAMILIES
-    if config.policy.family in VLM_FAMILIES and config.train.train_policy.type != "sft":
-        return None  # the planner covers the VLM SFT step only (VLM GRPO: not planned yet)
     devices = jax.device_count()
     context = max(1, int(config.policy.parallelism.context))
     args = parse_args(["--devices", str(devices), "--batch-per-device",

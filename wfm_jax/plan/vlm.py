@@ -22,21 +22,21 @@ def plan_vlm(args, config, limit: int | None = None) -> dict:
     the report stops before compiling (report.plan's early refusal)."""
 
     from wfm_jax.core import mesh as wmesh
-    from wfm_jax.plan.compiled import compile_program, finish, memory_limit, peak, plan_mesh
+    from wfm_jax.plan.compiled import finish, memory_limit, peak, plan_mesh
     from wfm_jax.programs import vlm_abstract
     from wfm_jax.programs.stats import per_device_bytes
 
-    if str(config.train.train_policy.type) != "sft":
-        raise SystemExit(f"wfm_jax.plan: policy.family={config.policy.family!r} plans SFT only "
-                         f"(train.train_policy.type={config.train.train_policy.type!r})")
+    algorithm = str(config.train.train_policy.type)
+    if algorithm not in ("sft", "grpo"):
+        raise SystemExit(f"wfm_jax.plan: policy.family={config.policy.family!r} plans SFT and GRPO "
+                         f"(train.train_policy.type={algorithm!r})")
+    grpo = _grpo_config(config) if algorithm == "grpo" else None
     remat = args.remat or config.policy.remat
     scan = bool(config.policy.scan_layers) and not args.no_scan
     mesh, topo = plan_mesh(args, config)
     rules = wmesh.active_rules()
     full, source = vlm_abstract.vlm_model_config(config)
-    seq_len = int(args.seq_len or config.policy.vlm.model_max_length)
     side = DEFAULT_IMAGE_SIDE if args.size is None else int(args.size)
-    rows = args.batch_per_device * mesh.devices.size // mesh.shape["context"]
 
     def setup_at(model_config):
         try:
@@ -46,62 +46,122 @@ def plan_vlm(args, config, limit: int | None = None) -> dict:
             raise SystemExit(f"wfm_jax.plan: on mesh {dict(mesh.shape)}: {e}") from e
 
     whole = setup_at(full)  # the resident bytes: always the full model's
-    resident = per_device_bytes(whole.state) + per_device_bytes(whole.frozen)
-    if limit is not None and resident > limit:  # a lower bound of the step's peak
-        return {"config": args.config, "family": str(config.policy.family), "algorithm": "sft",
-                "devices": int(mesh.devices.size), "parameters": whole.parameters,
-                "train_state_bytes": per_device_bytes(whole.state),
-                "transformer_frozen_bytes": per_device_bytes(whole.frozen), "encoders_vae_bytes": 0,
-                "programs": {}, "peak_program": None, "total_bytes": resident, "fits": False,
-                "failed_programs": [], "resident_exceeds_limit": True}
-    layers = int(full["text_config"]["num_hidden_layers"])
-    depth = int(full["vision_config"]["depth"])
-    on_tpu = topo is not None
-    k = args.vision_blocks
-    if k and 2 * k < depth:
-        taps = len(full["vision_config"].get("deepstack_visual_indexes", ()))
-        if k < taps:
-            raise SystemExit(f"wfm_jax.plan: --vision-blocks {k}: at least {taps} (one per DeepStack "
-                             f"tap, so both compiles keep them all)")
-        measured = [compile_program(vlm_abstract.sft_step_program(
-            setup_at(vlm_abstract.with_depth(full, None, v)), rows, seq_len, side), on_tpu)
-            for v in (k, 2 * k)]
-        step = _scaled(measured, depth / k - 1)
-        step["scaled_from"] = [{"vision_blocks": v, **{
-            f: m.get(f) for f in ("compiled", "temp_bytes", "flops", "compile_seconds", "error")}}
-            for v, m in zip((k, 2 * k), measured)]
-        step["scale_method"] = SCALE_METHOD
+    # GRPO with kl_beta keeps the starting policy's trained params as the reference
+    ref = per_device_bytes(whole.state.params) if grpo is not None and grpo.kl_beta else 0
+    resident = per_device_bytes(whole.state) + per_device_bytes(whole.frozen) + ref
+    head = {"config": args.config, "family": str(config.policy.family), "algorithm": algorithm,
+            "devices": int(mesh.devices.size), "parameters": whole.parameters,
+            "train_state_bytes": per_device_bytes(whole.state),
+            "transformer_frozen_bytes": per_device_bytes(whole.frozen), "encoders_vae_bytes": 0,
+            "ref_bytes": ref}
+    if limit is not None and resident > limit:  # a lower bound of every program's peak
+        return {**head, "programs": {}, "peak_program": None, "total_bytes": resident,
+                "fits": False, "failed_programs": [], "resident_exceeds_limit": True}
+    if grpo is None:
+        rows = args.batch_per_device * mesh.devices.size // mesh.shape["context"]
+        seq_len = int(args.seq_len or config.policy.vlm.model_max_length)
+        shapes: dict = {"batch_per_device": args.batch_per_device, "global_batch": rows,
+                        "sequence_length": seq_len}
+        builders = {"step": lambda s: [vlm_abstract.sft_step_program(s, rows, seq_len, side)]}
     else:
-        step = compile_program(vlm_abstract.sft_step_program(whole, rows, seq_len, side), on_tpu)
-    step["batch_bytes"] = per_device_bytes(
-        vlm_abstract.sft_step_program(whole, rows, seq_len, side).abstract_args()[2])
+        shapes, builders = _grpo_programs(args, config, grpo, full, side)
+        seq_len = shapes["sequence_length"]
+    on_tpu = topo is not None
+    compiled = _compile_all(args, builders, setup_at, whole, full, on_tpu)
+    for p in compiled.values():
+        peak(p, resident + p["batch_bytes"], on_tpu)
+    step = compiled["step" if grpo is None else "update"]
     grid = vlm_abstract.image_grid(full, side) if side else None
     out = {
-        "config": args.config, "family": str(config.policy.family), "algorithm": "sft",
-        "model_configs": source, "devices": int(mesh.devices.size),
+        **head, "model_configs": source,
         "device_kind": topo["chip"] if topo else args.device_kind,
         "device_memory_bytes": int(memory_limit(args, topo)),
         "mesh": {k: int(v) for k, v in mesh.shape.items()},
-        "size": side, "frames": None, "sequence_length": seq_len,
+        "size": side, "frames": None, **shapes,
         "visual_tokens_per_row": vlm_abstract.visual_tokens(full, grid) if grid else 0,
-        "parameters": whole.parameters, "text_layers": layers, "vision_blocks": depth,
+        "text_layers": int(full["text_config"]["num_hidden_layers"]),
+        "vision_blocks": int(full["vision_config"]["depth"]),
         "remat": remat, "scan_layers": scan, "lora": bool(config.policy.lora.enable),
         "train_vision": bool(config.policy.vlm.train_vision),
         "frozen_dtype": str(config.train.param_dtype),
         "params_bytes": per_device_bytes(whole.state.params),
         "optimizer_bytes": per_device_bytes(whole.state.opt_state),
-        "ema_bytes": 0, "old_bytes": 0, "ref_bytes": 0,
-        "train_state_bytes": per_device_bytes(whole.state),
-        # the untrained variables (the vision tower when frozen, LoRA's base weights)
-        "transformer_frozen_bytes": per_device_bytes(whole.frozen),
-        "encoders_vae_bytes": 0,
-        "batch_per_device": args.batch_per_device, "global_batch": rows,
+        "ema_bytes": 0, "old_bytes": 0,
+        # activations: what the train step (GRPO: the update) holds beyond its arguments
+        "activation_bytes": step.get("temp_bytes"),
     }
-    # activations: what the step holds beyond its arguments (XLA's temporaries)
-    out["activation_bytes"] = step.get("temp_bytes")
-    peak(step, out["train_state_bytes"] + out["transformer_frozen_bytes"] + step["batch_bytes"],
-          on_tpu)
-    return finish(out, {"step": step}, step, topo, config)
+    return finish(out, compiled, step, topo, config)
+
+
+def _grpo_config(config):
+    from wfm_jax.programs import vlm_grpo
+    try:
+        return vlm_grpo.grpo_config(config)
+    except ValueError as e:
+        raise SystemExit(f"wfm_jax.plan: {e}") from None
+
+
+def _grpo_programs(args, config, cfg, full: dict, side: int) -> tuple[dict, dict]:
+    """The VLM GRPO step's programs as train/vlm_grpo.py runs them: the rollout of the recipe's
+    train_batch_per_replica rows (prefill, decode), the update's micro-batch (batch_size_per_optimize
+    rows / train.grad_accum_steps) of prompt + max_response_length tokens, and the log-prob pass
+    over such a micro-batch when the recipe takes one."""
+    from wfm_jax.programs import SetupError, vlm_abstract
+    rows = int(config.train.train_batch_per_replica)
+    per_optimize = int(cfg.batch_size_per_optimize or rows)
+    update_rows = per_optimize // max(1, int(config.train.grad_accum_steps))  # one micro-batch
+    visual = vlm_abstract.visual_tokens(full, vlm_abstract.image_grid(full, side)) if side else 0
+    prompt = int(args.seq_len or int(config.policy.vlm.model_max_length) - cfg.max_response_length)
+    if prompt < visual + 2:
+        raise SetupError(f"a {prompt}-token prompt (--seq-len; default policy.vlm.model_max_length "
+                         f"- lm_grpo.max_response_length) cannot hold a {side}x{side} image's "
+                         f"{visual} visual tokens: give --seq-len")
+    seq_len = prompt + cfg.max_response_length
+    builders = {"rollout": lambda s: vlm_abstract.rollout_programs(s, rows, prompt, side, cfg),
+                "update": lambda s: [vlm_abstract.grpo_update_program(s, update_rows, seq_len, side, cfg)]}
+    if cfg.kl_beta or cfg.mu_iterations > 1 or per_optimize < rows:
+        builders["logprobs"] = lambda s: [vlm_abstract.logprobs_program(s, update_rows, seq_len, side, cfg)]
+    shapes = {"global_batch": rows, "rollout_rows": rows, "update_rows": update_rows,
+              "optimizer_update_rows": per_optimize,
+              "prompt_tokens": prompt, "response_tokens": cfg.max_response_length,
+              "sequence_length": seq_len, "n_generation": cfg.n_generation,
+              "batch_per_device": None}
+    return shapes, builders
+
+
+def _compile_all(args, builders: dict, setup_at, whole, full: dict, on_tpu: bool) -> dict:
+    """{program name: compile_program's result}, each at full depth or, with --vision-blocks K,
+    scaled from K and 2K vision blocks (the decode loop has no vision tower: one compile)."""
+    from wfm_jax.plan.compiled import compile_program
+    from wfm_jax.programs import vlm_abstract
+    from wfm_jax.programs.stats import per_device_bytes
+    depth = int(full["vision_config"]["depth"])
+    k = args.vision_blocks
+    scaled = bool(k) and 2 * k < depth
+    if scaled:
+        taps = len(full["vision_config"].get("deepstack_visual_indexes", ()))
+        if k < taps:
+            raise SystemExit(f"wfm_jax.plan: --vision-blocks {k}: at least {taps} (one per DeepStack "
+                             f"tap, so both compiles keep them all)")
+        cut = [setup_at(vlm_abstract.with_depth(full, None, v)) for v in (k, 2 * k)]
+    out = {}
+    for build in builders.values():
+        for i, program in enumerate(build(whole)):
+            if not scaled or program.name == "rollout_decode":
+                p = compile_program(program, on_tpu)
+            else:
+                measured = [compile_program(build(s)[i], on_tpu) for s in cut]
+                p = _scaled(measured, depth / k - 1)
+                p["scaled_from"] = [{"vision_blocks": v, **{
+                    f: m.get(f) for f in ("compiled", "temp_bytes", "flops", "compile_seconds", "error")}}
+                    for v, m in zip((k, 2 * k), measured)]
+                p["scale_method"] = SCALE_METHOD
+            # what it holds beyond the resident state: its own inputs (batch, prompts, cache);
+            # the train steps take (state, frozen, batch, ...), the others (params, frozen, ...)
+            args = program.abstract_args()
+            p["batch_bytes"] = per_device_bytes(args[2:3] if program.name in ("step", "update") else args[2:])
+            out[program.name] = p
+    return out
 
 
 def _scaled(measured: list[dict], extra: float) -> dict:

@@ -137,13 +137,10 @@ def visual_tokens(model_config: dict, grid: tuple[int, int, int]) -> int:
     return grid[0] * grid[1] * grid[2] // merge ** 2
 
 
-def sft_step_program(setup: AbstractVLMSetup, rows: int, seq_len: int, image_side: int) -> Program:
-    """The VLM SFT step (vlm_sft.VLMSFTStep's program for this grid) on a batch of `rows`
-    conversations of `seq_len` tokens, each with one `image_side` image (0: text only)."""
-    import jax
+def _model_inputs(setup: AbstractVLMSetup, rows: int, seq_len: int, image_side: int) -> tuple[dict, tuple | None]:
+    """({name: (shape, dtype)} of `rows` model-input rows of `seq_len` tokens, each with one
+    `image_side` image (0: text only), the image grids or None)."""
     import jax.numpy as jnp
-
-    from wfm_jax.programs import vlm_sft
     cfg = setup.model_config
     grid = image_grid(cfg, image_side) if image_side else None
     if grid is not None and visual_tokens(cfg, grid) + 2 > seq_len:
@@ -154,12 +151,126 @@ def sft_step_program(setup: AbstractVLMSetup, rows: int, seq_len: int, image_sid
                  * int(v.get("patch_size", 16)) ** 2)
     shapes = {"input_ids": ((rows, seq_len), jnp.int32),
               "attention_mask": ((rows, seq_len), jnp.int32),
-              "loss_mask": ((rows, seq_len), jnp.bool_),
               "position_ids": ((4, rows, seq_len), jnp.int32)}
     if grid is not None:
         shapes["pixel_values"] = ((rows * grid[0] * grid[1] * grid[2], patch_dim), jnp.float32)
+    return shapes, None if grid is None else (grid,) * rows
+
+
+def _abstract(setup: AbstractVLMSetup, shapes: dict) -> dict:
+    """ShapeDtypeStructs of a batch, rows split over data x fsdp as the trainers place them."""
+    import jax
+
+    from wfm_jax.programs import vlm_sft
     shardings = vlm_sft.batch_shardings(shapes, setup.mesh, setup.rules)
-    batch = {k: jax.ShapeDtypeStruct(s, d, sharding=shardings[k]) for k, (s, d) in shapes.items()}
-    grids = None if grid is None else (grid,) * rows
+    return {k: jax.ShapeDtypeStruct(s, d, sharding=shardings[k]) for k, (s, d) in shapes.items()}
+
+
+def sft_step_program(setup: AbstractVLMSetup, rows: int, seq_len: int, image_side: int) -> Program:
+    """The VLM SFT step (vlm_sft.VLMSFTStep's program for this grid) on a batch of `rows`
+    conversations of `seq_len` tokens, each with one `image_side` image (0: text only)."""
+    import jax.numpy as jnp
+
+    from wfm_jax.programs import vlm_sft
+    shapes, grids = _model_inputs(setup, rows, seq_len, image_side)
+    batch = _abstract(setup, {**shapes, "loss_mask": ((rows, seq_len), jnp.bool_)})
     fn = vlm_sft.VLMSFTStep(setup.graphdef, setup.tx, setup.mesh, setup.rules).program(grids)
     return Program("step", fn, lambda: (setup.state, setup.frozen, batch))
+
+
+def grpo_update_batch(setup: AbstractVLMSetup, rows: int, seq_len: int, image_side: int,
+                      kl: bool) -> tuple[dict, tuple | None]:
+    """The VLM GRPO update's batch (train/vlm_grpo.update_batch) as shapes: prompt + completion
+    rows, their completion mask, advantages, the old (and with kl the reference) log-probs."""
+    import jax.numpy as jnp
+    shapes, grids = _model_inputs(setup, rows, seq_len, image_side)
+    shapes.update({"completion_mask": ((rows, seq_len), jnp.int32), "advantages": ((rows,), jnp.float32),
+                   "old_logp": ((rows, seq_len - 1), jnp.float32)})
+    if kl:
+        shapes["ref_logp"] = ((rows, seq_len - 1), jnp.float32)
+    return _abstract(setup, shapes), grids
+
+
+def grpo_update_program(setup: AbstractVLMSetup, rows: int, seq_len: int, image_side: int, cfg) -> Program:
+    """vlm_grpo.VLMGRPOStep's program (one optimizer update, the use_old flag traced) on `rows`
+    rows of `seq_len` prompt + completion tokens; cfg: the recipe's lm_grpo.LMGRPOConfig."""
+    import jax
+    import jax.numpy as jnp
+
+    from wfm_jax.programs import vlm_grpo
+    batch, grids = grpo_update_batch(setup, rows, seq_len, image_side, cfg.kl_beta != 0.0)
+    fn = vlm_grpo.VLMGRPOStep(setup.graphdef, setup.tx, setup.mesh, cfg, setup.rules).program(grids)
+    flag = jax.ShapeDtypeStruct((), jnp.bool_, sharding=_replicated(setup))
+    scale = jax.ShapeDtypeStruct((), jnp.float32, sharding=_replicated(setup))
+    return Program("update", fn, lambda: (setup.state, setup.frozen, batch, flag, scale))
+
+
+def logprobs_program(setup: AbstractVLMSetup, rows: int, seq_len: int, image_side: int, cfg) -> Program:
+    """vlm_grpo.VLMLogprobs's program: the old policy's or the reference's log-probs of an update
+    batch (the trainer runs it when mu_iterations > 1, the batch is optimised in chunks, or kl_beta > 0)."""
+    from wfm_jax.programs import vlm_grpo
+    shapes, grids = _model_inputs(setup, rows, seq_len, image_side)
+    batch = _abstract(setup, shapes)
+    fn = vlm_grpo.VLMLogprobs(setup.graphdef, setup.mesh, cfg.temperature, setup.rules).program(grids)
+    return Program("logprobs", fn, lambda: (setup.state.params, setup.frozen, batch))
+
+
+def rollout_programs(setup: AbstractVLMSetup, rows: int, prompt_len: int, image_side: int,
+                     cfg) -> list[Program]:
+    """The rollout as models/qwen3_vl/generate.py runs it with a mesh (train/vlm_grpo.rollout):
+    "prefill" over `rows` prompts of `prompt_len` tokens (each with one image) filling a cache of
+    prompt_len + cfg.max_response_length positions, then "decode", the token loop of
+    max_response_length steps on that cache (donated); the rows split over data x fsdp."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from flax import nnx
+
+    from wfm_jax.core.mesh import logical_to_spec, mesh_jit
+    from wfm_jax.models.qwen3_vl import generate as gen
+    from wfm_jax.programs import setup as setup_lib
+    new = int(cfg.max_response_length)
+    total = prompt_len + new
+    text = setup.model_config["text_config"]
+    sampling = gen.Sampling(cfg.rollout_temperature, max(cfg.top_k, 0), cfg.top_p)
+    cache_dtype = setup_lib.DTYPES[str(setup.config.train.compute_dtype)]
+    eos = tuple(int(e) for e in np.atleast_1d(text.get("eos_token_id", 0)))
+    graphdef, mesh, rules = setup.graphdef, setup.mesh, setup.rules
+    shapes, grids = _model_inputs(setup, rows, prompt_len, image_side)
+    prompt = _abstract(setup, shapes)
+    kv_mask = _abstract(setup, {"kv_mask": ((rows, total), jnp.int32)})["kv_mask"]
+    key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=_replicated(setup))
+
+    def prefill(params, frozen, ids, mask, pos, pixels, key):
+        return gen.prefill(nnx.merge(graphdef, params, frozen), ids, mask, pos, pixels, None, key,
+                           image_grid=grids, video_grid=None, cache_len=total, cache_dtype=cache_dtype,
+                           sampling=sampling)
+
+    def decode(params, frozen, cache, first, first_logits, mask, last_pos, key):
+        return gen.decode(nnx.merge(graphdef, params, frozen), cache, first, first_logits, mask, last_pos,
+                          key, max_new=new, eos=eos, pad=int(text.get("pad_token_id") or eos[0]),
+                          sampling=sampling, keep_logits=False)
+
+    batch_spec = logical_to_spec(("act_batch",), rules)
+
+    def sharded(shape, dtype, axis=0):  # rows (dimension `axis`) over data x fsdp
+        return jax.ShapeDtypeStruct(shape, dtype, sharding=jax.sharding.NamedSharding(
+            mesh, jax.sharding.PartitionSpec(*([None] * axis), *batch_spec)))
+
+    cache_shape = (int(text["num_hidden_layers"]), rows, total, int(text["num_key_value_heads"]),
+                   int(text.get("head_dim") or int(text["hidden_size"]) // int(text["num_attention_heads"])))
+    cache = {k: sharded(cache_shape, cache_dtype, 1) for k in ("k", "v")}
+    first, logits = sharded((rows,), jnp.int32), sharded((rows, int(text["vocab_size"])), jnp.float32)
+    last_pos = sharded((4, rows), jnp.int32, 1)
+    return [
+        Program("rollout_prefill", mesh_jit(prefill, mesh=mesh, rules=rules), lambda: (
+            setup.state.params, setup.frozen, prompt["input_ids"], kv_mask, prompt["position_ids"],
+            prompt.get("pixel_values"), key)),
+        Program("rollout_decode", mesh_jit(decode, mesh=mesh, rules=rules, donate_argnums=2), lambda: (
+            setup.state.params, setup.frozen, cache, first, logits, kv_mask, last_pos, key)),
+    ]
+
+
+def _replicated(setup: AbstractVLMSetup):
+    from wfm_jax.programs import setup as setup_lib
+    return setup_lib.replicated(setup.mesh)

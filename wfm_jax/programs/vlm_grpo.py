@@ -19,7 +19,7 @@ distinct image-grid set is its own program.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -35,6 +35,26 @@ from wfm_jax.programs.vlm_sft import batch_shardings, grid_key
 
 MODEL_KEYS = ("input_ids", "attention_mask", "position_ids", "pixel_values", "pixel_values_videos")
 BATCH_KEYS = (*MODEL_KEYS, "completion_mask", "advantages", "old_logp", "ref_logp")
+
+
+def grpo_config(config) -> lm_grpo.LMGRPOConfig:
+    """The recipe's LMGRPOConfig (train.train_policy.lm_grpo, rollout.n_generation and the
+    update's batching keys); a bad value is a ValueError naming the block."""
+    g, tp = config.train.train_policy.lm_grpo, config.train.train_policy
+    try:
+        return lm_grpo.LMGRPOConfig(
+            n_generation=int(config.rollout.n_generation), temperature=float(g.temperature),
+            sampling_temperature=None if g.sampling_temperature is None else float(g.sampling_temperature),
+            top_p=float(g.top_p), top_k=int(g.top_k), max_response_length=int(g.max_response_length),
+            epsilon_low=float(g.epsilon_low), epsilon_high=float(g.epsilon_high),
+            lower_bound_ratio=float(g.lower_bound_ratio), kl_beta=float(g.kl_beta),
+            unbiased_kl_estimate=bool(g.unbiased_kl_estimate), loss_type=str(g.loss_type),
+            unbiased_loss_max_tokens=g.unbiased_loss_max_tokens, unbiased_advantage=bool(g.unbiased_advantage),
+            mu_iterations=int(tp.mu_iterations), mini_batch=int(tp.mini_batch),
+            batch_size_per_optimize=tp.batch_size_per_optimize,
+            min_filter_prefix_tokens=g.min_filter_prefix_tokens)
+    except ValueError as e:
+        raise ValueError(f"train.train_policy.lm_grpo: {e}") from None
 
 
 def sequence_logprobs(model, batch: Mapping[str, jax.Array], image_grid: tuple | None = None,
@@ -61,6 +81,17 @@ def grpo_loss(model, batch: Mapping[str, jax.Array], cfg: lm_grpo.LMGRPOConfig, 
     return loss, {**aux, "tokens": jnp.sum(mask)}
 
 
+def micro_scales(real_rows: Sequence[int]) -> list[float]:
+    """The loss weight of each of the k micro-batches of one optimizer update, k * n_c / n (n_c
+    its rows with a completion token, n the update's): the k gradients optax.MultiSteps averages
+    then sum to the gradient of the whole update's accumulated_grpo_loss, which weights each
+    mini-batch by its rows over the update's rows (micro-batches hold whole mini-batches)."""
+    total = sum(real_rows)
+    if total <= 0:
+        raise ValueError("an update without rows to train on has no micro-batch weights")
+    return [len(real_rows) * n / total for n in real_rows]
+
+
 def place(batch: Mapping[str, Any], mesh, rules=None) -> dict[str, jax.Array]:
     """The update batch's arrays as global arrays split over the mesh (rows on data x fsdp)."""
     arrays = {k: np.asarray(batch[k]) for k in BATCH_KEYS if batch.get(k) is not None}
@@ -76,7 +107,7 @@ class VLMLogprobs:
         self.graphdef, self.mesh, self.temperature, self.rules = graphdef, mesh, temperature, rules
         self._programs: dict = {}
 
-    def __call__(self, params, frozen, batch, image_grid=None, video_grid=None):
+    def program(self, image_grid=None, video_grid=None):
         key = (grid_key(image_grid), grid_key(video_grid))
         if key not in self._programs:
             graphdef, temperature = self.graphdef, self.temperature
@@ -85,14 +116,20 @@ class VLMLogprobs:
                 return sequence_logprobs(nnx.merge(graphdef, params, frozen), batch, *key, temperature)
 
             self._programs[key] = mesh_jit(logprobs, mesh=self.mesh, rules=self.rules)
-        return self._programs[key](params, frozen, batch)
+        return self._programs[key]
+
+    def __call__(self, params, frozen, batch, image_grid=None, video_grid=None):
+        return self.program(image_grid, video_grid)(params, frozen, batch)
 
 
 class VLMGRPOStep:
-    """step(state, frozen, batch, use_old, image_grid=None, video_grid=None) -> (state, {"loss",
-    "policy_loss", "kl_loss", "clip_fraction", "tokens", "grad_norm"}): one optimizer update.
-    use_old False: the policy's own log-probs as the old ones (ratio 1; batch["old_logp"] may be
-    absent). One compiled program per grid set and batch shape; the state is donated."""
+    """step(state, frozen, batch, use_old, image_grid=None, video_grid=None, scale=1.0) -> (state,
+    {"loss", "policy_loss", "kl_loss", "clip_fraction", "tokens", "grad_norm"}): one optimizer
+    update, or with train.grad_accum_steps k one of its k micro-steps (optax.MultiSteps averages
+    their gradients). use_old False: the policy's own log-probs as the old ones (ratio 1;
+    batch["old_logp"] may be absent). scale multiplies the loss and its aux values (a traced
+    scalar): a micro-batch's share of the update's loss. One compiled program per grid set and
+    batch shape; the state is donated."""
 
     def __init__(self, graphdef, tx: optax.GradientTransformation, mesh, cfg: lm_grpo.LMGRPOConfig, rules=None):
         self.graphdef, self.tx, self.mesh, self.cfg, self.rules = graphdef, tx, mesh, cfg, rules
@@ -101,9 +138,11 @@ class VLMGRPOStep:
     def _build(self, image_grid, video_grid):
         graphdef, tx, cfg = self.graphdef, self.tx, self.cfg
 
-        def step(state: TrainState, frozen, batch, use_old):
+        def step(state: TrainState, frozen, batch, use_old, scale):
             def loss_fn(params):
-                return grpo_loss(nnx.merge(graphdef, params, frozen), batch, cfg, image_grid, video_grid, use_old)
+                loss, aux = grpo_loss(nnx.merge(graphdef, params, frozen), batch, cfg, image_grid, video_grid,
+                                      use_old)
+                return scale * loss, {k: v if k == "tokens" else scale * v for k, v in aux.items()}
 
             (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
             state, info = train_state_update(state, grads, tx)
@@ -111,11 +150,16 @@ class VLMGRPOStep:
 
         return mesh_jit(step, mesh=self.mesh, rules=self.rules, donate_argnums=0)
 
-    def __call__(self, state, frozen, batch, use_old: bool, image_grid=None, video_grid=None):
+    def program(self, image_grid=None, video_grid=None):
         key = (grid_key(image_grid), grid_key(video_grid))
         if key not in self._programs:
             self._programs[key] = self._build(*key)
+        return self._programs[key]
+
+    def __call__(self, state, frozen, batch, use_old: bool, image_grid=None, video_grid=None,
+                 scale: float = 1.0):
+        program = self.program(image_grid, video_grid)
         if "old_logp" not in batch:  # same program either way: zeros stand in, never read
             batch = {**batch, "old_logp": jnp.zeros(batch["input_ids"].shape[:1] + (batch["input_ids"].shape[1] - 1,),
                                                     jnp.float32)}
-        return self._programs[key](state, frozen, batch, jnp.asarray(bool(use_old)))
+        return program(state, frozen, batch, jnp.asarray(bool(use_old)), jnp.asarray(scale, jnp.float32))

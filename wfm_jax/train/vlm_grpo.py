@@ -18,7 +18,8 @@ One loop step:
   4. the update batch: prompt + completion rows, kept groups first, left-padded prompts to a
      multiple of policy.vlm.pad_to_multiple and completions to max_response_length (fixed shapes:
      one program), M-RoPE position ids from the rows' own masks; mu_iterations passes, each of
-     one optimizer update per batch_size_per_optimize rows (None: one over the whole batch).
+     one optimizer update per batch_size_per_optimize rows (None: one over the whole batch), each
+     update in train.grad_accum_steps micro-batches (the update's memory is one micro-batch's).
 
 Resume: the state (params, optimizer, step) is checkpointed and every draw is a function of
 (seed, step), so kill -9 and resume logs the same metrics step for step. metrics.jsonl:
@@ -53,21 +54,10 @@ from wfm_jax.train.vlm_sft import VLMSetupError, build_tiny_assets, check_model_
 
 
 def grpo_config(config) -> lm_grpo.LMGRPOConfig:
-    g, tp = config.train.train_policy.lm_grpo, config.train.train_policy
     try:
-        return lm_grpo.LMGRPOConfig(
-            n_generation=int(config.rollout.n_generation), temperature=float(g.temperature),
-            sampling_temperature=None if g.sampling_temperature is None else float(g.sampling_temperature),
-            top_p=float(g.top_p), top_k=int(g.top_k), max_response_length=int(g.max_response_length),
-            epsilon_low=float(g.epsilon_low), epsilon_high=float(g.epsilon_high),
-            lower_bound_ratio=float(g.lower_bound_ratio), kl_beta=float(g.kl_beta),
-            unbiased_kl_estimate=bool(g.unbiased_kl_estimate), loss_type=str(g.loss_type),
-            unbiased_loss_max_tokens=g.unbiased_loss_max_tokens, unbiased_advantage=bool(g.unbiased_advantage),
-            mu_iterations=int(tp.mu_iterations), mini_batch=int(tp.mini_batch),
-            batch_size_per_optimize=tp.batch_size_per_optimize,
-            min_filter_prefix_tokens=g.min_filter_prefix_tokens)
+        return vlm_grpo.grpo_config(config)
     except ValueError as e:
-        raise VLMSetupError(f"train.train_policy.lm_grpo: {e}") from None
+        raise VLMSetupError(str(e)) from None
 
 
 def prompt_text(processor, record: dict, system_prompt: str | None) -> str:
@@ -111,6 +101,12 @@ class VLMGRPOTrainer:
             raise VLMSetupError(f"train.train_policy.batch_size_per_optimize={per_optimize} must hold whole "
                                 f"groups of rollout.n_generation={self.cfg.n_generation}")
         self.per_optimize = per_optimize
+        accum = int(t.grad_accum_steps)
+        if per_optimize % accum or (per_optimize // accum) % self.cfg.mini_batch:
+            raise VLMSetupError(f"train.grad_accum_steps={accum} must split the {per_optimize} rows of one "
+                                f"optimizer update into micro-batches of whole mini-batches "
+                                f"(train.train_policy.mini_batch={self.cfg.mini_batch})")
+        self.micro_rows = per_optimize // accum
         build_tiny_assets(config)
         check_model_dir(p.model_name_or_path)
         self.processor = load_processor(p.model_name_or_path)
@@ -124,7 +120,8 @@ class VLMGRPOTrainer:
             self.val = self._read(config.validation.dataset.local_dir, "validation.dataset.local_dir")
         self.mesh = make_mesh(MeshConfig.from_any(p.parallelism))
         try:
-            check_batch(self.mesh, self.per_optimize)
+            check_batch(self.mesh, self.micro_rows)
+            check_batch(self.mesh, self.rows)  # the rollout splits its rows over the mesh too
         except ValueError as e:
             raise VLMSetupError(f"train.train_batch_per_replica / batch_size_per_optimize: {e}") from None
         model = load_base(config)
@@ -189,7 +186,7 @@ class VLMGRPOTrainer:
         tokens = generate(self.model(), prompt["input_ids"], prompt["attention_mask"],
                           pixel_values=prompt.get("pixel_values"), image_grid_thw=prompt.get("image_grid_thw"),
                           max_new_tokens=self.cfg.max_response_length, sampling=sampling, seed=seed,
-                          eos_token_ids=self.eos, pad_token_id=self.pad)
+                          eos_token_ids=self.eos, pad_token_id=self.pad, mesh=self.mesh)
         tokens = np.pad(tokens, ((0, 0), (0, self.cfg.max_response_length - tokens.shape[1])),
                         constant_values=self.pad)
         cmask = completion_masks(tokens, self.eos, self.visual_ids)
@@ -231,25 +228,35 @@ class VLMGRPOTrainer:
                 "pixel_values": prompt.get("pixel_values"), "image_grid_thw": prompt.get("image_grid_thw")}
 
     def update(self, roll: dict) -> dict[str, float]:
-        """mu_iterations passes over the kept rows, one optimizer update per batch_size_per_optimize rows."""
+        """mu_iterations passes over the kept rows, one optimizer update per batch_size_per_optimize
+        rows, each in train.grad_accum_steps micro-batches (one program's rows, so the update's
+        memory is a micro-batch's), weighted by vlm_grpo.micro_scales so that together they are
+        the whole update's gradient."""
         order = lm_grpo.compact_order(roll["keep"])
-        chunks = []
+        chunks = []  # per optimizer update: [(batch, grid, scale)] of its micro-batches
         for start in range(0, self.rows, self.per_optimize):
-            host = self.update_batch(roll, order[start:start + self.per_optimize])
-            if not host["completion_mask"].any():
+            rows = order[start:start + self.per_optimize]
+            hosts = [self.update_batch(roll, rows[m:m + self.micro_rows])
+                     for m in range(0, len(rows), self.micro_rows)]
+            real = [int((h["completion_mask"].sum(axis=1) > 0).sum()) for h in hosts]
+            if not sum(real):
                 continue  # only filtered rows: nothing to train on
-            batch = vlm_grpo.place(host, self.mesh)
-            if self.ref_params is not None:
-                batch["ref_logp"] = self.logprobs(self.ref_params, self.frozen, batch, host["image_grid_thw"])
-            if self.cfg.mu_iterations > 1 or len(order) > self.per_optimize:
-                batch["old_logp"] = self.logprobs(self.state.params, self.frozen, batch, host["image_grid_thw"])
-            chunks.append((batch, host["image_grid_thw"]))
+            micro = []
+            for host, scale in zip(hosts, vlm_grpo.micro_scales(real), strict=True):
+                batch = vlm_grpo.place(host, self.mesh)
+                if self.ref_params is not None:
+                    batch["ref_logp"] = self.logprobs(self.ref_params, self.frozen, batch, host["image_grid_thw"])
+                if self.cfg.mu_iterations > 1 or len(order) > self.per_optimize:
+                    batch["old_logp"] = self.logprobs(self.state.params, self.frozen, batch, host["image_grid_thw"])
+                micro.append((batch, host["image_grid_thw"], scale))
+            chunks.append(micro)
         outs = []
         for mu in range(self.cfg.mu_iterations):
-            for c, (batch, grid) in enumerate(chunks):
+            for c, micro in enumerate(chunks):
                 use_old = not (mu == 0 and c == 0)  # the first update: ratio exactly 1
-                self.state, out = self.step_fn(self.state, self.frozen, batch, use_old, grid)
-                outs.append(out)
+                for batch, grid, scale in micro:
+                    self.state, out = self.step_fn(self.state, self.frozen, batch, use_old, grid, scale=scale)
+                    outs.append(out)
         if not outs:
             return {"train/loss": 0.0, "train/policy_loss": 0.0, "train/kl_loss": 0.0, "train/clip_fraction": 0.0,
                     "optimizer/grad_norm": 0.0}

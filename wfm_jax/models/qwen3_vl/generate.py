@@ -12,6 +12,7 @@ The random stream is JAX's, so sampled tokens are reproducible per seed but not 
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 
@@ -19,7 +20,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
+from wfm_jax.core.mesh import logical_to_spec, mesh_size_for
 from wfm_jax.models.qwen3_vl.model import Qwen3VLForConditionalGeneration, init_cache
 from wfm_jax.models.qwen3_vl.rope_index import position_ids as rope_position_ids
 
@@ -58,11 +62,9 @@ def choose(logits: jax.Array, key: jax.Array, sampling: Sampling) -> jax.Array:
     return jax.random.categorical(key, logits, axis=-1).astype(jnp.int32)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "image_grid", "video_grid", "cache_len",
-                                             "cache_dtype", "sampling"))
-def _prefill(graphdef, state, ids, kv_mask, pos, pixels, video_pixels, key, *, image_grid,
-             video_grid, cache_len, cache_dtype, sampling):
-    model = nnx.merge(graphdef, state)
+def prefill(model, ids, kv_mask, pos, pixels, video_pixels, key, *, image_grid, video_grid, cache_len,
+            cache_dtype, sampling):
+    """The prompt's forward pass: (first tokens (B,), their fp32 logits (B, V), the filled cache)."""
     cache = init_cache(model.config, ids.shape[0], cache_len, cache_dtype)
     out = model(ids, kv_mask, pos, pixels, None if image_grid is None else np.array(image_grid),
                 video_pixels, None if video_grid is None else np.array(video_grid), cache=cache,
@@ -71,11 +73,10 @@ def _prefill(graphdef, state, ids, kv_mask, pos, pixels, video_pixels, key, *, i
     return choose(logits, key, sampling), logits, out["cache"]
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "max_new", "eos", "pad", "sampling",
-                                             "keep_logits"))
-def _decode(graphdef, state, cache, first, first_logits, kv_mask, last_pos, key, *, max_new, eos,
-            pad, sampling, keep_logits):
-    model = nnx.merge(graphdef, state)
+def decode(model, cache, first, first_logits, kv_mask, last_pos, key, *, max_new, eos, pad, sampling,
+           keep_logits):
+    """The token-by-token loop after `prefill`: (tokens (B, max_new), steps taken, logits or None,
+    the cache). Returning the cache lets a caller that donates it have the loop write in place."""
     b, prompt_len = first.shape[0], kv_mask.shape[1] - max_new
     eos = jnp.asarray(eos, jnp.int32)
     tokens = jnp.full((b, max_new), pad, jnp.int32).at[:, 0].set(first)
@@ -101,19 +102,35 @@ def _decode(graphdef, state, cache, first, first_logits, kv_mask, last_pos, key,
             logits = jax.lax.dynamic_update_slice(logits, step[:, None], (0, k, 0))
         return k + 1, tokens, done | jnp.isin(nxt, eos), out["cache"], key, logits
 
-    k, tokens, _, _, _, logits = jax.lax.while_loop(
+    k, tokens, _, cache, _, logits = jax.lax.while_loop(
         cond, body, (jnp.asarray(1), tokens, done, cache, key, logits))
-    return tokens, k, logits
+    return tokens, k, logits, cache
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "image_grid", "video_grid", "cache_len",
+                                             "cache_dtype", "sampling"))
+def _prefill(graphdef, state, ids, kv_mask, pos, pixels, video_pixels, key, **static):
+    return prefill(nnx.merge(graphdef, state), ids, kv_mask, pos, pixels, video_pixels, key, **static)
+
+
+# the cache is donated and returned: the loop updates it in place, not in a copy beside it
+@functools.partial(jax.jit, static_argnames=("graphdef", "max_new", "eos", "pad", "sampling",
+                                             "keep_logits"), donate_argnames=("cache",))
+def _decode(graphdef, state, cache, first, first_logits, kv_mask, last_pos, key, **static):
+    return decode(nnx.merge(graphdef, state), cache, first, first_logits, kv_mask, last_pos, key, **static)
 
 
 def generate(model: Qwen3VLForConditionalGeneration, input_ids, attention_mask=None, *,
              pixel_values=None, image_grid_thw=None, pixel_values_videos=None, video_grid_thw=None,
              max_new_tokens: int, sampling: Sampling = Sampling(), seed: int = 0,
              eos_token_ids=None, pad_token_id: int | None = None, cache_dtype=None,
-             return_logits: bool = False):
+             return_logits: bool = False, mesh=None):
     """Generated ids (B, T) int32, T <= max_new_tokens (stops when every row has ended; ended
     rows hold pad_token_id after their end token). Prompts must be left-padded.
     return_logits: also return the fp32 logits each step chose from, (B, T, V).
+    mesh: the mesh the model's weights live on; the rows are split over its data x fsdp axes
+    (B must divide by them) and both programs trace under it, so each device holds its rows'
+    cache only. Without it the rows go wherever XLA propagates them.
 
     eos_token_ids / pad_token_id default to the text config's eos / pad (pad: the first eos)."""
     cfg = model.config
@@ -141,14 +158,27 @@ def generate(model: Qwen3VLForConditionalGeneration, input_ids, attention_mask=N
     dtype = cache_dtype or model.model.language_model.compute_dtype
     kv_mask = np.concatenate([mask, np.ones((ids.shape[0], max_new_tokens), np.int64)], axis=1)
     key, sub = jax.random.split(jax.random.key(seed))
-    first, first_logits, cache = _prefill(graphdef, state, jnp.asarray(ids, jnp.int32), jnp.asarray(kv_mask),
-                            jnp.asarray(pos, jnp.int32), pixel_values, pixel_values_videos, sub,
-                            image_grid=grid(image_grid_thw), video_grid=grid(video_grid_thw),
-                            cache_len=kv_mask.shape[1], cache_dtype=jnp.dtype(dtype),
-                            sampling=sampling)
-    tokens, steps, logits = _decode(
-        graphdef, state, cache, first, first_logits, jnp.asarray(kv_mask),
-        jnp.asarray(pos[:, :, -1], jnp.int32), key, max_new=max_new_tokens, eos=eos,
-        pad=int(pad_token_id), sampling=sampling, keep_logits=return_logits)
+    rows = functools.partial(_split_rows, mesh=mesh)
+    with contextlib.nullcontext() if mesh is None else jax.set_mesh(mesh):
+        first, first_logits, cache = _prefill(
+            graphdef, state, rows(ids.astype(np.int32)), rows(kv_mask.astype(np.int32)),
+            rows(pos.astype(np.int32), axis=1), pixel_values, pixel_values_videos, sub,
+            image_grid=grid(image_grid_thw), video_grid=grid(video_grid_thw), cache_len=kv_mask.shape[1],
+            cache_dtype=jnp.dtype(dtype), sampling=sampling)
+        tokens, steps, logits, _ = _decode(
+            graphdef, state, cache, first, first_logits, rows(kv_mask.astype(np.int32)),
+            rows(np.ascontiguousarray(pos[:, :, -1]).astype(np.int32), axis=1), key, max_new=max_new_tokens,
+            eos=eos, pad=int(pad_token_id), sampling=sampling, keep_logits=return_logits)
     tokens = np.asarray(tokens)[:, :int(steps)]
     return (tokens, np.asarray(logits)[:, :int(steps)]) if return_logits else tokens
+
+
+def _split_rows(x: np.ndarray, mesh, axis: int = 0) -> jax.Array:
+    """A host array with its rows (`axis`) split over the mesh's batch axes (data x fsdp); as it
+    is without a mesh."""
+    if mesh is None:
+        return jnp.asarray(x)
+    shards = mesh_size_for(mesh, "act_batch")
+    if x.shape[axis] % shards:
+        raise ValueError(f"{x.shape[axis]} rows do not split over the mesh's {shards} batch shards")
+    return jax.device_put(x, NamedSharding(mesh, P(*([None] * axis), *logical_to_spec(("act_batch",)))))
