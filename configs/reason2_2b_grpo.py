@@ -36,27 +36,27 @@ def get_config():
     c.train.optm_weight_decay = 0.01
     c.train.optm_eps = 1e-6
     c.train.optm_warmup_steps = 20
-    c.train.lr_schedule = "constant"
-    c.train.optm_grad_norm_clip = 1.0
+    c.train.lr_schedule = "constant"  # released value
+    c.train.optm_grad_norm_clip = 1.0  # released value
     c.train.epoch = 80  # released value (the run length is max_steps here)
-    c.train.ckpt.save_freq = 20
+    c.train.ckpt.save_freq = 20  # pinned: a checkpoint every 20 steps of a long run
     # the 128 rows of an optimizer update in 16 micro-batches of 8 (one row of 10240 tokens per
     # device on 8): the gradients add up to the whole update's (train/vlm_grpo.py)
     c.train.grad_accum_steps = 16
     tp = c.train.train_policy
     tp.type = "grpo"
     tp.mini_batch = 2
-    tp.mu_iterations = 1
+    tp.mu_iterations = 1  # released value
     tp.dataset.layout = "conversations"
     tp.dataset.local_dir = "./data/reason2_grpo"
     g = tp.lm_grpo
     g.temperature = 0.9  # the policy's log-probs (train_policy.temperature)
     g.sampling_temperature = 1.0  # rollout.sampling_config.temperature (cosmos-rl's default)
-    g.epsilon_low, g.epsilon_high = 0.2, 0.2
-    g.kl_beta = 0.0
+    g.epsilon_low, g.epsilon_high = 0.2, 0.2  # released value
+    g.kl_beta = 0.0  # released value
     g.max_response_length = 6144
     g.rewards = ("single_choice", "format")
-    g.reward_weights = (1.0, 1.0)
+    g.reward_weights = (1.0, 1.0)  # released value
     c.policy.family = "qwen3_vl"
     # wfm_jax's layout, as the SFT recipe's: weights and AdamW state over every device, each
     # decoder block recomputed in the backward pass (docs/sharding_and_memory.md for the plan)
@@ -67,7 +67,7 @@ def get_config():
     c.policy.lora.target_modules = QWEN3_VL_LORA_TARGETS
     v = c.policy.vlm
     v.model_max_length = 10240  # released policy.model_max_length: prompt + response
-    v.train_vision = True
+    v.train_vision = True  # released: a full fine-tune, vision tower included
     v.system_prompt = ""  # released: no system turn
     v.pad_to_multiple = 64
     v.max_new_tokens = 256  # validation's greedy answers
