@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 
 import numpy as np
@@ -135,3 +136,23 @@ def test_missing_model_dir_is_one_clear_error(assets, tmp_path):
     c = _config(assets, tmp_path / "x", **{"policy.model_name_or_path": str(tmp_path / "absent")})
     with pytest.raises(vlm_sft.VLMSetupError, match="policy.model_name_or_path: no model directory"):
         vlm_sft.VLMSFTTrainer(c)
+
+
+def test_media_root_reads_images_kept_apart_from_the_annotations(assets, tmp_path):
+    """policy.vlm.media_root (cosmos-rl's custom.dataset.media_path): the annotations in one
+    directory, the images they name under another; without it the image paths resolve beside
+    the annotations and the first example says which image it cannot read."""
+    _, train, _ = assets
+    ann = tmp_path / "annotations"
+    ann.mkdir()
+    shutil.copy(os.path.join(train, "annotations.json"), ann)
+    apart = vlm_sft.VLMSFTTrainer(_config(assets, tmp_path / "apart", **{
+        "train.train_policy.dataset.local_dir": str(ann), "policy.vlm.media_root": train}))
+    together = vlm_sft.VLMSFTTrainer(_config(assets, tmp_path / "together"))
+    assert apart.data[0].pixel_values is not None
+    np.testing.assert_array_equal(apart.data[0].pixel_values, together.data[0].pixel_values)
+    np.testing.assert_array_equal(apart.data[0].input_ids, together.data[0].input_ids)
+    lost = vlm_sft.VLMSFTTrainer(_config(assets, tmp_path / "lost", **{
+        "train.train_policy.dataset.local_dir": str(ann)}))
+    with pytest.raises(ValueError, match="cannot read image .*annotations"):
+        lost.data[0]
