@@ -31,6 +31,7 @@ def get_config():
     c.train.compute_dtype = "bfloat16"  # cosmos-rl's param_dtype
     c.train.train_batch_per_replica = 128  # released: 16 prompts x rollout.n_generation 8
     c.rollout.n_generation = 8
+    c.rollout.batch_size = 4  # released: 4 prompts (32 rows) per generate call
     c.train.optm_lr = 2e-6
     c.train.optm_betas = (0.9, 0.95)
     c.train.optm_weight_decay = 0.01

@@ -121,7 +121,7 @@ def test_tiny_vlm_grpo_planned_at_8_devices(tmp_path):
     (r,) = _plans([["--config", "configs/tiny_vlm_grpo.py", f"--config.policy.model_name_or_path={model}",
                     "--devices", "8", "--seq-len", "32", "--size", "96",
                     "--config.train.train_policy.lm_grpo.kl_beta=0.01",
-                    "--config.train.train_policy.mu_iterations=2"]])
+                    "--config.train.train_policy.mu_iterations=2", "--config.rollout.batch_size=2"]])
     with open(os.path.join(model, "config.json")) as f:
         text = json.load(f)["text_config"]
     progs = r["programs"]
@@ -129,8 +129,9 @@ def test_tiny_vlm_grpo_planned_at_8_devices(tmp_path):
     assert all(p["compiled"] for p in progs.values())
     new = 24  # the recipe's lm_grpo.max_response_length
     assert (r["prompt_tokens"], r["response_tokens"], r["sequence_length"]) == (32, new, 32 + new)
-    assert (r["rollout_rows"], r["update_rows"], r["n_generation"]) == (32, 32, 8)
-    rows = 32 // 8  # per device: the rows split over data=8
+    # rollout.batch_size 2: two generate calls of 2 prompts x 8 completions; one update of all 32
+    assert (r["global_batch"], r["rollout_rows"], r["update_rows"], r["n_generation"]) == (32, 16, 32, 8)
+    rows = 16 // 8  # per device: one call's rows split over data=8
     total = 32 + new
     cache = 2 * text["num_hidden_layers"] * rows * total * text["num_key_value_heads"] * text["head_dim"] * 4
     vocab = text["vocab_size"]
@@ -141,6 +142,7 @@ def test_tiny_vlm_grpo_planned_at_8_devices(tmp_path):
     assert progs["rollout_prefill"]["output_bytes"] >= cache
     # the update's batch: ids, mask, positions, completion mask, advantages, old and reference log-probs
     upd = progs["update"]
+    rows = 32 // 8  # the update's
     patches = 96 // 16
     assert upd["batch_bytes"] == 4 * rows * (total * 3 + 4 * total + 1 + 2 * (total - 1)) + \
         4 * rows * patches * patches * 3 * 2 * 16 * 16

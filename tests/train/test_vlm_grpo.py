@@ -146,7 +146,9 @@ def test_recipe_file_resolves_and_bad_reward_is_one_clear_error(assets, tmp_path
 def test_imported_reason1_grpo_recipe_trains_one_step(assets, tmp_path):
     """cosmos-reason1's GRPO TOML (tests/recipes/cosmos_rl/reason/) as imported, on the tiny model:
     its min_filter_prefix_tokens = 1 and the annotation file read with its images elsewhere
-    (policy.vlm.media_root, cosmos-reason2's custom.dataset.media_path); sizes shrunk by overrides."""
+    (policy.vlm.media_root, cosmos-reason2's custom.dataset.media_path); sizes shrunk by overrides:
+    4 prompts x 4 completions rolled out 2 prompts a call (rollout.batch_size), the update in two
+    micro-batches of 8 rows (train.grad_accum_steps)."""
     import shutil
 
     from wfm_jax.config.recipe import load_config
@@ -159,7 +161,8 @@ def test_imported_reason1_grpo_recipe_trains_one_step(assets, tmp_path):
                           "cosmos-reason1-7b-grpo.toml")
     overrides = {"policy.model_name_or_path": model, "train.train_policy.dataset.local_dir": str(annotations),
                  "policy.vlm.media_root": train, "train.output_dir": str(tmp_path / "out"),
-                 "train.max_steps": "1", "train.train_batch_per_replica": "8", "rollout.n_generation": "4",
+                 "train.max_steps": "1", "train.train_batch_per_replica": "16", "rollout.n_generation": "4",
+                 "rollout.batch_size": "2", "train.grad_accum_steps": "2",
                  "train.train_policy.lm_grpo.max_response_length": "6", "policy.parallelism.fsdp": "1",
                  "policy.parallelism.data": "-1", "policy.vlm.pad_to_multiple": "64",
                  "policy.vlm.model_max_length": "512", "train.compute_dtype": "float32",
@@ -177,10 +180,11 @@ def test_imported_reason1_grpo_recipe_trains_one_step(assets, tmp_path):
     rec = _records(c.train.output_dir)[-1]
     assert rec["train/kept_groups"] > 0 and math.isfinite(rec["train/loss"]) and rec["optimizer/grad_norm"] > 0
     roll = seen["roll"]
-    assert roll["ignore"].shape == (8,) and (roll["ignore"] <= roll["completion_mask"].sum(1)).all()
+    assert roll["ignore"].shape == (16,) and (roll["ignore"] <= roll["completion_mask"].sum(1)).all()
+    assert int(trainer.state.step) == 1  # two micro-steps, one optimizer update
     # whatever the draw gave, a row's first `ignore` completion tokens leave the update's loss mask
-    forced = dict(roll, ignore=np.arange(8) % 3, keep=np.ones(8, bool))
-    order = list(range(8))
+    forced = dict(roll, ignore=np.arange(16) % 3, keep=np.ones(16, bool))
+    order = list(range(16))
     mask = trainer.update_batch(forced, order)["completion_mask"][:, -roll["tokens"].shape[1]:]
     want = roll["completion_mask"].copy()
     for row, n in enumerate(forced["ignore"]):

@@ -129,6 +129,7 @@ VLM_MAPPED: dict[str, Setter] = {
         lambda v: not v, "train.train_policy.balance_dp_token",
         "the VLM GRPO loss averages tokens per mini-batch over the whole batch; set false"),
     "rollout.max_response_length": to_key(f"{LM}.max_response_length", int),
+    "rollout.batch_size": to_key("rollout.batch_size", int),
     "rollout.sampling_config.temperature": to_key(f"{LM}.sampling_temperature", float),
     "rollout.sampling_config.top_p": to_key(f"{LM}.top_p", float),
     "rollout.sampling_config.top_k": to_key(f"{LM}.top_k", int),

@@ -282,7 +282,9 @@ DEFAULTS = {
             "vqa_options": "shuffled",
         },
     },
-    "rollout": {"n_generation": 24},
+    # batch_size: VLM GRPO, prompts per generate call (x n_generation rows; None: the whole
+    # step's); the rollout's memory is one call's (cosmos-rl's rollout.batch_size)
+    "rollout": {"n_generation": 24, "batch_size": placeholder(int)},
     "validation": {
         "enable": False,
         "val_before_train": False,
@@ -438,6 +440,8 @@ def check_ranges(config) -> None:
                        "train.optm_warmup_steps", "train.ema_update_step_interval",
                        "data.num_workers", "data.prefetch_buffer_size"], allow_zero=True)
     _positive(config, ["data.cycle_length"])
+    if config.rollout.batch_size is not None:
+        _positive(config, ["rollout.batch_size"])
     _positive(config, ["data.shuffle_window"], allow_zero=True)
     for key in ("train.ema_decay", "train.train_policy.timesteps_fraction",
                 "validation.dataset.holdout_fraction"):

@@ -171,9 +171,9 @@ def describe(r: dict) -> str:
         shape = (f"{r['sequence_length']} tokens/row, one {shape} image ({r['visual_tokens_per_row']} "
                  f"visual tokens)" if r["size"] else f"{r['sequence_length']} tokens/row, text only")
     if r.get("prompt_tokens"):  # VLM GRPO
-        batch = (f"rollout of {r['rollout_rows']} rows ({r['rollout_rows'] // r['n_generation']} prompts x "
-                 f"{r['n_generation']}), optimizer updates of {r['optimizer_update_rows']} rows in "
-                 f"micro-batches of {r['update_rows']}")
+        batch = (f"{r['global_batch']} rows a step, rolled out {r['rollout_rows']} at a time "
+                 f"({r['rollout_rows'] // r['n_generation']} prompts x {r['n_generation']}), optimizer "
+                 f"updates of {r['optimizer_update_rows']} rows in micro-batches of {r['update_rows']}")
     elif r["algorithm"] == "sft":
         batch = f"batch {r['batch_per_device']}/device ({r['global_batch']} global)"
     else:

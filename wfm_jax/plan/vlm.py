@@ -102,12 +102,16 @@ def _grpo_config(config):
 
 
 def _grpo_programs(args, config, cfg, full: dict, side: int) -> tuple[dict, dict]:
-    """The VLM GRPO step's programs as train/vlm_grpo.py runs them: the rollout of the recipe's
-    train_batch_per_replica rows (prefill, decode), the update's micro-batch (batch_size_per_optimize
-    rows / train.grad_accum_steps) of prompt + max_response_length tokens, and the log-prob pass
-    over such a micro-batch when the recipe takes one."""
+    """The VLM GRPO step's programs as train/vlm_grpo.py runs them: the rollout of one generate
+    call (rollout.batch_size prompts x n_generation rows; prefill, decode), the update's
+    micro-batch (batch_size_per_optimize rows / train.grad_accum_steps) of prompt +
+    max_response_length tokens, and the log-prob pass over such a micro-batch when the recipe
+    takes one."""
     from wfm_jax.programs import SetupError, vlm_abstract
     rows = int(config.train.train_batch_per_replica)
+    # one generate call's rows (rollout.batch_size prompts x n_generation; None: all of the step's)
+    prompts = rows // cfg.n_generation
+    calls = min(int(config.rollout.batch_size or prompts), prompts) * cfg.n_generation
     per_optimize = int(cfg.batch_size_per_optimize or rows)
     update_rows = per_optimize // max(1, int(config.train.grad_accum_steps))  # one micro-batch
     visual = vlm_abstract.visual_tokens(full, vlm_abstract.image_grid(full, side)) if side else 0
@@ -117,11 +121,11 @@ def _grpo_programs(args, config, cfg, full: dict, side: int) -> tuple[dict, dict
                          f"- lm_grpo.max_response_length) cannot hold a {side}x{side} image's "
                          f"{visual} visual tokens: give --seq-len")
     seq_len = prompt + cfg.max_response_length
-    builders = {"rollout": lambda s: vlm_abstract.rollout_programs(s, rows, prompt, side, cfg),
+    builders = {"rollout": lambda s: vlm_abstract.rollout_programs(s, calls, prompt, side, cfg),
                 "update": lambda s: [vlm_abstract.grpo_update_program(s, update_rows, seq_len, side, cfg)]}
     if cfg.kl_beta or cfg.mu_iterations > 1 or per_optimize < rows:
         builders["logprobs"] = lambda s: [vlm_abstract.logprobs_program(s, update_rows, seq_len, side, cfg)]
-    shapes = {"global_batch": rows, "rollout_rows": rows, "update_rows": update_rows,
+    shapes = {"global_batch": rows, "rollout_rows": calls, "update_rows": update_rows,
               "optimizer_update_rows": per_optimize,
               "prompt_tokens": prompt, "response_tokens": cfg.max_response_length,
               "sequence_length": seq_len, "n_generation": cfg.n_generation,

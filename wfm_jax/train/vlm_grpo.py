@@ -7,8 +7,9 @@ One loop step:
   1. G = train_batch_per_replica / n_generation prompts, drawn from (train.seed, step) alone;
      each prompt is its record's first human turn (media + question) with the generation prompt;
   2. N completions each: `generate` with seed (train.seed, step), at lm_grpo.temperature / top_p /
-     top_k, up to lm_grpo.max_response_length tokens; a completion is its tokens up to and with
-     its end token (`<|im_end|>`), decoded without special tokens for the rewards;
+     top_k, up to lm_grpo.max_response_length tokens, rollout.batch_size prompts per call (None:
+     all); a completion is its tokens up to and with its end token (`<|im_end|>`), decoded
+     without special tokens for the rewards;
   3. rewards: sum of weight * reward (reward_client's text rewards, the record's `answer` the
      reference; here, or by the reward service with use_remote_reward: train/vlm_rewards.py),
      advantages per group, groups whose rewards are all equal dropped (cosmos-rl's
@@ -107,6 +108,12 @@ class VLMGRPOTrainer:
                                 f"optimizer update into micro-batches of whole mini-batches "
                                 f"(train.train_policy.mini_batch={self.cfg.mini_batch})")
         self.micro_rows = per_optimize // accum
+        # more than the step has (a recipe sized for more replicas): one call holds them all
+        prompts_per_call = min(int(config.rollout.batch_size or self.groups), self.groups)
+        if prompts_per_call < 1 or self.groups % prompts_per_call:
+            raise VLMSetupError(f"rollout.batch_size={config.rollout.batch_size} must divide the {self.groups} "
+                                f"prompts of a step (train_batch_per_replica / rollout.n_generation)")
+        self.rollout_rows = prompts_per_call * self.cfg.n_generation
         build_tiny_assets(config)
         check_model_dir(p.model_name_or_path)
         self.processor = load_processor(p.model_name_or_path)
@@ -121,7 +128,7 @@ class VLMGRPOTrainer:
         self.mesh = make_mesh(MeshConfig.from_any(p.parallelism))
         try:
             check_batch(self.mesh, self.micro_rows)
-            check_batch(self.mesh, self.rows)  # the rollout splits its rows over the mesh too
+            check_batch(self.mesh, self.rollout_rows)  # the rollout splits its rows over the mesh too
         except ValueError as e:
             raise VLMSetupError(f"train.train_batch_per_replica / batch_size_per_optimize: {e}") from None
         model = load_base(config)
@@ -180,15 +187,21 @@ class VLMGRPOTrainer:
         """Prompts, completions, rewards and advantages of step `step`."""
         n = self.cfg.n_generation
         rows = [i for i in self.prompts(step) for _ in range(n)]
-        prompt = self.encode_prompts(rows)
         sampling = Sampling(self.cfg.rollout_temperature, max(self.cfg.top_k, 0), self.cfg.top_p)
-        seed = int(np.random.default_rng([int(self.config.train.seed), step, 1]).integers(2**31))
-        tokens = generate(self.model(), prompt["input_ids"], prompt["attention_mask"],
-                          pixel_values=prompt.get("pixel_values"), image_grid_thw=prompt.get("image_grid_thw"),
-                          max_new_tokens=self.cfg.max_response_length, sampling=sampling, seed=seed,
-                          eos_token_ids=self.eos, pad_token_id=self.pad, mesh=self.mesh)
-        tokens = np.pad(tokens, ((0, 0), (0, self.cfg.max_response_length - tokens.shape[1])),
-                        constant_values=self.pad)
+        model, parts = self.model(), []
+        # rollout.batch_size prompts (x n completions) per generate call: the cache and the
+        # prefill's activations are one call's; each call's draw from (seed, step, call)
+        for call, start in enumerate(range(0, len(rows), self.rollout_rows)):
+            prompt = self.encode_prompts(rows[start:start + self.rollout_rows])
+            seed = int(np.random.default_rng([int(self.config.train.seed), step, 1, *([call] if call else [])])
+                       .integers(2**31))
+            tokens = generate(model, prompt["input_ids"], prompt["attention_mask"],
+                              pixel_values=prompt.get("pixel_values"), image_grid_thw=prompt.get("image_grid_thw"),
+                              max_new_tokens=self.cfg.max_response_length, sampling=sampling, seed=seed,
+                              eos_token_ids=self.eos, pad_token_id=self.pad, mesh=self.mesh)
+            parts.append(np.pad(tokens, ((0, 0), (0, self.cfg.max_response_length - tokens.shape[1])),
+                                constant_values=self.pad))
+        tokens = np.concatenate(parts)
         cmask = completion_masks(tokens, self.eos, self.visual_ids)
         tokens = np.where(cmask > 0, tokens, self.pad)
         tok = self.processor.tokenizer
