@@ -116,6 +116,23 @@ def test_bucketing_covers_every_index_once_and_bounds_padding():
     assert padding(batches) < 0.05 < 0.25 < unbucketed
 
 
+def test_bucketing_mixes_examples_of_one_padded_length():
+    """Rows that pad to one shape are not sorted further: two kinds of example whose lengths
+    differ by less than the multiple (as the tiny VQA world's question types do) share batches,
+    while lengths a multiple apart still bucket apart."""
+    kinds = np.arange(512) % 2  # kind 0: 70 tokens, kind 1: 75; both pad to 80
+    lengths = (70 + 5 * kinds).tolist()
+    sorted_by_length = bucket_batches(lengths, 16, seed=3)
+    padded = bucket_batches(lengths, 16, seed=3, pad_to_multiple=80)
+    assert sorted(i for b in padded for i in b) == list(range(512))
+    assert all(len({kinds[i] for i in b}) == 1 for b in sorted_by_length)  # one kind per batch
+    assert sum(len({kinds[i] for i in b}) == 2 for b in padded) >= 30  # nearly all mixed
+    # a third kind 100 tokens long pads to 160: never in a batch with the others
+    lengths3 = lengths + [150] * 256
+    for b in bucket_batches(lengths3, 16, seed=3, pad_to_multiple=80):
+        assert len({lengths3[i] > 100 for i in b}) == 1
+
+
 def test_dataset_batches(processor, tmp_path):
     directory = build_vqa_dataset(str(tmp_path / "vqa"), count=24, split="train", seed=0)
     ds = ConversationDataset(directory, processor)

@@ -148,18 +148,23 @@ def encode(record: dict, processor: Qwen3VLProcessor, media_root: str = "", *,
 
 
 def bucket_batches(lengths: Sequence[int], batch_size: int, seed: int, epoch: int = 0,
-                   window: int = 64) -> list[list[int]]:
+                   window: int = 64, pad_to_multiple: int = 1) -> list[list[int]]:
     """Index batches for one epoch: shuffle (seed, epoch), sort each window of `window` batches'
-    worth of examples by length, cut into batches, shuffle the batch order. Every index appears
-    once; the last batch may be short."""
-    if batch_size < 1 or window < 1:
-        raise ValueError(f"batch_size and window must be >= 1, got {batch_size}, {window}")
+    worth of examples by their length padded up to `pad_to_multiple` (collate's shapes), cut
+    into batches, shuffle the batch order. Examples of one padded length keep their shuffled
+    order: sorting them further buys no padding and, where length follows the kind of example
+    (a question type), would make every batch one kind. Every index appears once; the last batch
+    may be short."""
+    if batch_size < 1 or window < 1 or pad_to_multiple < 1:
+        raise ValueError(f"batch_size, window and pad_to_multiple must be >= 1, got {batch_size}, "
+                         f"{window}, {pad_to_multiple}")
     rng = np.random.default_rng([seed, epoch])
     order = rng.permutation(len(lengths))
     span = batch_size * window
     batches = []
     for start in range(0, len(order), span):
-        chunk = sorted(order[start:start + span].tolist(), key=lambda i: (lengths[i], i))
+        # a stable sort: ties stay in the shuffled order
+        chunk = sorted(order[start:start + span].tolist(), key=lambda i: -(-lengths[i] // pad_to_multiple))
         batches += [chunk[k:k + batch_size] for k in range(0, len(chunk), batch_size)]
     return [batches[int(i)] for i in rng.permutation(len(batches))]
 
@@ -247,6 +252,6 @@ class ConversationDataset:
                 pad_to_multiple: int = 8) -> Iterator[dict[str, np.ndarray]]:
         """One epoch of length-bucketed, collated batches, deterministic in (seed, epoch)."""
         tok = self.processor.tokenizer
-        for idx in bucket_batches(self.lengths(), batch_size, seed, epoch, window):
+        for idx in bucket_batches(self.lengths(), batch_size, seed, epoch, window, pad_to_multiple):
             yield collate([self[i] for i in idx], tok.pad_token_id, self.processor.image_token_id,
                           self.processor.video_token_id, pad_to_multiple)

@@ -206,7 +206,8 @@ class VLMSFTTrainer:
         while True:
             if epoch not in self._epochs:
                 lengths = lengths or self.data.lengths()
-                full = [b for b in bucket_batches(lengths, self.batch_size, int(self.config.train.seed), epoch)
+                full = [b for b in bucket_batches(lengths, self.batch_size, int(self.config.train.seed), epoch,
+                                                  pad_to_multiple=int(self.config.policy.vlm.pad_to_multiple))
                         if len(b) == self.batch_size]
                 self._epochs[epoch] = full
             if k < len(self._epochs[epoch]):
