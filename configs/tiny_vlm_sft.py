@@ -1,6 +1,7 @@
 """SFT of a tiny random Qwen3-VL-shaped model on the tiny VQA world (wfm_jax.worlds.vqa): held-out
-accuracy goes from 0.0 (the random model's output is not a letter) to 0.55-0.67 in about 5 min on 2
-idle CPU cores (seed 0: 0.667; unseen seeds 1-3: 0.583 / 0.635 / 0.552; docs/reason2_post_training.md).
+accuracy goes from 0.0 (the random model's output is not a letter) to 0.54-0.65 in 2.5-5 min on 2
+CPU cores (seed 0: 0.646; unseen seeds 1-3: 0.573 / 0.625 / 0.542; docs/reason2_post_training.md,
+where the colour and shape answers are shown to be priors).
 The options come in one fixed order per question type (policy.vlm.vqa_options): with shuffled
 options the tiny model never learns to copy the matching option's letter and answers at chance.
 
