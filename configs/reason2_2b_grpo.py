@@ -19,36 +19,25 @@ the run stops with one line naming it. Differences from cosmos-rl: the batch is 
 train_batch_per_replica is per replica), rollout and update share one mesh and one process, and
 the run length is max_steps (cosmos-rl: train.epoch = 80).
 """
-from wfm_jax.config.schema import QWEN3_VL_LORA_TARGETS, default_config
+from wfm_jax.config.recipe import compose
 
 
 def get_config():
-    c = default_config()
-    c.train.output_dir = "./outputs/reason2_2b_grpo"
+    c = compose("base/reason2_2b.py", "grpo")
     c.train.max_steps = 500  # pinned: the run length (cosmos-rl: 80 epochs over the prompts)
-    c.train.seed = 0
-    c.train.param_dtype = "float32"  # fp32 master weights (cosmos-rl's master_dtype)
-    c.train.compute_dtype = "bfloat16"  # cosmos-rl's param_dtype
     c.train.train_batch_per_replica = 128  # released: 16 prompts x rollout.n_generation 8
     c.rollout.n_generation = 8
     c.rollout.batch_size = 4  # released: 4 prompts (32 rows) per generate call
     c.train.optm_lr = 2e-6
     c.train.optm_betas = (0.9, 0.95)
-    c.train.optm_weight_decay = 0.01
-    c.train.optm_eps = 1e-6
-    c.train.optm_warmup_steps = 20
-    c.train.lr_schedule = "constant"  # released value
-    c.train.optm_grad_norm_clip = 1.0  # released value
     c.train.epoch = 80  # released value (the run length is max_steps here)
     c.train.ckpt.save_freq = 20  # pinned: a checkpoint every 20 steps of a long run
     # the 128 rows of an optimizer update in 16 micro-batches of 8 (one row of 10240 tokens per
     # device on 8): the gradients add up to the whole update's (train/vlm_grpo.py)
     c.train.grad_accum_steps = 16
     tp = c.train.train_policy
-    tp.type = "grpo"
     tp.mini_batch = 2
     tp.mu_iterations = 1  # released value
-    tp.dataset.layout = "conversations"
     tp.dataset.local_dir = "./data/reason2_grpo"
     g = tp.lm_grpo
     g.temperature = 0.9  # the policy's log-probs (train_policy.temperature)
@@ -58,18 +47,5 @@ def get_config():
     g.max_response_length = 6144
     g.rewards = ("single_choice", "format")
     g.reward_weights = (1.0, 1.0)  # released value
-    c.policy.family = "qwen3_vl"
-    # wfm_jax's layout, as the SFT recipe's: weights and AdamW state over every device, each
-    # decoder block recomputed in the backward pass (docs/sharding_and_memory.md for the plan)
-    c.policy.parallelism.data = 1
-    c.policy.parallelism.fsdp = -1
-    c.policy.remat = "nothing_saveable"
-    c.policy.model_name_or_path = "./checkpoints/Cosmos-Reason2-2B"
-    c.policy.lora.target_modules = QWEN3_VL_LORA_TARGETS
-    v = c.policy.vlm
-    v.model_max_length = 10240  # released policy.model_max_length: prompt + response
-    v.train_vision = True  # released: a full fine-tune, vision tower included
-    v.system_prompt = ""  # released: no system turn
-    v.pad_to_multiple = 64
-    v.max_new_tokens = 256  # validation's greedy answers
+    c.policy.vlm.model_max_length = 10240  # released policy.model_max_length: prompt + response
     return c

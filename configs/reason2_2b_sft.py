@@ -16,44 +16,20 @@ rows form one token-mean (cosmos-rl averages per mini-batch of 4 and accumulates
 set train_batch_per_replica=4 and grad_accum_steps=8 for that); the run length is max_steps
 (cosmos-rl: train.epoch = 1 over the data set).
 """
-from wfm_jax.config.schema import QWEN3_VL_LORA_TARGETS, default_config
+from wfm_jax.config.recipe import compose
 
 
 def get_config():
-    c = default_config()
-    c.train.output_dir = "./outputs/reason2_2b_sft"
+    c = compose("base/reason2_2b.py")
     c.train.max_steps = 1000  # pinned: the run length (cosmos-rl: one epoch over the data)
-    c.train.seed = 0
-    c.train.param_dtype = "float32"  # released: fp32 master weights
-    c.train.compute_dtype = "bfloat16"  # released: bf16 compute
     c.train.train_batch_per_replica = 32
     c.train.optm_lr = 1e-6
     c.train.optm_betas = (0.9, 0.999)  # released value
-    c.train.optm_weight_decay = 0.01
-    c.train.optm_eps = 1e-6
-    c.train.optm_warmup_steps = 20
-    c.train.lr_schedule = "constant"  # released: no decay after warm-up
-    c.train.optm_grad_norm_clip = 1.0  # released value
     c.train.epoch = 1  # released value (the run length is max_steps here)
     c.train.ckpt.save_freq = 100
     c.train.train_policy.mini_batch = 4
-    ds = c.train.train_policy.dataset
-    ds.layout = "conversations"
-    ds.local_dir = "./data/reason2_llava_sft"
-    c.policy.family = "qwen3_vl"
-    # wfm_jax's layout (cosmos-rl shards with FSDP too): weights and AdamW state split over every
-    # device, each decoder block recomputed in the backward pass. Planned at 56.6 GiB per device
-    # on 8 (4 rows of 4096 tokens + a 512^2 image each): fits an 80 GB GPU; data-parallel
-    # without remat needs 427 GiB (docs/sharding_and_memory.md)
-    c.policy.parallelism.data = 1
-    c.policy.parallelism.fsdp = -1
-    c.policy.remat = "nothing_saveable"
-    c.policy.model_name_or_path = "./checkpoints/Cosmos-Reason2-2B"
-    c.policy.lora.target_modules = QWEN3_VL_LORA_TARGETS
-    v = c.policy.vlm
-    v.model_max_length = 4096  # released policy.model_max_length
-    v.train_vision = True  # a full fine-tune, vision tower included
-    v.system_prompt = ""  # released (llava example): no system turn
-    v.pad_to_multiple = 64
-    v.max_new_tokens = 256
+    c.train.train_policy.dataset.local_dir = "./data/reason2_llava_sft"
+    # planned at 56.6 GiB per device on 8 (4 rows of 4096 tokens + a 512^2 image each): fits an
+    # 80 GB GPU; data-parallel without remat needs 427 GiB (docs/sharding_and_memory.md)
+    c.policy.vlm.model_max_length = 4096  # released policy.model_max_length
     return c

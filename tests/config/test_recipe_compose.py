@@ -20,6 +20,7 @@ MODEL_BASES = {
     "cosmos25_": "base/cosmos25_2b.py",
     "sana_image_": "base/sana_image.py",
     "sana_video_": "base/sana_video.py",
+    "reason2_": "base/reason2_2b.py",
     **dict.fromkeys(("tiny_sft", "tiny_nft", "tiny_grpo", "tiny_ddrl", "tiny_wan_", "tiny_cosmos_",
                      "tiny_sana_"), "base/tiny.py"),
 }
