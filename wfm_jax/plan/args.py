@@ -24,7 +24,9 @@ def parse_args(argv):
     p.add_argument("--frames", type=int, default=None,
                    help="video families: frames (default: the recipe's train_frames, 4k+1)")
     p.add_argument("--seq-len", type=int, default=None,
-                   help="VLM families: tokens per row (default: the recipe's policy.vlm.model_max_length)")
+                   help="VLM families: SFT, tokens per row (default: the recipe's "
+                        "policy.vlm.model_max_length); GRPO, tokens per prompt (default: "
+                        "model_max_length - lm_grpo.max_response_length)")
     p.add_argument("--vision-blocks", type=int, default=None, metavar="K",
                    help="VLM families: compile K and 2K vision blocks and scale to the whole tower "
                         "(a faster compile)")

@@ -1,10 +1,14 @@
-"""plan() for the vision-language family (Qwen3-VL / Cosmos-Reason2 SFT): the VLM SFT step
-(programs/vlm_sft.py, what train/vlm_sft.py runs) compiled on abstract weights
+"""plan() for the vision-language family (Qwen3-VL / Cosmos-Reason2): the VLM SFT step
+(programs/vlm_sft.py, what train/vlm_sft.py runs), or GRPO's rollout (prefill and decode), update
+micro-batch and log-prob pass (what train/vlm_grpo.py runs), compiled on abstract weights
 (programs/vlm_abstract.py) for N CPU devices or a TPU topology, in report.plan's form.
 
-The batch: --batch-per-device conversations per device of --seq-len tokens (default the
+SFT's batch: --batch-per-device conversations per device of --seq-len tokens (default the
 recipe's policy.vlm.model_max_length), each with one square --size image (default 512 pixels,
-256 visual tokens; 0: text only). --vision-blocks K compiles the step with K and 2K vision
+256 visual tokens; 0: text only). GRPO's rows are the recipe's (train_batch_per_replica,
+rollout.batch_size, batch_size_per_optimize / train.grad_accum_steps), each a --seq-len-token
+prompt (default model_max_length - lm_grpo.max_response_length) with one image, then the
+response. --vision-blocks K compiles the step with K and 2K vision
 blocks and scales its temporaries linearly to the whole tower: the vision tower is unrolled, so
 its blocks are most of a compile's time, while the decoder's scanned layers compile once
 whatever their number; the parameter and optimizer bytes are always the full model's.
@@ -162,8 +166,8 @@ def _compile_all(args, builders: dict, setup_at, whole, full: dict, on_tpu: bool
                 p["scale_method"] = SCALE_METHOD
             # what it holds beyond the resident state: its own inputs (batch, prompts, cache);
             # the train steps take (state, frozen, batch, ...), the others (params, frozen, ...)
-            args = program.abstract_args()
-            p["batch_bytes"] = per_device_bytes(args[2:3] if program.name in ("step", "update") else args[2:])
+            inputs = program.abstract_args()
+            p["batch_bytes"] = per_device_bytes(inputs[2:3] if program.name in ("step", "update") else inputs[2:])
             out[program.name] = p
     return out
 
