@@ -130,7 +130,8 @@ class VLMGRPOTrainer:
             check_batch(self.mesh, self.micro_rows)
             check_batch(self.mesh, self.rollout_rows)  # the rollout splits its rows over the mesh too
         except ValueError as e:
-            raise VLMSetupError(f"train.train_batch_per_replica / batch_size_per_optimize: {e}") from None
+            raise VLMSetupError(f"train.train_batch_per_replica / batch_size_per_optimize / grad_accum_steps / "
+                                f"rollout.batch_size: {e}") from None
         model = load_base(config)
         self.eos, self.pad = end_tokens(model.config)
         self.merge_size = int(model.config.vision.spatial_merge_size)
