@@ -111,13 +111,12 @@ def _grpo_programs(args, config, cfg, full: dict, side: int) -> tuple[dict, dict
     micro-batch (batch_size_per_optimize rows / train.grad_accum_steps) of prompt +
     max_response_length tokens, and the log-prob pass over such a micro-batch when the recipe
     takes one."""
-    from wfm_jax.programs import SetupError, vlm_abstract
-    rows = int(config.train.train_batch_per_replica)
-    # one generate call's rows (rollout.batch_size prompts x n_generation; None: all of the step's)
-    prompts = rows // cfg.n_generation
-    calls = min(int(config.rollout.batch_size or prompts), prompts) * cfg.n_generation
-    per_optimize = int(cfg.batch_size_per_optimize or rows)
-    update_rows = per_optimize // max(1, int(config.train.grad_accum_steps))  # one micro-batch
+    from wfm_jax.programs import SetupError, vlm_abstract, vlm_grpo
+    try:
+        split = vlm_grpo.grpo_rows(config, cfg)
+    except ValueError as e:
+        raise SetupError(str(e)) from None
+    rows, calls, per_optimize, update_rows = split.step, split.per_call, split.per_update, split.micro
     visual = vlm_abstract.visual_tokens(full, vlm_abstract.image_grid(full, side)) if side else 0
     prompt = int(args.seq_len or int(config.policy.vlm.model_max_length) - cfg.max_response_length)
     if prompt < visual + 2:

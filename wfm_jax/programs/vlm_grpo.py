@@ -19,6 +19,7 @@ distinct image-grid set is its own program.
 """
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -55,6 +56,40 @@ def grpo_config(config) -> lm_grpo.LMGRPOConfig:
             min_filter_prefix_tokens=g.min_filter_prefix_tokens)
     except ValueError as e:
         raise ValueError(f"train.train_policy.lm_grpo: {e}") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class GRPORows:
+    """How a VLM GRPO step's rows divide (train/vlm_grpo.py runs them, plan/vlm.py plans them):
+    step = train_batch_per_replica (groups x n_generation), per_call = one generate call's rows
+    (rollout.batch_size prompts x n_generation), per_update = one optimizer update's
+    (batch_size_per_optimize), micro = one of its train.grad_accum_steps micro-batches."""
+    step: int
+    groups: int
+    per_call: int
+    per_update: int
+    micro: int
+
+
+def grpo_rows(config, cfg: lm_grpo.LMGRPOConfig) -> GRPORows:
+    """The recipe's GRPORows; a split the trainer cannot make is a ValueError naming the key."""
+    step = int(config.train.train_batch_per_replica)
+    groups = step // cfg.n_generation
+    per_update = int(cfg.batch_size_per_optimize or step)
+    if per_update % cfg.n_generation:
+        raise ValueError(f"train.train_policy.batch_size_per_optimize={per_update} must hold whole "
+                         f"groups of rollout.n_generation={cfg.n_generation}")
+    accum = int(config.train.grad_accum_steps)
+    if per_update % accum or (per_update // accum) % cfg.mini_batch:
+        raise ValueError(f"train.grad_accum_steps={accum} must split the {per_update} rows of one "
+                         f"optimizer update into micro-batches of whole mini-batches "
+                         f"(train.train_policy.mini_batch={cfg.mini_batch})")
+    # more than the step has (a recipe sized for more replicas): one call holds them all
+    prompts_per_call = min(int(config.rollout.batch_size or groups), groups)
+    if prompts_per_call < 1 or groups % prompts_per_call:
+        raise ValueError(f"rollout.batch_size={config.rollout.batch_size} must divide the {groups} "
+                         f"prompts of a step (train_batch_per_replica / rollout.n_generation)")
+    return GRPORows(step, groups, prompts_per_call * cfg.n_generation, per_update, per_update // accum)
 
 
 def sequence_logprobs(model, batch: Mapping[str, jax.Array], image_grid: tuple | None = None,

@@ -95,25 +95,12 @@ class VLMGRPOTrainer:
         except VLMRewardError as e:
             raise VLMSetupError(str(e)) from None
         self.rewards.check_reachable()  # an unreachable service fails here, before the model loads
-        self.rows = int(t.train_batch_per_replica)
-        self.groups = self.rows // self.cfg.n_generation
-        per_optimize = self.cfg.batch_size_per_optimize or self.rows
-        if per_optimize % self.cfg.n_generation:
-            raise VLMSetupError(f"train.train_policy.batch_size_per_optimize={per_optimize} must hold whole "
-                                f"groups of rollout.n_generation={self.cfg.n_generation}")
-        self.per_optimize = per_optimize
-        accum = int(t.grad_accum_steps)
-        if per_optimize % accum or (per_optimize // accum) % self.cfg.mini_batch:
-            raise VLMSetupError(f"train.grad_accum_steps={accum} must split the {per_optimize} rows of one "
-                                f"optimizer update into micro-batches of whole mini-batches "
-                                f"(train.train_policy.mini_batch={self.cfg.mini_batch})")
-        self.micro_rows = per_optimize // accum
-        # more than the step has (a recipe sized for more replicas): one call holds them all
-        prompts_per_call = min(int(config.rollout.batch_size or self.groups), self.groups)
-        if prompts_per_call < 1 or self.groups % prompts_per_call:
-            raise VLMSetupError(f"rollout.batch_size={config.rollout.batch_size} must divide the {self.groups} "
-                                f"prompts of a step (train_batch_per_replica / rollout.n_generation)")
-        self.rollout_rows = prompts_per_call * self.cfg.n_generation
+        try:
+            split = vlm_grpo.grpo_rows(config, self.cfg)
+        except ValueError as e:
+            raise VLMSetupError(str(e)) from None
+        self.rows, self.groups, self.per_optimize = split.step, split.groups, split.per_update
+        self.micro_rows, self.rollout_rows = split.micro, split.per_call
         build_tiny_assets(config)
         check_model_dir(p.model_name_or_path)
         self.processor = load_processor(p.model_name_or_path)
