@@ -17,7 +17,7 @@ import re
 from wfm_jax.config.schema import QWEN3_VL_LORA_TARGETS, default_config
 
 SFT_EXPORTS = "./outputs/tiny_vlm_sft/safetensors"
-BASE_MODEL = "./outputs/tiny_vqa/base_model"
+BASE_MODEL = "./outputs/tiny_vqa_look/base_model"
 
 
 def sft_start() -> str:
@@ -47,14 +47,17 @@ def get_config():
     g.max_response_length = 24
     tp.dataset.layout = "conversations"
     # the SFT recipe's world: options in a fixed order per question type (policy.vlm.vqa_options)
-    tp.dataset.local_dir = "./outputs/tiny_vqa_fixed/train"
-    c.validation.dataset.local_dir = "./outputs/tiny_vqa_fixed/heldout"
+    tp.dataset.local_dir = "./outputs/tiny_vqa_look/train"
+    c.validation.dataset.local_dir = "./outputs/tiny_vqa_look/heldout"
     c.validation.batch_size = 64
     c.policy.family = "qwen3_vl"
     c.policy.model_name_or_path = sft_start()
     c.policy.lora.target_modules = QWEN3_VL_LORA_TARGETS  # used with --config.policy.lora.enable=True
     v = c.policy.vlm
     v.build_tiny_vqa = True  # the data sets (and the base model when no SFT export exists)
+    v.vqa_pretrain_steps = 600
+    v.vqa_target = "look"
+    v.train_vision = False  # as the SFT recipe
     v.model_max_length = 512
     v.pad_to_multiple = 64  # VQA prompts pad to one length: one update program
     v.max_new_tokens = 24

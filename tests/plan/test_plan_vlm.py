@@ -15,6 +15,7 @@ import pytest
 from tests._support.paths import REPO_ROOT
 from wfm_jax.programs import vlm_abstract
 from wfm_jax.programs.released import QWEN3_VL_2B, QWEN3_VL_8B
+from wfm_jax.worlds.vqa.model import pretrain_dir
 
 
 def architecture_count(config: dict) -> int:
@@ -90,10 +91,14 @@ def test_tiny_vlm_sft_planned_at_8_devices(tmp_path):
             "--devices", "8", "--seq-len", "128", "--size", "96", "--batch-per-device", "2"]
     replicated, sharded = _plans([base, [*base, "--config.policy.parallelism.data=1",
                                          "--config.policy.parallelism.fsdp=8", "--hbm-gib", "0.001"]])
-    with open(os.path.join(model, "config.json")) as f:  # the tiny model the recipe built there
+    # planning builds only the base's random stage (same shapes), never a stand-in for the
+    # pre-trained base the recipe's run builds at `model`
+    random_stage = os.path.join(pretrain_dir(model), "random")
+    assert not os.path.exists(model)
+    with open(os.path.join(random_stage, "config.json")) as f:
         count = vlm_abstract.parameter_count(json.load(f))
     for r in (replicated, sharded):
-        assert r["family"] == "qwen3_vl" and r["model_configs"] == model
+        assert r["family"] == "qwen3_vl" and r["model_configs"] == random_stage
         assert r["parameters"] == count and set(r["programs"]) == {"step"}
         assert r["sequence_length"] == 128 and r["visual_tokens_per_row"] == 9  # 96 px: 6x6 patches / 4
         assert r["global_batch"] == 16
@@ -122,7 +127,7 @@ def test_tiny_vlm_grpo_planned_at_8_devices(tmp_path):
                     "--devices", "8", "--seq-len", "32", "--size", "96",
                     "--config.train.train_policy.lm_grpo.kl_beta=0.01",
                     "--config.train.train_policy.mu_iterations=2", "--config.rollout.batch_size=2"]])
-    with open(os.path.join(model, "config.json")) as f:
+    with open(os.path.join(pretrain_dir(model), "random", "config.json")) as f:
         text = json.load(f)["text_config"]
     progs = r["programs"]
     assert set(progs) == {"rollout_prefill", "rollout_decode", "update", "logprobs"}

@@ -274,9 +274,13 @@ DEFAULTS = {
             "vqa_train_count": 512,
             "vqa_val_count": 64,
             "vqa_seed": 0,
-            # the SFT answers' think text: "fixed" (spec §7) or "answer" (the answer's text,
-            # then its letter; worlds/vqa/scenes.py TARGET_STYLES)
-            "vqa_target": "answer",
+            # steps of the base model's pre-training on describing pictures (train/vlm_sft.py
+            # pretrain_tiny_base; 0: the random model is the base)
+            "vqa_pretrain_steps": 600,
+            # the SFT answers' think text: "fixed" (spec §7), "answer" (the answer's text, then
+            # its letter) or "look" (what to look at, then the answer's text; worlds/vqa/scenes.py
+            # TARGET_STYLES)
+            "vqa_target": "look",
             # the options' order: "shuffled" per question, or "fixed" (one order per question
             # type, so the letter is a lookup; worlds/vqa/scenes.py OPTION_ORDERS)
             "vqa_options": "shuffled",
@@ -337,7 +341,7 @@ CHOICES = {
                      "none", "full", "dots", "dots_no_batch", "offload"),
     "policy.attention_impl": ("auto", "xla", "cudnn", "blockwise", "pallas"),
     "policy.context_parallel_impl": ("auto", "ulysses", "ring"),
-    "policy.vlm.vqa_target": ("fixed", "answer"),
+    "policy.vlm.vqa_target": ("fixed", "answer", "look"),
     "train.train_policy.lm_grpo.loss_type": ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
                                              "token-sum"),  # algorithms/lm_grpo.py LOSS_TYPES
     "policy.vlm.vqa_options": ("shuffled", "fixed"),

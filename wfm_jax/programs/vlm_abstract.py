@@ -20,13 +20,15 @@ from wfm_jax.programs.setup import SetupError
 
 
 def vlm_model_config(config) -> tuple[dict, str]:
-    """(config.json dict, where it came from): the recipe's model dir's (the tiny VQA model built
-    there first when policy.vlm.build_tiny_vqa), else the released one."""
+    """(config.json dict, where it came from): the recipe's model dir's (when policy.vlm.build_tiny_vqa
+    and the tiny base is not built yet, its random first stage's, which has the same shapes:
+    planning never stands in for the pre-trained base), else the released one."""
     root = str(config.policy.model_name_or_path)
     path = os.path.join(root, "config.json")
     if not os.path.isfile(path) and config.policy.vlm.build_tiny_vqa:  # the tiny recipe's model
-        from wfm_jax.worlds.vqa.model import ensure_base_model
-        ensure_base_model(root, seed=int(config.policy.vlm.vqa_seed))
+        from wfm_jax.worlds.vqa.model import ensure_random_model
+        root = ensure_random_model(root, seed=int(config.policy.vlm.vqa_seed))
+        path = os.path.join(root, "config.json")
     if os.path.isfile(path):
         with open(path) as f:
             return json.load(f), root

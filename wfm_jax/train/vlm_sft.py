@@ -19,6 +19,7 @@ into the weights) that `Qwen3VLForConditionalGeneration.from_pretrained` loads.
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from collections.abc import Callable
 
@@ -53,22 +54,74 @@ class VLMSetupError(UserError, ValueError):
 
 
 def build_tiny_assets(config) -> None:
-    """policy.vlm.build_tiny_vqa: the tiny random Qwen3-VL (worlds/vqa/model.py) at
-    policy.model_name_or_path and the VQA world's train / held-out sets at the dataset dirs,
-    each built once and reused (a dir that holds one is kept as it is)."""
+    """policy.vlm.build_tiny_vqa: the tiny VQA world's base model at policy.model_name_or_path
+    (pretrain_tiny_base) and its train / held-out sets at the dataset dirs, each built once and
+    reused (a dir that holds one is kept as it is)."""
     v = config.policy.vlm
     if not v.build_tiny_vqa:
         return
     from wfm_jax.worlds.vqa.dataset import ensure_vqa_dataset
-    from wfm_jax.worlds.vqa.model import ensure_base_model
 
     types, style = tuple(v.vqa_types), dict(target=str(v.vqa_target), options=str(v.vqa_options))
-    ensure_base_model(config.policy.model_name_or_path, seed=int(v.vqa_seed))
+    pretrain_tiny_base(config.policy.model_name_or_path, seed=int(v.vqa_seed), steps=int(v.vqa_pretrain_steps),
+                       pictures=int(v.vqa_train_count))
     ensure_vqa_dataset(config.train.train_policy.dataset.local_dir, count=int(v.vqa_train_count),
                        split="train", seed=int(v.vqa_seed), types=types, **style)
     if config.validation.dataset.local_dir:
         ensure_vqa_dataset(config.validation.dataset.local_dir, count=int(v.vqa_val_count),
                            split="heldout", seed=int(v.vqa_seed), types=types, **style)
+
+
+# The tiny base's pre-training run: the SFT recipe's optimiser (configs/tiny_vlm_sft.py), the
+# vision tower frozen (trained, it collapses to the background colour before the decoder reads
+# the cells), descriptions padded to one length (63-75 tokens).
+PRETRAIN = {"train.train_batch_per_replica": 16, "train.optm_lr": 3e-3, "train.lr_schedule": "cosine",
+            "train.optm_warmup_steps": 20, "train.optm_weight_decay": 0.01, "train.compute_dtype": "float32",
+            "policy.vlm.train_vision": False, "policy.vlm.pad_to_multiple": 96}
+
+
+def pretrain_tiny_base(base: str, *, seed: int, steps: int, pictures: int) -> str:
+    """The tiny VQA world's base model at `base`, unless one is there: the random tiny Qwen3-VL
+    (worlds/vqa/model.py) SFT-trained `steps` steps (0: none) to describe `pictures` training
+    pictures (worlds/vqa/dataset.py build_description_dataset). The work happens in
+    model.pretrain_dir(base) and the finished export is renamed into place; an interrupted build
+    resumes from its last checkpoint."""
+    from wfm_jax.config.schema import default_config
+    from wfm_jax.worlds.vqa.dataset import ANNOTATIONS, build_description_dataset
+    from wfm_jax.worlds.vqa.model import ensure_random_model, pretrain_dir
+
+    base = os.path.abspath(base)
+    if os.path.isfile(os.path.join(base, "config.json")):
+        return base
+    work = pretrain_dir(base)
+    random_dir = ensure_random_model(base, seed=seed)
+    if steps <= 0:
+        shutil.copytree(random_dir, base)
+        return base
+    data = os.path.join(work, "describe")
+    if not os.path.isfile(os.path.join(data, ANNOTATIONS)):
+        build_description_dataset(data, count=pictures, seed=seed, overwrite=True)
+    c = default_config()
+    c.policy.family, c.policy.model_name_or_path = "qwen3_vl", random_dir
+    c.train.train_policy.dataset.layout, c.train.train_policy.dataset.local_dir = "conversations", data
+    c.train.output_dir, c.train.max_steps, c.train.seed = os.path.join(work, "run"), steps, seed
+    c.train.resume, c.train.ckpt.save_freq, c.train.ckpt.max_keep = True, 100, 1
+    c.train.ckpt.export_safetensors = True
+    for key, value in PRETRAIN.items():
+        section, name = key.rsplit(".", 1)
+        setattr(_section(c, section), name, value)
+    say(f"pre-training the tiny VQA base model: {steps} steps of describing {pictures} pictures "
+        f"(once; cached at {base})")
+    VLMSFTTrainer(c).run()
+    os.replace(step_dir(c.train.output_dir, steps), base)
+    shutil.rmtree(work, ignore_errors=True)
+    return base
+
+
+def _section(config, dotted: str):
+    for part in dotted.split("."):
+        config = config[part]
+    return config
 
 
 def check_model_dir(path: str) -> None:

@@ -82,4 +82,7 @@ def test_transformers_logits_match_flax(model_dir):
     got = np.asarray(out["logits"])
     assert got.shape == ref.shape == (1, inputs["input_ids"].shape[1], config["text_config"]["vocab_size"])
     assert np.abs(ref).max() > 1e-3  # random weights give non-trivial logits
-    np.testing.assert_allclose(got, ref, atol=ATOL, rtol=0)
+    # atol relative to the largest logit: the VQA size's unit-RMS embeddings (tiny.INIT_STD) make
+    # logits of order 10, whose fp32 rounding alone is above 2e-5 absolute
+    scale = max(1.0, float(np.abs(ref).max()))
+    np.testing.assert_allclose(got / scale, ref / scale, atol=ATOL, rtol=0)

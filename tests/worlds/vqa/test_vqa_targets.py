@@ -1,5 +1,7 @@
-"""The VQA world's SFT target styles: both keep cosmos-rl's format (its `format` and
-`single_choice` rewards score them 1); "answer" thinks the correct option's text."""
+"""The VQA world's SFT target styles: all keep cosmos-rl's format (its `format` and
+`single_choice` rewards score them 1); "answer" thinks the correct option's text, "look" what the
+question looks at (one word, taken from the question) and then that text. The base model's
+description set names every cell's content."""
 from __future__ import annotations
 
 import os
@@ -7,10 +9,12 @@ import os
 import pytest
 
 from reward_client.reason import format_reward, single_choice_reward
-from wfm_jax.worlds.vqa.dataset import build_vqa_dataset, load_records
+from wfm_jax.worlds.vqa.dataset import build_description_dataset, build_vqa_dataset, load_records
+
+CELLS = ["northwest", "north", "northeast", "west", "centre", "east", "southwest", "south", "southeast"]
 
 
-@pytest.mark.parametrize("style", ["fixed", "answer"])
+@pytest.mark.parametrize("style", ["fixed", "answer", "look"])
 def test_target_styles_keep_cosmos_format(tmp_path, style):
     records = load_records(build_vqa_dataset(str(tmp_path / style), count=10, split="train", seed=2,
                                              target=style))
@@ -20,6 +24,12 @@ def test_target_styles_keep_cosmos_format(tmp_path, style):
         assert single_choice_reward(target, rec["answer"]) == 1.0
         think = target.split("</think>")[0].removeprefix("<think>\n").strip()
         assert (think == f"the answer is {rec['answer_text']}") == (style == "answer")
+        if style == "look":
+            subject, answer = think.split(" ")
+            assert answer == rec["answer_text"]
+            question = rec["conversations"][0]["value"].split("\n")[1]
+            assert subject in question.replace("?", "").split(" ") or (
+                rec["question_type"] == "most_frequent" and subject == "most")
         assert rec["options"]["ABCD".index(rec["answer"])] == rec["answer_text"]
 
 
@@ -54,3 +64,15 @@ def test_unknown_option_order_is_refused(tmp_path):
     with pytest.raises(ValueError, match="option order 'sorted'"):
         build_vqa_dataset(str(tmp_path / "x"), count=2, options="sorted")
     assert not (tmp_path / "x").exists()
+
+
+def test_description_set_names_every_cell(tmp_path):
+    records = load_records(build_description_dataset(str(tmp_path / "d"), count=12, seed=4))
+    assert len(records) == 12
+    for rec in records:
+        assert rec["conversations"][0]["value"] == "<image>\nWhat is in the picture?"
+        lines = rec["conversations"][1]["value"].split("\n")
+        cells = rec["scene"]["cells"]
+        assert lines[:9] == [f"{n} nothing" if c is None else f"{n} {c[0]} {c[1]}" for n, c in zip(CELLS, cells)]
+        assert lines[9] == f"background {rec['scene']['background']}"
+        assert os.path.isfile(os.path.join(tmp_path, "d", rec["image"]))

@@ -20,7 +20,8 @@ from wfm_jax.worlds.vqa.score import accuracy, extract_answer
 # cosmos-rl's `format` reward pattern (specs/reason2.md §4.3)
 FORMAT = re.compile(r"^<think>([^<]*(?:<(?!/?think>)[^<]*)*)<\/think>\n\n<answer>([\s\S]*?)<\/answer>$",
                     re.DOTALL)
-ROWS, COLS = ["top", "middle", "bottom"], ["left", "centre", "right"]
+# cells by compass point, north at the top, in reading order (written out here, not imported)
+CELLS = ["northwest", "north", "northeast", "west", "centre", "east", "southwest", "south", "southeast"]
 
 
 @pytest.fixture(scope="module")
@@ -39,10 +40,10 @@ def _expected(rec: dict) -> str:
     question = rec["conversations"][0]["value"].split("\n")[1]
     cells, background = rec["scene"]["cells"], rec["scene"]["background"]
     colours = [c[0] for c in cells if c is not None]
-    if m := re.fullmatch(r"What colour is the shape in the (\w+) (\w+) cell\?", question):
-        return cells[ROWS.index(m[1]) * 3 + COLS.index(m[2])][0]
-    if m := re.fullmatch(r"What is in the (\w+) (\w+) cell\?", question):
-        cell = cells[ROWS.index(m[1]) * 3 + COLS.index(m[2])]
+    if m := re.fullmatch(r"What colour is the shape in the (\w+) cell\?", question):
+        return cells[CELLS.index(m[1])][0]
+    if m := re.fullmatch(r"What is in the (\w+) cell\?", question):
+        cell = cells[CELLS.index(m[1])]
         return "nothing" if cell is None else cell[1]
     if question == "What colour is the background?":
         return background

@@ -64,6 +64,16 @@ VQA_TEXT = {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 4
 VQA_VISION = {"depth": 2, "hidden_size": 64, "intermediate_size": 128, "num_heads": 2,
               "num_position_embeddings": 36, "deepstack_visual_indexes": [0, 1]}
 SIZES = {"vqa": (VQA_TEXT, VQA_VISION), "spec": (SPEC_TEXT, SPEC_VISION)}
+# Per-size init std of some weights (by a substring of their path), else `std`. The VQA size starts
+# where a pretrained model's scales are, not at 0.02 everywhere:
+# - text embeddings at unit RMS: at 0.02 a token's own identity is swamped by the first
+#   attention's output, and the tiny model never learns even to copy a word from the question;
+# - every vision MLP's output layer (the blocks' and the mergers'), so that visual tokens enter
+#   at about the RMS of text tokens;
+# - a vision position table strong enough that the random tower's tokens still say which cell
+#   they are (a linear probe cannot tell at 0.02; at 0.5 it can, 1.00 held-out).
+# docs/reason2_post_training.md has the measurements.
+INIT_STD = {"vqa": {"embed_tokens": 1.0, "linear_fc2": 0.36, "pos_embed": 0.5}, "spec": {}}
 
 
 def _byte_alphabet() -> list[str]:
@@ -124,10 +134,11 @@ def model_config(vocab_size: int, size: str = "vqa") -> dict:
     }
 
 
-def random_model(config: dict, seed: int = 0, std: float = 0.02):
+def random_model(config: dict, seed: int = 0, std: float = 0.02, overrides: dict[str, float] | None = None):
     """The Flax model with weights drawn by numpy: normal(0, std) for matrices, embeddings and
-    position tables, ones for norm scales, zeros for biases. Built abstract first (nnx.eval_shape):
-    running the initialisers eagerly or under jit costs about a minute on two busy cores."""
+    position tables (normal(0, overrides[k]) where the path contains k), ones for norm scales,
+    zeros for biases. Built abstract first (nnx.eval_shape): running the initialisers eagerly or
+    under jit costs about a minute on two busy cores."""
     import jax.numpy as jnp
     import numpy as np
     from flax import nnx
@@ -143,7 +154,9 @@ def random_model(config: dict, seed: int = 0, std: float = 0.02):
         elif leaf == "bias":
             value = np.zeros(shape, np.float32)
         else:
-            value = (std * rng.standard_normal(shape)).astype(np.float32)
+            name = ".".join(str(p) for p in path)
+            scale = next((v for k, v in (overrides or {}).items() if k in name), std)
+            value = (scale * rng.standard_normal(shape)).astype(np.float32)
         var.set_value(jnp.asarray(value, dtype=var.get_value().dtype))
     return model
 
@@ -164,7 +177,8 @@ def write_processor_files(directory: str, words: Iterable[str] = ()) -> int:
 def build_tiny_qwen3_vl(directory: str, words: Iterable[str] = (), *, seed: int = 0, size: str = "vqa",
                         overwrite: bool = False) -> str:
     """Write the tiny model directory, all or nothing (converters.qwen3_vl.export renames a
-    finished temporary directory into place). Weights: `random_model(config, seed)`."""
+    finished temporary directory into place). Weights: `random_model(config, seed)` with the size's
+    INIT_STD."""
     from converters.qwen3_vl import export
 
     directory = os.path.abspath(directory)
@@ -176,7 +190,7 @@ def build_tiny_qwen3_vl(directory: str, words: Iterable[str] = (), *, seed: int 
     staging = tempfile.mkdtemp(prefix=f".{os.path.basename(directory)}.proc-", dir=parent)
     try:
         vocab = write_processor_files(staging, words)
-        model = random_model(model_config(vocab, size), seed)
+        model = random_model(model_config(vocab, size), seed, overrides=INIT_STD[size])
         export(model, directory, processor_dir=staging)
     finally:
         shutil.rmtree(staging, ignore_errors=True)

@@ -24,12 +24,14 @@ import numpy as np
 
 from wfm_jax.io.atomic import atomic_directory
 from wfm_jax.worlds.vqa.scenes import (
+    DESCRIBE_PROMPT,
     OPTION_ORDERS,
     QUESTION_TYPES,
     TARGET_STYLES,
     Question,
     Scene,
     ask,
+    describe,
     draw,
     random_scene,
     split_of,
@@ -95,6 +97,30 @@ def build_vqa_dataset(directory: str, count: int = 256, split: str = "train", se
             name = f"images/{i:06d}.png"
             image.save(os.path.join(tmp, name))
             records.append(record(f"{split}-{seed}-{i:06d}", name, scene, question, target))
+        with open(os.path.join(tmp, ANNOTATIONS), "w") as f:
+            json.dump(records, f, indent=1)
+    return directory
+
+
+def build_description_dataset(directory: str, count: int = 1024, seed: int = 0, overwrite: bool = False) -> str:
+    """The base model's pre-training set: `count` training-split pictures (the VQA set's scenes
+    for the same seed and index), each with DESCRIBE_PROMPT and its description (scenes.describe)
+    as the answer; no held-out picture is ever described."""
+    if count < 1:
+        raise ValueError(f"count must be >= 1, got {count}")
+    directory = os.path.abspath(directory)
+    if os.path.isdir(directory) and os.listdir(directory) and not overwrite:
+        raise FileExistsError(f"{directory} exists and is not empty")
+    with atomic_directory(directory) as tmp:
+        os.makedirs(os.path.join(tmp, "images"))
+        records = []
+        for i in range(count):
+            scene, _, image = sample(i, seed, "train")
+            name = f"images/{i:06d}.png"
+            image.save(os.path.join(tmp, name))
+            records.append({"id": f"describe-{seed}-{i:06d}", "image": name, "scene": scene.to_json(),
+                            "conversations": [{"from": "human", "value": "<image>\n" + DESCRIBE_PROMPT},
+                                              {"from": "gpt", "value": describe(scene)}]})
         with open(os.path.join(tmp, ANNOTATIONS), "w") as f:
             json.dump(records, f, indent=1)
     return directory

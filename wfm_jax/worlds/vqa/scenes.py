@@ -22,8 +22,11 @@ from wfm_jax.worlds.shapes.grammar import BACKGROUNDS, COLOURS, SHAPES
 
 GRID, CELL = 3, 32
 SIZE = GRID * CELL
-ROWS, COLS = ("top", "middle", "bottom"), ("left", "centre", "right")
-CELL_NAMES = tuple(f"{r} {c}" for r in ROWS for c in COLS)
+# A cell's name is one word, a compass point (north at the top), so the tiny tokenizer keeps it one
+# token: the think step "northwest red" then reads the cell in one attention hop (the name's own
+# embedding is the query), where "top left" needs two tokens combined first, which the tiny model
+# never learned (docs/reason2_post_training.md).
+CELL_NAMES = ("northwest", "north", "northeast", "west", "centre", "east", "southwest", "south", "southeast")
 LETTERS = "ABCD"
 EMPTY = "nothing"
 MAX_PER_COLOUR = 3
@@ -32,12 +35,17 @@ BACKGROUND_OPTIONS = (*BACKGROUNDS, "grey", "pink")
 QUESTION_TYPES = ("colour", "shape", "background", "count", "most_frequent")
 THINK = "I look at the image."  # fixed reasoning text of SFT targets (spec §7)
 # SFT target styles: "fixed" thinks THINK; "answer" thinks "the answer is <text>", then names its
-# letter (a tiny model learns the lookup and the letter binding as two easier steps)
-TARGET_STYLES = ("fixed", "answer")
+# letter (a tiny model learns the lookup and the letter binding as two easier steps); "look" thinks
+# "<subject> <text>" (e.g. "north red", "background black"): the token just before the answer word
+# names what to look at, so each step is one attention hop
+TARGET_STYLES = ("fixed", "answer", "look")
 # option orders: "shuffled" per question, or "fixed" (each type's options always in one order, so
 # an answer word always has the same letter: the letter is a lookup, not a copy from the prompt)
 OPTION_ORDERS = ("shuffled", "fixed")
 INSTRUCTION = "Answer with the letter of the correct option."
+# The pre-training task of the world's base model (families.qwen3_vl.tiny, worlds.vqa.model):
+# every cell named, then its content, in reading order, then the background (describe()).
+DESCRIBE_PROMPT = "What is in the picture?"
 HELDOUT_BUCKETS = 5  # one scene in five (by content hash) belongs to the held-out split
 
 
@@ -120,6 +128,7 @@ class Question:
     text: str  # the question sentence alone
     options: tuple[str, ...]  # four, in the order the letters give them
     answer: str  # the correct option's text
+    subject: str  # one word naming what the question looks at: a cell, "background", a colour, "most"
 
     @property
     def letter(self) -> str:
@@ -140,7 +149,8 @@ class Question:
             raise ValueError(f"target style {style!r}: expected one of {', '.join(TARGET_STYLES)}")
         # "the answer is red": the answer word comes with a leading space, the same token as in
         # the option line "B. red", which the letter is then copied from
-        think = THINK if style == "fixed" else f"the answer is {self.answer}"
+        think = {"fixed": THINK, "answer": f"the answer is {self.answer}",
+                 "look": f"{self.subject} {self.answer}"}[style]
         return f"<think>\n{think}\n</think>\n\n<answer>{self.letter}</answer>"
 
 
@@ -168,32 +178,41 @@ def ask(scene: Scene, kind: str, rng: np.random.Generator, shuffle: bool = True)
         occupied = [i for i, c in enumerate(scene.cells) if c is not None]
         i = occupied[int(rng.integers(len(occupied)))]
         return Question(kind, f"What colour is the shape in the {CELL_NAMES[i]} cell?",
-                        _ordered(list(COLOURS), rng, shuffle), scene.cells[i][0])
+                        _ordered(list(COLOURS), rng, shuffle), scene.cells[i][0], CELL_NAMES[i])
     if kind == "shape":
         i = int(rng.integers(GRID * GRID))
         answer = EMPTY if scene.cells[i] is None else scene.cells[i][1]
         options = _ordered([*SHAPES, EMPTY], rng, shuffle)
-        return Question(kind, f"What is in the {CELL_NAMES[i]} cell?", options, answer)
+        return Question(kind, f"What is in the {CELL_NAMES[i]} cell?", options, answer, CELL_NAMES[i])
     if kind == "background":
         return Question(kind, "What colour is the background?", _ordered(list(BACKGROUND_OPTIONS), rng, shuffle),
-                        scene.background)
+                        scene.background, "background")
     if kind == "most_frequent":
         winner = most_frequent(scene)
         if winner is not None:
-            return Question(kind, "Which colour do most shapes have?", _ordered(list(COLOURS), rng, shuffle), winner)
+            return Question(kind, "Which colour do most shapes have?", _ordered(list(COLOURS), rng, shuffle),
+                            winner, "most")
         kind = "count"
     colour = list(COLOURS)[int(rng.integers(len(COLOURS)))]
     options = [str(n) for n in range(MAX_PER_COLOUR + 1)]
     return Question("count", f"How many {colour} shapes are there?", _ordered(options, rng, shuffle),
-                    str(scene.count(colour)))
+                    str(scene.count(colour)), colour)
+
+
+def describe(scene: Scene) -> str:
+    """The description target: "northwest red circle\nnorth nothing\n...\nbackground white"."""
+    lines = [f"{name} {EMPTY}" if cell is None else f"{name} {cell[0]} {cell[1]}"
+             for name, cell in zip(CELL_NAMES, scene.cells)]
+    return "\n".join([*lines, f"background {scene.background}"])
 
 
 def vocabulary() -> list[str]:
     """Every word the world's prompts and targets use (the tiny tokenizer keeps them whole)."""
     words = set(THINK.replace(".", " ").split()) | set(INSTRUCTION.replace(".", " ").split())
+    words |= set(DESCRIBE_PROMPT.rstrip("?").split())
     for text in ("What colour is the shape in the cell", "What is in the", "What colour is the background",
                  "How many shapes are there", "Which colour do most shapes have"):
         words |= set(text.split())
-    words |= set(ROWS) | set(COLS) | set(COLOURS) | set(SHAPES) | set(BACKGROUND_OPTIONS) | {EMPTY}
+    words |= set(CELL_NAMES) | set(COLOURS) | set(SHAPES) | set(BACKGROUND_OPTIONS) | {EMPTY}
     words |= {"think", "answer"}
     return sorted(words)
