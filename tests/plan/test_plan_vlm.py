@@ -87,7 +87,9 @@ def _plans(jobs: list[list[str]]) -> list[dict]:
 @pytest.mark.slow  # two compiles of the tiny VLM step at 8 devices (~1 min on 2 loaded cores)
 def test_tiny_vlm_sft_planned_at_8_devices(tmp_path):
     model = str(tmp_path / "tiny_vlm")
+    # every weight trained (the recipe freezes the vision tower): params_bytes counts them all
     base = ["--config", "configs/tiny_vlm_sft.py", f"--config.policy.model_name_or_path={model}",
+            "--config.policy.vlm.train_vision=True",
             "--devices", "8", "--seq-len", "128", "--size", "96", "--batch-per-device", "2"]
     replicated, sharded = _plans([base, [*base, "--config.policy.parallelism.data=1",
                                          "--config.policy.parallelism.fsdp=8", "--hbm-gib", "0.001"]])
@@ -204,6 +206,7 @@ def test_main_refuses_a_vlm_run_that_cannot_fit_before_loading_weights(tmp_path,
     out = tmp_path / "run"
     code = main(["--config", "configs/tiny_vlm_sft.py", f"--config.policy.model_name_or_path={model}",
                  f"--config.train.output_dir={out}", "--config.policy.vlm.build_tiny_vqa=False",
+                 "--config.policy.vlm.train_vision=True",  # every weight trained, as counted below
                  f"--config.train.train_policy.dataset.local_dir={tmp_path / 'none'}"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == EXIT_BAD_INPUT
