@@ -156,3 +156,17 @@ def test_media_root_reads_images_kept_apart_from_the_annotations(assets, tmp_pat
         "train.train_policy.dataset.local_dir": str(ann)}))
     with pytest.raises(ValueError, match="cannot read image .*annotations"):
         lost.data[0]
+
+
+def test_tiny_base_without_pretraining_is_the_random_model(tmp_path):
+    """vqa_pretrain_steps=0: the base is the random stage itself, renamed into place whole; the
+    work dir goes (the pre-trained path is tests/train/test_vlm_sft_learns.py)."""
+    from wfm_jax.worlds.vqa.model import ensure_base_model
+
+    base = vlm_sft.pretrain_tiny_base(str(tmp_path / "base"), seed=3, steps=0, pictures=4)
+    assert sorted(os.listdir(tmp_path)) == ["base"]
+    same = ensure_base_model(str(tmp_path / "direct"), seed=3)
+    for name in ("model.safetensors", "config.json", "tokenizer.json"):
+        with open(os.path.join(base, name), "rb") as a, open(os.path.join(same, name), "rb") as b:
+            assert a.read() == b.read(), name
+    assert vlm_sft.pretrain_tiny_base(base, seed=0, steps=600, pictures=4) == base  # built: kept as it is

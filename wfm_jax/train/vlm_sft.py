@@ -74,7 +74,7 @@ def build_tiny_assets(config) -> None:
 
 # The tiny base's pre-training run: the SFT recipe's optimiser (configs/tiny_vlm_sft.py), the
 # vision tower frozen (trained, it collapses to the background colour before the decoder reads
-# the cells), descriptions padded to one length (63-75 tokens).
+# the cells), every description padded to 96 tokens (one program).
 PRETRAIN = {"train.train_batch_per_replica": 16, "train.optm_lr": 3e-3, "train.lr_schedule": "cosine",
             "train.optm_warmup_steps": 20, "train.optm_weight_decay": 0.01, "train.compute_dtype": "float32",
             "policy.vlm.train_vision": False, "policy.vlm.pad_to_multiple": 96}
@@ -95,8 +95,12 @@ def pretrain_tiny_base(base: str, *, seed: int, steps: int, pictures: int) -> st
         return base
     work = pretrain_dir(base)
     random_dir = ensure_random_model(base, seed=seed)
-    if steps <= 0:
-        shutil.copytree(random_dir, base)
+    if steps <= 0:  # the random model is the base: copied whole, then renamed into place
+        staging = os.path.join(work, "copy")
+        shutil.rmtree(staging, ignore_errors=True)
+        shutil.copytree(random_dir, staging)
+        os.replace(staging, base)
+        shutil.rmtree(work, ignore_errors=True)
         return base
     data = os.path.join(work, "describe")
     if not os.path.isfile(os.path.join(data, ANNOTATIONS)):
