@@ -55,8 +55,6 @@ def get_config():
     c.policy.lora.target_modules = QWEN3_VL_LORA_TARGETS  # used with --config.policy.lora.enable=True
     v = c.policy.vlm
     v.build_tiny_vqa = True  # the data sets (and the base model when no SFT export exists)
-    v.vqa_pretrain_steps = 600
-    v.vqa_target = "look"
     v.train_vision = False  # as the SFT recipe
     v.model_max_length = 512
     v.pad_to_multiple = 64  # VQA prompts pad to one length: one update program

@@ -42,8 +42,6 @@ def get_config():
     c.policy.lora.target_modules = QWEN3_VL_LORA_TARGETS  # used with --config.policy.lora.enable=True
     v = c.policy.vlm
     v.build_tiny_vqa = True
-    v.vqa_pretrain_steps = 600
-    v.vqa_target = "look"
     v.train_vision = False
     v.model_max_length = 512
     v.pad_to_multiple = 80  # every VQA conversation (64-68 tokens) pads to 80: one program
