@@ -75,8 +75,6 @@ def build_vqa_dataset(directory: str, count: int = 256, split: str = "train", se
     renamed into place). An existing non-empty directory is an error unless `overwrite`.
     target: the SFT answers' think style (scenes.TARGET_STYLES); options: the option order
     (scenes.OPTION_ORDERS)."""
-    if count < 1:
-        raise ValueError(f"count must be >= 1, got {count}")
     if seed < 0:
         raise ValueError(f"seed must be >= 0, got {seed}")
     if target not in TARGET_STYLES:
@@ -86,26 +84,32 @@ def build_vqa_dataset(directory: str, count: int = 256, split: str = "train", se
     unknown = [t for t in types if t not in QUESTION_TYPES]
     if unknown:
         raise ValueError(f"unknown question types {unknown} (known: {', '.join(QUESTION_TYPES)})")
-    directory = os.path.abspath(directory)
-    if os.path.isdir(directory) and os.listdir(directory) and not overwrite:
-        raise FileExistsError(f"{directory} exists and is not empty")
-    with atomic_directory(directory) as tmp:
-        os.makedirs(os.path.join(tmp, "images"))
-        records = []
-        for i in range(count):
-            scene, question, image = sample(i, seed, split, tuple(types), options)
-            name = f"images/{i:06d}.png"
-            image.save(os.path.join(tmp, name))
-            records.append(record(f"{split}-{seed}-{i:06d}", name, scene, question, target))
-        with open(os.path.join(tmp, ANNOTATIONS), "w") as f:
-            json.dump(records, f, indent=1)
-    return directory
+
+    def one(i: int, image_name: str):
+        scene, question, image = sample(i, seed, split, tuple(types), options)
+        return record(f"{split}-{seed}-{i:06d}", image_name, scene, question, target), image
+
+    return _write_records(directory, count, overwrite, one)
 
 
 def build_description_dataset(directory: str, count: int = 1024, seed: int = 0, overwrite: bool = False) -> str:
     """The base model's pre-training set: `count` training-split pictures (the VQA set's scenes
     for the same seed and index), each with DESCRIBE_PROMPT and its description (scenes.describe)
     as the answer; no held-out picture is ever described."""
+
+    def one(i: int, image_name: str):
+        scene, _, image = sample(i, seed, "train")
+        return {"id": f"describe-{seed}-{i:06d}", "image": image_name, "scene": scene.to_json(),
+                "conversations": [{"from": "human", "value": "<image>\n" + DESCRIBE_PROMPT},
+                                  {"from": "gpt", "value": describe(scene)}]}, image
+
+    return _write_records(directory, count, overwrite, one)
+
+
+def _write_records(directory: str, count: int, overwrite: bool, one) -> str:
+    """`count` records and their pictures into `directory`, all or nothing (a temporary sibling
+    renamed into place); one(i, image_name) -> (record, PIL image). An existing non-empty
+    directory is an error unless `overwrite`."""
     if count < 1:
         raise ValueError(f"count must be >= 1, got {count}")
     directory = os.path.abspath(directory)
@@ -115,12 +119,10 @@ def build_description_dataset(directory: str, count: int = 1024, seed: int = 0, 
         os.makedirs(os.path.join(tmp, "images"))
         records = []
         for i in range(count):
-            scene, _, image = sample(i, seed, "train")
             name = f"images/{i:06d}.png"
+            rec, image = one(i, name)
             image.save(os.path.join(tmp, name))
-            records.append({"id": f"describe-{seed}-{i:06d}", "image": name, "scene": scene.to_json(),
-                            "conversations": [{"from": "human", "value": "<image>\n" + DESCRIBE_PROMPT},
-                                              {"from": "gpt", "value": describe(scene)}]})
+            records.append(rec)
         with open(os.path.join(tmp, ANNOTATIONS), "w") as f:
             json.dump(records, f, indent=1)
     return directory
