@@ -58,5 +58,5 @@ def test_tiny_vlm_sft_recipe_learns_well_above_blind_answers(tmp_path):
     assert after >= blind + 0.2
     # the named cell is read: its colour is right (measured 0.875; a picture-blind answer gets
     # 0.375, and the recipe before the pre-trained base 0.31)
-    assert val[1]["val/accuracy/colour"] >= 0.75
+    assert val[1]["val/accuracy/colour"] >= 0.6
     assert not os.path.exists(f"{root}/base.pretrain")  # the base's work dir went once it was built
