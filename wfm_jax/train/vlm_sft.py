@@ -86,6 +86,7 @@ def pretrain_tiny_base(base: str, *, seed: int, steps: int, pictures: int) -> st
     pictures (worlds/vqa/dataset.py build_description_dataset). The work happens in
     model.pretrain_dir(base) and the finished export is renamed into place; an interrupted build
     resumes from its last checkpoint."""
+    from wfm_jax.config.base import set_value
     from wfm_jax.config.schema import default_config
     from wfm_jax.worlds.vqa.dataset import ANNOTATIONS, build_description_dataset
     from wfm_jax.worlds.vqa.model import ensure_random_model, pretrain_dir
@@ -112,20 +113,13 @@ def pretrain_tiny_base(base: str, *, seed: int, steps: int, pictures: int) -> st
     c.train.resume, c.train.ckpt.save_freq, c.train.ckpt.max_keep = True, 100, 1
     c.train.ckpt.export_safetensors = True
     for key, value in PRETRAIN.items():
-        section, name = key.rsplit(".", 1)
-        setattr(_section(c, section), name, value)
+        set_value(c, key, value)
     say(f"pre-training the tiny VQA base model: {steps} steps of describing {pictures} pictures "
         f"(once; cached at {base})")
     VLMSFTTrainer(c).run()
     os.replace(step_dir(c.train.output_dir, steps), base)
     shutil.rmtree(work, ignore_errors=True)
     return base
-
-
-def _section(config, dotted: str):
-    for part in dotted.split("."):
-        config = config[part]
-    return config
 
 
 def check_model_dir(path: str) -> None:
