@@ -9,6 +9,7 @@ from collections.abc import Sequence
 import numpy as np
 from PIL import Image
 
+from wfm_jax.core.mesh import mesh_size_for
 from wfm_jax.data.conversations import to_messages
 from wfm_jax.models.qwen3_vl.generate import generate
 from wfm_jax.worlds.vqa.score import accuracy
@@ -36,12 +37,17 @@ def end_tokens(config) -> tuple[list[int], int]:
 
 
 def answers(model, processor, records: Sequence[dict], images: Sequence[Sequence[np.ndarray]], *,
-            max_new_tokens: int, batch_size: int, system_prompt: str | None = None) -> list[str]:
-    """Greedy completions of each record's first turn (its answer turns left out)."""
+            max_new_tokens: int, batch_size: int, system_prompt: str | None = None, mesh=None) -> list[str]:
+    """Greedy completions of each record's first turn (its answer turns left out). mesh: the
+    mesh the model lives on; each batch's rows are split over its batch axes, a short last batch
+    padded with copies of its last record (their answers dropped)."""
     eos, pad = end_tokens(model.config)
+    shards = 1 if mesh is None else mesh_size_for(mesh, "act_batch")
     out: list[str] = []
     for start in range(0, len(records), batch_size):
         chunk = list(range(start, min(start + batch_size, len(records))))
+        real = len(chunk)
+        chunk += [chunk[-1]] * (-real % shards)
         texts = []
         for i in chunk:
             messages, _, _ = to_messages(records[i], system_prompt)
@@ -52,8 +58,8 @@ def answers(model, processor, records: Sequence[dict], images: Sequence[Sequence
         batch = processor(texts, images=flat or None, padding_side="left")
         ids = generate(model, batch["input_ids"], batch["attention_mask"],
                        pixel_values=batch.get("pixel_values"), image_grid_thw=batch.get("image_grid_thw"),
-                       max_new_tokens=max_new_tokens, eos_token_ids=eos, pad_token_id=pad)
-        for row in np.asarray(ids):
+                       max_new_tokens=max_new_tokens, eos_token_ids=eos, pad_token_id=pad, mesh=mesh)
+        for row in np.asarray(ids)[:real]:
             ends = np.flatnonzero(np.isin(row, eos))
             row = row[:ends[0]] if len(ends) else row
             out.append(processor.tokenizer.decode(row.tolist(), skip_special_tokens=True))

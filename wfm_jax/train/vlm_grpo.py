@@ -272,7 +272,8 @@ class VLMGRPOTrainer:
             return {}
         v = self.config.policy.vlm
         return val_metrics(self.model(), self.processor, *self.val, max_new_tokens=int(v.max_new_tokens),
-                           batch_size=int(self.config.validation.batch_size), system_prompt=self.system_prompt)
+                           batch_size=int(self.config.validation.batch_size), system_prompt=self.system_prompt,
+                           mesh=self.mesh)
 
     def export(self, step: int) -> str:
         # the SFT trainer's export (LoRA merged; transformers' layout) reads only config, lora and model()

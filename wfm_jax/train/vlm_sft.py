@@ -281,7 +281,7 @@ class VLMSFTTrainer:
         v = self.config.policy.vlm
         return val_metrics(self.model(), self.processor, *self.val, max_new_tokens=int(v.max_new_tokens),
                            batch_size=int(self.config.validation.batch_size),
-                           system_prompt=v.system_prompt or None)
+                           system_prompt=v.system_prompt or None, mesh=self.mesh)
 
     def export(self, step: int) -> str:
         from converters.qwen3_vl import export
