@@ -235,7 +235,8 @@ def build(config) -> RLRun:
     train_setup.check_model_dir(config)
     train_records, val_records = algo_cls.records(algo_config, config)
     # before the setup: the LR schedule and config.json take the resolved length
-    resolve_max_steps(config, len(train_records), "training records (prompts or data items)")
+    what = "data items" if train_records and hasattr(train_records[0], "media_path") else "prompts"
+    resolve_max_steps(config, len(train_records), what)
     rewards = RewardComputer.from_config(reward_config(config))
     rewards.check_reachable(budget_s=10.0)  # fail fast, before any model is loaded or compiled
     setup = train_setup.build(config, aux_fn=algo_cls.aux_fn(algo_config,
