@@ -16,21 +16,21 @@ weighted gradients sum to the whole update's.
 Data: LLaVA-style records whose first human turn is the question (with its image or video) and
 whose "answer" is the reference letter. wfm_jax downloads nothing: without the model directory
 the run stops with one line naming it. Differences from cosmos-rl: the batch is global (cosmos-rl's
-train_batch_per_replica is per replica), rollout and update share one mesh and one process, and
-the run length is max_steps (cosmos-rl: train.epoch = 80).
+train_batch_per_replica is per replica), rollout and update share one mesh and one process. The run
+is 80 epochs over the prompts, as in cosmos-rl, capped at max_steps (config/run_length.py).
 """
 from wfm_jax.config.recipe import compose
 
 
 def get_config():
     c = compose("base/reason2_2b.py", "grpo")
-    c.train.max_steps = 500  # pinned: the run length (cosmos-rl: 80 epochs over the prompts)
+    c.train.max_steps = 500  # a cap on the 80 epochs' steps (cosmos-rl's max_num_steps; none there)
     c.train.train_batch_per_replica = 128  # released: 16 prompts x rollout.n_generation 8
     c.rollout.n_generation = 8
     c.rollout.batch_size = 4  # released: 4 prompts (32 rows) per generate call
     c.train.optm_lr = 2e-6
     c.train.optm_betas = (0.9, 0.95)
-    c.train.epoch = 80  # released value (the run length is max_steps here)
+    c.train.epoch = 80  # released value: passes over the prompts
     c.train.ckpt.save_freq = 20  # pinned: a checkpoint every 20 steps of a long run
     # the 128 rows of an optimizer update in 16 micro-batches of 8 (one row of 10240 tokens per
     # device on 8): the gradients add up to the whole update's (train/vlm_grpo.py)

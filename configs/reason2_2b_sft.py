@@ -13,19 +13,19 @@ nvidia/Cosmos-Reason2-2B (config.json, model.safetensors*, tokenizer and process
 it the run stops with one line naming the directory. Differences from cosmos-rl: the batch size
 here is global (cosmos-rl's train_batch_per_replica is per data-parallel replica), and the 32
 rows form one token-mean (cosmos-rl averages per mini-batch of 4 and accumulates 8 of them:
-set train_batch_per_replica=4 and grad_accum_steps=8 for that); the run length is max_steps
-(cosmos-rl: train.epoch = 1 over the data set).
+set train_batch_per_replica=4 and grad_accum_steps=8 for that). The run is one epoch over the
+data set, as in cosmos-rl, capped at max_steps (config/run_length.py).
 """
 from wfm_jax.config.recipe import compose
 
 
 def get_config():
     c = compose("base/reason2_2b.py")
-    c.train.max_steps = 1000  # pinned: the run length (cosmos-rl: one epoch over the data)
+    c.train.max_steps = 1000  # a cap on the epoch's steps (cosmos-rl's max_num_steps; none there)
     c.train.train_batch_per_replica = 32
     c.train.optm_lr = 1e-6
     c.train.optm_betas = (0.9, 0.999)  # released value
-    c.train.epoch = 1  # released value (the run length is max_steps here)
+    c.train.epoch = 1  # released value: one pass over the conversations
     c.train.ckpt.save_freq = 100
     c.train.train_policy.mini_batch = 4
     c.train.train_policy.dataset.local_dir = "./data/reason2_llava_sft"

@@ -108,8 +108,11 @@ def test_type_mismatch_names_key_and_type(tmp_path):
         cfg.load_config(path, [("train.optm_betas", "(0.9, 'a')")])
     with pytest.raises(ConfigError, match=r"'distributed.process_id' expects int, got 'x'"):
         cfg.load_config(path, [("distributed.process_id", "x")])  # typed placeholder
-    with pytest.raises(ConfigError, match=r"'train.max_steps' must be set"):
-        cfg.load_config(path, [("train.max_steps", "None")])
+    with pytest.raises(ConfigError, match=r"'train.log_freq' must be set"):
+        cfg.load_config(path, [("train.log_freq", "None")])
+    with pytest.raises(ConfigError, match=r"'train.epoch' must be > 0, got 0"):
+        cfg.load_config(path, [("train.epoch", "0")])
+    assert cfg.load_config(path, [("train.max_steps", "None")]).train.max_steps is None  # from the data
     with pytest.raises(ConfigError, match=r"'train' is a section"):
         cfg.load_config(path, [("train", "3")])
     bad = write_recipe(tmp_path, "config.train.max_steps = 'five'\n", name="r3.py")

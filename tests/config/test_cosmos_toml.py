@@ -159,6 +159,37 @@ def test_nft_recipe_trains_on_the_tiny_pipeline(tmp_path, monkeypatch):
     assert resolved["train"]["train_policy"]["timesteps_fraction"] == 0.99
 
 
+SFT = os.path.join(RECIPES, "sd35_sft.toml")
+REASON = os.path.join(RECIPES, "cosmos_rl", "reason")
+
+
+@pytest.mark.parametrize("src, old, new, samples, want", [
+    # cosmos-rl's SFT: floor(samples / batch) steps per epoch, times train.epoch
+    (SFT, "epoch = 1\n", "epoch = 1\n", 10, 10),
+    (SFT, "train_batch_per_replica = 1\n", "train_batch_per_replica = 4\n", 10, 2),
+    (SFT, "epoch = 1\n", "epoch = 3\n", 10, 30),
+    (SFT, "epoch = 1\n", "", 10, 10),  # no epoch: cosmos-rl's default, one pass
+    (SFT, "epoch = 1\n", "epoch = 3\nmax_num_steps = 25\n", 10, 25),  # the smaller
+    (SFT, "epoch = 1\n", "epoch = 3\nmax_num_steps = 50\n", 10, 30),
+    # cosmos-rl's RL: prompts x n_generation x epoch // train_batch_per_replica (100000 epochs)
+    (NFT, "epoch = 100000\n", "epoch = 100000\n", 100, 100 * 24 * 100000 // 1152),
+    (NFT, "epoch = 100000\n", "epoch = 100000\nmax_num_steps = 300\n", 100, 300),
+    # the vision-language recipes: Reason1 GRPO, 80 epochs of 16 prompts x 8 per step
+    (os.path.join(REASON, "cosmos-reason1-7b-grpo.toml"), "epoch = 80\n", "epoch = 80\n", 100,
+     100 * 8 * 80 // 128),
+    # Reason2 LLaVA SFT, no epoch (1) and 32 conversations a step
+    (os.path.join(REASON, "cosmos-reason2-2b-llava_sft.toml"), "[train]\n", "[train]\n", 1000, 31),
+])
+def test_the_run_lasts_as_in_cosmos_rl(tmp_path, capsys, src, old, new, samples, want):
+    """train.epoch and max_num_steps import unchanged (epoch 1 when the TOML says nothing) and
+    give cosmos-rl's step count once the data's size is known."""
+    from wfm_jax.config.run_length import run_steps
+    c = cfg.load_config(_edit(tmp_path, old, new, src=src))
+    assert c.train.epoch >= 1
+    assert c.train.max_steps == (int(new.split("max_num_steps = ")[1]) if "max_num" in new else None)
+    assert run_steps(c, samples) == want
+
+
 @pytest.mark.parametrize("value, want", [("false", ""), ('"all"', "all"), ('"final"', "final")])
 def test_s3_upload_keys_carry_over(tmp_path, value, want):
     """cosmos-rl's train.ckpt.upload_s3 (false | "final" | "all"), s3_bucket, s3_prefix."""

@@ -130,10 +130,12 @@ def test_nft_trains_the_toy_family(tmp_path, toy_family, brightness_reward):
 @pytest.mark.parametrize("algorithm", ["sft", "nft"])
 def test_plan_compiles_the_toy_familys_programs(tmp_path, toy_family, capsys, algorithm):
     """python -m wfm_jax.plan on a toy recipe: its programs compiled on 8 abstract devices, the
-    bytes reported are the toy's (3 gains of 4 bytes, replicated)."""
+    bytes reported are the toy's (3 gains of 4 bytes, replicated). train.max_steps is unset (a
+    run takes it from its data) and the schedule a cosine: the planner's stand-in length."""
     from wfm_jax import plan
 
-    settings = toy_settings(tmp_path, **{"train.train_policy.type": algorithm})
+    settings = toy_settings(tmp_path, **{"train.train_policy.type": algorithm,
+                                         "train.lr_schedule": "cosine"})
     if algorithm == "nft":
         settings.update({"train.train_batch_per_replica": 16, "train.train_policy.mini_batch": 2,
                          "rollout.n_generation": 4, "policy.diffusers.sample.eval_num_steps": 3})

@@ -22,7 +22,7 @@ from jax.sharding import PartitionSpec as P
 
 from wfm_jax.config.schema import default_config
 from wfm_jax.programs.rl import RLLayout, rl_programs
-from wfm_jax.programs.setup import SetupError, make_tx, schedule_total_steps
+from wfm_jax.programs.setup import SetupError, make_tx, schedule_total_steps, with_stand_in_length
 from wfm_jax.programs.state import TrainState, train_state_update
 
 LR, WARMUP, LOOP_STEPS = 1e-2, 2, 4
@@ -136,3 +136,18 @@ def test_constant_schedule_has_no_total_and_a_warmup_past_the_end_is_one_line():
     with pytest.raises(SetupError, match=r"optm_warmup_steps=4 .* 4 optimizer updates") as e:
         make_tx(cfg)
     assert "\n" not in str(e.value)
+
+
+def test_an_unresolved_length_is_refused_and_the_planner_gets_a_stand_in():
+    """A trainer resolves train.max_steps from its data before the optimizer
+    (config/run_length.py); the weightless setups (planner, bench) have no data and build from a
+    stand-in length, which leaves the recipe's config as it was."""
+    cfg = config("sft", accum=2)
+    cfg.train.max_steps = None
+    with pytest.raises(SetupError, match="train.max_steps is not resolved yet"):
+        make_tx(cfg)
+    planned = with_stand_in_length(cfg)
+    assert cfg.train.max_steps is None and schedule_total_steps(planned) > WARMUP
+    make_tx(planned)
+    cfg.train.max_steps = LOOP_STEPS
+    assert with_stand_in_length(cfg) is cfg

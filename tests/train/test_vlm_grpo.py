@@ -124,6 +124,18 @@ def test_run_logs_rewards_and_resume_after_kill_matches(assets, tmp_path):
     assert all(np.array_equal(again[k], final[k]) for k in final)
 
 
+def test_one_epoch_of_prompts_sets_the_run_length(assets, tmp_path):
+    """max_steps unset, epoch unset (one pass): 12 prompts x 4 completions in batches of 8 rows
+    are 6 steps (cosmos-rl's rule), resolved before the optimizer and written to config.json."""
+    c = _config(assets, tmp_path, **{"train.max_steps": None})
+    trainer = vlm_grpo.VLMGRPOTrainer(c)
+    trainer.ckpt.close()
+    trainer.rewards.close()
+    assert c.train.max_steps == 6
+    with open(tmp_path / "config.json") as f:
+        assert json.load(f)["train"]["max_steps"] == 6
+
+
 def test_completion_masks_stop_at_end_and_visual_tokens():
     tokens = np.array([[5, 6, 2, 0, 0], [5, 6, 7, 8, 9], [5, 9, 6, 2, 0]])
     got = vlm_grpo.completion_masks(tokens, eos=(2,), banned=(9,))

@@ -132,6 +132,16 @@ def test_lora_frozen_vision_trains_adapters_and_exports_merged(assets, tmp_path)
     assert "model.language_model.layers.0.self_attn.q_proj.kernel" in merged
 
 
+def test_epochs_set_the_run_length(assets, tmp_path):
+    """max_steps unset, 2 epochs: 24 conversations in batches of 8 are 3 steps an epoch, 6 in
+    all, resolved before the optimizer is built and written to config.json."""
+    c = _config(assets, tmp_path, max_steps=None, **{"train.epoch": 2})
+    vlm_sft.VLMSFTTrainer(c).ckpt.close()
+    assert c.train.max_steps == 6
+    with open(tmp_path / "config.json") as f:
+        assert json.load(f)["train"]["max_steps"] == 6
+
+
 def test_missing_model_dir_is_one_clear_error(assets, tmp_path):
     c = _config(assets, tmp_path / "x", **{"policy.model_name_or_path": str(tmp_path / "absent")})
     with pytest.raises(vlm_sft.VLMSetupError, match="policy.model_name_or_path: no model directory"):

@@ -216,6 +216,8 @@ COSMOS_DEFAULTS = {
     "train.ema_decay": 0.9999,
     "rollout.n_generation": 16,
     "train.log_freq": 100,
+    # a run lasts train.epoch passes (capped by max_num_steps when given): config/run_length.py
+    "train.epoch": 1,
 }
 LORA_DEFAULTS = {"policy.lora.r": 8, "policy.lora.lora_alpha": 8.0,
                  "policy.lora.init_lora_weights": "default"}

@@ -175,6 +175,7 @@ VLM_DEFAULTS: dict[str, Any] = {
     "train.param_dtype": "float32",
     "train.compute_dtype": "bfloat16",
     "train.log_freq": 100,
+    "train.epoch": 1,  # the run's passes over the data (capped by max_num_steps): run_length.py
     "train.train_policy.mini_batch": 2,
     "rollout.n_generation": 16,
     f"{LM}.max_response_length": 2048,
@@ -205,9 +206,6 @@ def vlm_notes(flat: dict, out: dict) -> list[str]:
         notes.append(f"note: dataset {hub!r} is a Hugging Face dataset, which wfm_jax does not read; "
                      f"give LLaVA JSON (or WebDataset tars) with "
                      f"--config.train.train_policy.dataset.local_dir=PATH")
-    if "train.max_steps" not in out:  # cosmos-rl: train.epoch passes over the data (default 1)
-        notes.append(f"note: train.epoch = {flat.get('train.epoch', 1)}: a run here lasts "
-                     f"train.max_steps (default 1000), not epochs; set --config.train.max_steps")
     lm_t = out.get(f"{LM}.temperature", 1.0)
     sample_t = out.get(f"{LM}.sampling_temperature", 1.0)
     if out.get("train.train_policy.type") == "grpo" and lm_t != sample_t:

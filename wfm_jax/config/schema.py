@@ -35,10 +35,14 @@ QWEN3_VL_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "u
 DEFAULTS = {
     "train": {
         "output_dir": "./outputs",
-        "max_steps": 1000,
+        # the run's length (config/run_length.py, cosmos-rl's rule): max_steps steps, or epoch
+        # passes over the training set, or the smaller of the two when both are set; neither:
+        # one pass. Unset max_steps is resolved from the data when the run starts (config.json
+        # records the number)
+        "max_steps": placeholder(int),  # cosmos-rl's train.max_num_steps
         "seed": 42,
         "resume": False,              # True: continue from the latest checkpoint in output_dir
-        "epoch": 1,
+        "epoch": placeholder(int),
         "param_dtype": "float32",     # master weights
         "compute_dtype": "bfloat16",  # matmuls / activations; timesteps, norms, losses stay fp32
         "train_batch_per_replica": 8,  # GLOBAL batch (cosmos-rl name), summed over all devices
@@ -428,7 +432,10 @@ def check_conditional_frames(config) -> None:
 
 @register_check
 def check_ranges(config) -> None:
-    _positive(config, ["train.max_steps", "train.epoch", "train.train_batch_per_replica",
+    for key in ("train.max_steps", "train.epoch"):  # unset: the run length comes from the other / the data
+        if get(config, key) is not None:
+            _positive(config, [key])
+    _positive(config, ["train.train_batch_per_replica",
                        "train.grad_accum_steps", "train.log_freq", "train.ckpt.save_freq",
                        "train.ckpt.max_keep", "train.train_policy.mini_batch",
                        "train.train_policy.mu_iterations", "rollout.n_generation",

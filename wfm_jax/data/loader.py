@@ -113,6 +113,7 @@ class Loader:
         if batch_size < 1:
             raise DataError(f"batch size must be >= 1, got {batch_size}")
         self.name, self.num_records, self.shard = name, len(records), shard
+        self.dataset_size: int | None = len(records)  # items in one pass (None: a stream)
         self.skipped = 0  # bad samples skipped so far (data.skip_bad_samples); repeats count again
         self.bad_files: list[str] = []  # their messages, each once
         self._bad_in_a_row = 0

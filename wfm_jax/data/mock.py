@@ -23,6 +23,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from wfm_jax.data.errors import DataError
+
 PREFIX = "placeholder "
 
 
@@ -60,6 +62,10 @@ def records(config) -> tuple[list[MockRecord], list]:
     """(train, validation) records: fresh items for every group of every step; no validation
     (cosmos-rl's mock mode visualises the RL batch itself)."""
     groups = max(1, int(config.train.train_batch_per_replica) // int(config.rollout.n_generation))
+    if config.train.max_steps is None:  # the items are made per step: no length of their own
+        raise DataError("train.train_policy.dataset.layout='mock' makes fresh items for every "
+                        "step, so the run length cannot come from train.epoch: set "
+                        "--config.train.max_steps=N")
     steps = max(1, int(config.train.max_steps))
     video = bool(config.policy.diffusers.is_video)
     return [MockRecord(i, video) for i in range(groups * steps)], []

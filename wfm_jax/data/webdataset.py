@@ -277,6 +277,7 @@ class WebDatasetLoader(Loader):
                             f"{shard.count} processes reading them")
         self.name, self.shard = shards.root, shard
         self.num_records = 100_000  # bound on bad samples in a row before "all bad"
+        self.dataset_size = None  # the shards are streamed, never counted
         self.skipped, self.bad_files, self._bad_in_a_row = 0, [], 0
         self._source = {"shards": shards.fingerprint(), "seed": int(seed), "shuffle": bool(shuffle),
                         "processes": shard.count, "process": shard.index,

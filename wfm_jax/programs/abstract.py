@@ -157,6 +157,7 @@ def abstract_setup(config, mesh, rules, remat: str | None = None, scan: bool | N
     the pipeline's component configs (pipeline_configs' form; default: pipeline_configs)."""
     import jax
     from flax import nnx
+    config = setup_lib.with_stand_in_length(config)  # no data here to resolve max_steps from
     remat = config.policy.remat if remat is None else remat
     scan = bool(config.policy.scan_layers) if scan is None else scan
     configs, source = pipeline_configs(config) if configs is None else (configs, "given")

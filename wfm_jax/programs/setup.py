@@ -4,6 +4,7 @@ both satisfy, and the pure pieces both assemble it with (the trainable split, th
 the train state's shardings)."""
 from __future__ import annotations
 
+import copy
 import os
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -124,10 +125,25 @@ def schedule_total_steps(config) -> int | None:
     t = config.train
     if t.lr_schedule != "cosine":
         return None
+    if t.max_steps is None:  # a trainer resolves it from its data first (config/run_length.py)
+        raise SetupError("train.lr_schedule='cosine' needs the run's length, but train.max_steps "
+                         "is not resolved yet (config.run_length.resolve_max_steps)")
     accum = int(t.grad_accum_steps)
     calls = accum if t.train_policy.type == "sft" else (
         int(t.train_policy.mu_iterations) * rl_optimize_chunks(config))
     return optimizer_updates(int(t.max_steps), calls, accum)
+
+
+def with_stand_in_length(config):
+    """The config a weightless setup (the planner, the benchmark) builds from: where
+    train.max_steps is unset (a run resolves it from its training set, config/run_length.py),
+    a copy with a stand-in length that gives a valid schedule; the optimizer's state, its
+    shardings and the programs' shapes do not depend on it."""
+    if config.train.max_steps is not None:
+        return config
+    config = copy.deepcopy(config)
+    config.train.max_steps = (int(config.train.optm_warmup_steps) + 1) * int(config.train.grad_accum_steps)
+    return config
 
 
 def make_tx(config) -> tuple[optax.GradientTransformation, Callable]:

@@ -90,6 +90,7 @@ def abstract_vlm_setup(config, mesh, rules, model_config: dict, source: str, rem
     from wfm_jax.programs import setup as setup_lib
     from wfm_jax.programs import vlm_sft
     from wfm_jax.programs.state import TrainState
+    config = setup_lib.with_stand_in_length(config)  # no data here to resolve max_steps from
     t, p = config.train, config.policy
     dtype, param_dtype = setup_lib.DTYPES[str(t.compute_dtype)], setup_lib.DTYPES[str(t.param_dtype)]
     lora = bool(p.lora.enable)

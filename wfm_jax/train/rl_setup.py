@@ -19,6 +19,7 @@ from reward_client.computer import RewardComputer
 from wfm_jax.algorithms.base import AlgorithmConfigError, RLAlgorithm
 from wfm_jax.algorithms.registry import ALGORITHMS, algorithm_named
 from wfm_jax.config.base import ConfigError
+from wfm_jax.config.run_length import resolve_max_steps
 from wfm_jax.data.groups import eval_batches, group_batcher_from_config
 from wfm_jax.data.loader import process_shard
 from wfm_jax.programs import Programs
@@ -233,6 +234,9 @@ def build(config) -> RLRun:
     train_setup.ensure_tiny_assets(config)
     train_setup.check_model_dir(config)
     train_records, val_records = algo_cls.records(algo_config, config)
+    # before the setup: the LR schedule and config.json take the resolved length
+    what = "data items" if train_records and hasattr(train_records[0], "media_path") else "prompts"
+    resolve_max_steps(config, len(train_records), what)
     rewards = RewardComputer.from_config(reward_config(config))
     rewards.check_reachable(budget_s=10.0)  # fail fast, before any model is loaded or compiled
     setup = train_setup.build(config, aux_fn=algo_cls.aux_fn(algo_config,

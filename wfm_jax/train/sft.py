@@ -20,6 +20,7 @@ from collections.abc import Callable
 import jax
 import numpy as np
 
+from wfm_jax.config.run_length import resolve_max_steps
 from wfm_jax.core.mesh import check_batch
 from wfm_jax.data import sft_loader_from_config
 from wfm_jax.data.errors import DataError
@@ -44,7 +45,8 @@ def _check_batch(batch: dict, is_video: bool) -> None:
 
 
 class SFTTrainer:
-    """Owns the setup, data, encoders and step; `run()` trains to train.max_steps."""
+    """Owns the setup, data, encoders and step; `run()` trains to train.max_steps (resolved from
+    the dataset's size and train.epoch when unset: config/run_length.py)."""
 
     def __init__(self, config, *, on_step: Callable[[int, dict], None] | None = None):
         self.config, self.on_step = config, on_step
@@ -55,6 +57,8 @@ class SFTTrainer:
         setup_lib.check_model_dir(config)
         self.loader = sft_loader_from_config(config)
         try:
+            # before build: the LR schedule and config.json take the resolved length
+            resolve_max_steps(config, self.loader.dataset_size, "training samples")
             self.setup = s = setup_lib.build(config)
             pipe, d = s.pipe, config.policy.diffusers
             try:

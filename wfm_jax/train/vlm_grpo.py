@@ -22,6 +22,10 @@ One loop step:
      one optimizer update per batch_size_per_optimize rows (None: one over the whole batch), each
      update in train.grad_accum_steps micro-batches (the update's memory is one micro-batch's).
 
+Run length: train.max_steps steps, or train.epoch passes of the prompts
+(prompts x n_generation x epoch // train_batch_per_replica steps), or the smaller of the two
+(config/run_length.py, cosmos-rl's rule).
+
 Resume: the state (params, optimizer, step) is checkpointed and every draw is a function of
 (seed, step), so kill -9 and resume logs the same metrics step for step. metrics.jsonl:
 train/reward_mean, train/reward/<name>, train/loss, train/policy_loss, train/kl_loss,
@@ -40,6 +44,7 @@ import numpy as np
 from flax import nnx
 
 from wfm_jax.algorithms import lm_grpo
+from wfm_jax.config.run_length import resolve_max_steps
 from wfm_jax.core.mesh import MeshConfig, check_batch, make_mesh
 from wfm_jax.data.conversations import read_records, to_messages
 from wfm_jax.families.qwen3_vl.answer import load_processor
@@ -109,6 +114,8 @@ class VLMGRPOTrainer:
         if self.groups > len(self.records):
             raise VLMSetupError(f"{self.groups} prompts per step (train_batch_per_replica / n_generation) but "
                                 f"the dataset has {len(self.records)}")
+        # before the optimizer: the LR schedule and config.json take the resolved length
+        resolve_max_steps(config, len(self.records), "prompts")
         self.val = None
         if config.validation.enable or config.validation.dataset.local_dir:
             self.val = self._read(config.validation.dataset.local_dir, "validation.dataset.local_dir")

@@ -8,7 +8,8 @@ conversations, each through the compiled step (programs/vlm_sft.py). The batch o
 function of (train.seed, epoch) only, so a resumed run reads the same batches as an
 uninterrupted one; the checkpoint (train/checkpoint.py) holds the whole train state (params,
 optimizer, rng, step) and the number of batches read. Short last batches of an epoch are
-skipped (one shape per bucket).
+skipped (one shape per bucket). The run lasts train.max_steps steps, or train.epoch passes of
+floor(conversations / (batch x grad_accum_steps)) steps, or the smaller (config/run_length.py).
 
 metrics.jsonl: train/loss, train/learning_rate, optimizer/grad_norm, train/loss_tokens,
 train/iteration_time per step; val/accuracy (and per question type) on the held-out set
@@ -30,6 +31,7 @@ from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from wfm_jax.config.run_length import resolve_max_steps
 from wfm_jax.core.console import say
 from wfm_jax.core.errors import UserError
 from wfm_jax.core.mesh import MeshConfig, check_batch, make_mesh
@@ -228,6 +230,8 @@ class VLMSFTTrainer:
         if self.batch_size > len(self.data):
             raise VLMSetupError(f"train.train_batch_per_replica={self.batch_size} is more than the "
                                 f"{len(self.data)} conversations of the dataset")
+        # before the optimizer: the LR schedule and config.json take the resolved length
+        resolve_max_steps(config, len(self.data), "conversations")
         self.val = None
         if config.validation.enable or config.validation.dataset.local_dir:
             val_dir = config.validation.dataset.local_dir
