@@ -30,6 +30,13 @@ def parse_args(argv):
     p.add_argument("--vision-blocks", type=int, default=None, metavar="K",
                    help="VLM families: compile K and 2K vision blocks and scale to the whole tower "
                         "(a faster compile)")
+    p.add_argument("--layers", type=int, default=None, metavar="K",
+                   help="DiT families (SD3/3.5, Wan2.1, Cosmos-Predict2.5, SANA, SANA-Video): "
+                        "compile each program with K and 2K transformer blocks and scale bytes, "
+                        "FLOPs and the estimates linearly to the model's depth (a faster compile; "
+                        "the resident state is the whole model's). K >= 1, 2K <= the depth (2K = "
+                        "the depth: the model itself is compiled); SD3.5's dual-attention and "
+                        "plain blocks are kept in proportion (the report's layer_scaling)")
     p.add_argument("--remat", default=None, help="a policy.remat name (default: the recipe's)")
     p.add_argument("--no-scan", action="store_true", help="unroll the blocks (no lax.scan)")
     p.add_argument("--frozen-dtype", default=None,
