@@ -195,7 +195,11 @@ def _cut(args, family, configs, scan: bool):
         cut = layers_lib.cut(family, configs["transformer"], int(k), scan)
     except ValueError as e:
         raise SystemExit(f"wfm_jax.plan: {e}") from None
-    return None if cut.depths[1] == cut.full else cut
+    if cut.depths[1] == cut.full:
+        from wfm_jax.plan.compiled import say
+        say(f"wfm_jax.plan: --layers {k}: 2K is the model's depth; compiling the model itself")
+        return None
+    return cut
 
 
 def _tflops(v: float | None) -> str:
