@@ -155,3 +155,40 @@ def test_scaled_plan_against_the_full_compile(tmp_path):
     assert scaled4["temp_bytes"] > full4["temp_bytes"]
     # both scanned: XLA's loop-once FLOPs extrapolate to the scanned model's
     assert scaled12["xla_flops_per_device"] == pytest.approx(full12["xla_flops_per_device"], rel=0.02)
+
+
+@pytest.mark.slow  # four small libtpu compiles of the tiny SD3 programs (~1.5 min on 2 loaded cores)
+def test_scaled_plan_for_a_tpu_topology_keeps_the_report_keys(tmp_path, capsys):
+    """--layers with --topology: the keys of the unscaled plan, each scaled program's estimate
+    from its two compiles' loop-corrected ones, the scaled figures in the text form too."""
+    pytest.importorskip("libtpu", reason="libtpu (the TPU compiler) is not installed")
+    from wfm_jax import plan as plan_lib
+    from wfm_jax.families.tiny import build_tiny_pipeline
+    model = str(tmp_path / "tiny_sd3")
+    build_tiny_pipeline(model, seed=0, family="sd3")
+    path = os.path.join(model, "transformer", "config.json")
+    with open(path) as f:
+        t = json.load(f)
+    with open(path, "w") as f:
+        json.dump(dict(t, num_layers=4), f)
+    argv = ["--config", "configs/tiny_sft.py", f"--config.policy.model_name_or_path={model}",
+            "--config.policy.build_tiny=False", "--config.train.train_policy.dataset.build_tiny=False",
+            "--topology", "v5p:2x2x1", "--layers", "1"]
+    assert plan_lib.main([*argv, "--json"]) == 0
+    r = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert r["layers"] == 4 and r["layer_scaling"]["compiled"][1]["blocks"] == ["joint", "last"]
+    assert set(r["programs"]) == {"step", "sample"}
+    for p in r["programs"].values():
+        for key in ("compiled", "bytes_per_device", "hbm_bytes", "fits", "flops_per_device",
+                    "estimated_step_seconds", "estimated_mfu", "attention_kernel"):
+            assert p[key] is not None, key
+        assert p["bytes_per_device"]["temp"] == p["temp_bytes"] and p["fits"] is True
+        (a, b), x = p["scaled_from"], p["scale_factor"]
+        assert [a["layers"], b["layers"], x] == [1, 2, 3.0]
+        assert p["temp_bytes"] == round(a["temp_bytes"] + (b["temp_bytes"] - a["temp_bytes"]) * x)
+        t = a["estimated_step_seconds"] + (b["estimated_step_seconds"] - a["estimated_step_seconds"]) * x
+        assert p["estimated_step_seconds"] == pytest.approx(t)
+        assert p["estimated_mfu"] == pytest.approx(p["flops_per_device"] / (t * 459e12))
+    text = plan_lib.describe(r)
+    assert "scaled: two compiles with K and 2K transformer blocks" in text
+    assert "layers: compiled 1: 1 last; 2: 1 joint + 1 last; extrapolated to 3 joint + 1 last" in text

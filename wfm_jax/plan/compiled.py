@@ -120,7 +120,6 @@ def peak(p: dict, resident: int, code_in_hbm: bool) -> None:
                        + (p["generated_code_bytes"] if code_in_hbm else 0))
 
 
-
 # what scale_linear extrapolates: bytes per device (int) and XLA / jaxpr figures (float)
 _LINEAR_BYTES = ("argument_bytes", "output_bytes", "alias_bytes", "temp_bytes",
                  "generated_code_bytes")

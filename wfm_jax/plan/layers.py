@@ -1,9 +1,11 @@
 """`--layers K` for the DiT families (SD3/3.5, Wan2.1, Cosmos-Predict2.5, SANA, SANA-Video): the
 transformer configs of two cut models, with K and 2K blocks, whose compiles report.py scales
 linearly to the model's depth (compiled.scale_linear), as vlm.py's --vision-blocks does for the
-vision tower. A compile's time grows with the blocks it holds (unrolled; a scanned run compiles
-its body once, but the TPU compiler still took 800 s on SD3.5-M's 24-block step), the
-extrapolation costs two small compiles.
+vision tower. It is for a compile that takes too long at full depth (SD3.5-M's step: about 800 s
+in the TPU compiler). Unrolled blocks are compiled one by one, so a cut model compiles faster;
+a scanned run is compiled once whatever its length, so the gain is smaller there (SD3.5-M: 203 s
++ 340 s for 2 and 4 blocks), and a K large enough to keep every scan can take as long as the
+model (docs/sharding_and_memory.md).
 
 Blocks of a kind (`PipelineFamily.block_kinds`: SD3.5's dual-attention "joint+dual", plain
 "joint" and context_pre_only "last" blocks; one "block" kind elsewhere) are alike, so a
