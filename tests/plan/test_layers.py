@@ -40,6 +40,7 @@ def test_sd35_blocks_and_their_cut_models():
     assert [c["num_layers"] for c in cut.configs] == [2, 4]
     assert [c["dual_attention_layers"] for c in cut.configs] == [[0], [0, 1]]
     assert cut.info["exact_mix"] is False and cut.info["scan_kept"] is False
+    assert cut.info["scan_kept_from_k"] == 5  # 2 dual + 2 plain + last, then 5 + 4 + last
     assert "12 joint+dual + 11 joint + 1 last" in layers.describe(cut.info)
     # scan: runs of two or more of each repeated kind in both models where K allows it
     assert layers.cut(sd3, dict(SD35_MEDIUM), 5, scan=True).info["scan_kept"] is True

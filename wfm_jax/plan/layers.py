@@ -95,17 +95,24 @@ def cut(family, t_cfg: dict, k: int, scan: bool = False) -> Cut:
     kinds = family.block_kinds(t_cfg)
     small, large, extrapolated = choose_blocks(kinds, k, scan)
     counts = Counter(kinds)
-    repeated = [kind for kind in counts if counts[kind] > 1]
     info = {"model_blocks": len(kinds), "model_kinds": dict(counts),
             "compiled": [{"layers": len(b), "kinds": dict(Counter(b)), "blocks": b}
                          for b in (small, large)],
             "extrapolated_kinds": {kind: round(v, 3) for kind, v in extrapolated.items()},
             "exact_mix": all(abs(v - counts[kind]) < 1e-9 for kind, v in extrapolated.items()),
             # scanned like the model: every repeated kind two or more times in both cut models
-            "scan_kept": (None if not scan else
-                          all(Counter(b)[kind] >= 2 for b in (small, large) for kind in repeated))}
+            "scan_kept": _scans_kept(kinds, small, large) if scan else None,
+            # the smallest K whose cut models scan as the model does
+            "scan_kept_from_k": (next((j for j in range(1, len(kinds) // 2 + 1)
+                                       if _scans_kept(kinds, *choose_blocks(kinds, j, True)[:2])),
+                                      None) if scan else None)}
     return Cut((k, 2 * k), len(kinds), (family.with_blocks(t_cfg, small),
                                         family.with_blocks(t_cfg, large)), (small, large), info)
+
+
+def _scans_kept(kinds: list[str], *cut_models: list[str]) -> bool:
+    counts = Counter(kinds)
+    return all(Counter(b)[kind] >= 2 for b in cut_models for kind in counts if counts[kind] > 1)
 
 
 def describe(info: dict) -> str:
@@ -119,5 +126,8 @@ def describe(info: dict) -> str:
         line += " (the nearest mix whole blocks allow)"
     if info.get("scan_kept") is False:
         line += ("; a cut model runs a repeated kind unscanned (fewer than 2 of it), the model "
-                 "scans it: temp bytes are approximate (a larger K keeps the scans)")
+                 "scans it: bytes and FLOPs are approximate (docs/sharding_and_memory.md: up to "
+                 "30% on SD3.5's temporaries)"
+                 + (f"; K >= {info['scan_kept_from_k']} keeps the scans"
+                    if info.get("scan_kept_from_k") else ""))
     return line
