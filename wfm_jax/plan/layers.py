@@ -1,17 +1,18 @@
 """`--layers K` for the DiT families (SD3/3.5, Wan2.1, Cosmos-Predict2.5, SANA, SANA-Video): the
 transformer configs of two cut models, with K and 2K blocks, whose compiles report.py scales
 linearly to the model's depth (compiled.scale_linear), as vlm.py's --vision-blocks does for the
-vision tower. It is for a compile that takes too long at full depth (SD3.5-M's step: about 800 s
-in the TPU compiler). Unrolled blocks are compiled one by one, so a cut model compiles faster;
-a scanned run is compiled once whatever its length, so the gain is smaller there (SD3.5-M: 203 s
-+ 340 s for 2 and 4 blocks), and a K large enough to keep every scan can take as long as the
-model (docs/sharding_and_memory.md).
+vision tower. Unrolled blocks are compiled one by one, so a cut model compiles faster (SD3.5-M's
+unrolled step on the TPU compiler: 67 s + 82 s at 2 and 4 blocks, 273 s at 24); a scanned run is
+compiled once whatever its length, so there the cut models save little (scanned: 135 s + 128 s
+at 5 and 10 blocks, 221 s at 24), and where they do not keep the scans their figures are rough
+(docs/sharding_and_memory.md).
 
 Blocks of a kind (`PipelineFamily.block_kinds`: SD3.5's dual-attention "joint+dual", plain
 "joint" and context_pre_only "last" blocks; one "block" kind elsewhere) are alike, so a
 measurement is linear in the count of each kind. A kind the model has once (SD3's last block) is
-kept once in both cut models; the others are chosen so that the extrapolated counts come as near
-the model's as whole blocks allow, then in proportion. Where they cannot match (SD3.5-M at K=2:
+kept once in both cut models; the others are chosen so that the cut models scan as the model does
+(scan_layers: two or more of each repeated kind) where K allows, then so that the extrapolated
+counts come as near the model's as whole blocks allow, then in proportion. Where they cannot match (SD3.5-M at K=2:
 12 dual + 11 plain for its 13 + 10), `layer_scaling` says what was extrapolated.
 """
 from __future__ import annotations
