@@ -48,19 +48,24 @@ def test_parameter_count_of_the_released_sizes(config, released):
 
 
 def test_few_layer_scaling_is_linear_in_depth():
-    from wfm_jax.plan.vlm import _scaled
+    from wfm_jax.plan.compiled import scale_linear
+    from wfm_jax.plan.vlm import SCALE_METHOD
 
     def compiled(layers):  # a program whose figures grow by a fixed amount per layer
         return {"compiled": True, "temp_bytes": 100 + 7 * layers, "generated_code_bytes": 5 * layers,
+                "argument_bytes": 50 + 3 * layers, "output_bytes": 2 * layers, "alias_bytes": 2 * layers,
                 "flops": 3.0 * layers, "xla_flops_per_device": 2.0 * layers,
                 "optimal_seconds": 0.5 * layers, "xla_bytes_accessed": 11.0 * layers,
                 "collective_bytes": {"all-reduce": 13 * layers}, "compile_seconds": 1.0}
-    full = _scaled([compiled(3), compiled(6)], 24 / 3 - 1)
+    full = scale_linear([compiled(3), compiled(6)], (3, 6), 24, "vision_blocks", SCALE_METHOD)
     want = compiled(24)
-    for key in ("temp_bytes", "generated_code_bytes", "flops", "optimal_seconds", "collective_bytes"):
+    for key in ("temp_bytes", "generated_code_bytes", "argument_bytes", "output_bytes", "alias_bytes",
+                "flops", "optimal_seconds", "collective_bytes"):
         assert full[key] == want[key], key
-    failed = {"compiled": False, "error": "RESOURCE_EXHAUSTED"}
-    assert _scaled([compiled(2), failed], 13)["compiled"] is False
+    assert [m["vision_blocks"] for m in full["scaled_from"]] == [3, 6]
+    assert full["scale_factor"] == 24 / 3 - 1 and full["scale_method"] == SCALE_METHOD
+    failed = {"compiled": False, "error": "RESOURCE_EXHAUSTED", "compile_seconds": 1.0}
+    assert scale_linear([compiled(2), failed], (2, 4), 28, "vision_blocks", "")["compiled"] is False
 
 
 _SCRIPT = """

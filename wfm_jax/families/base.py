@@ -222,6 +222,27 @@ class PipelineFamily(abc.ABC):
         return spec_for(dict(config)).make_model(dict(config), dtype=dtype, param_dtype=param_dtype,
                                                  rngs=rngs, **options)
 
+    # ------------------------------------------------------------------ depth
+    @classmethod
+    def block_kinds(cls, config: Mapping[str, Any]) -> list[str]:
+        """The kind of each block of the trained module `config` builds, in order; blocks of
+        one kind have the same parameters and do the same work. The planner's `--layers K`
+        compiles models of fewer blocks (`with_blocks`) and extrapolates to these. Default:
+        `num_layers` identical blocks (the DiT families)."""
+        if "num_layers" not in config:
+            raise PipelineError(f"the {cls.family!r} family's {cls.trainable[0]} config has no "
+                                f"num_layers")
+        return ["block"] * int(config["num_layers"])
+
+    @classmethod
+    def with_blocks(cls, config: Mapping[str, Any], kinds: Sequence[str]) -> dict:
+        """`config` changed so that it builds a module whose blocks are `kinds` (names
+        `block_kinds` gives), everything else as it was."""
+        if set(kinds) - {"block"}:
+            raise PipelineError(f"the {cls.family!r} family's blocks are all alike, not "
+                                f"{sorted(set(kinds))}")
+        return {**config, "num_layers": len(kinds)}
+
     # ------------------------------------------------------------------ geometry
     @property
     def shift(self) -> float:

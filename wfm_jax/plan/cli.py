@@ -5,6 +5,8 @@ analysis of the compiled programs on N simulated devices, before a single weight
         [--device-kind h100|h200|v5p|v6e] [--batch-per-device 4] [--size 1024] [--frames 81]
         [--remat dots] [--no-scan] [--frozen-dtype float32] [--hbm-gib G] [--json]
     python -m wfm_jax.plan --config X.py --topology v5p:2x2x1 [--num-slices N] [...]
+    python -m wfm_jax.plan --config configs/sd35_sft.py --topology v5p:2x2x1 --layers 2
+        (DiT families: compile K and 2K transformer blocks, scale to the depth: plan/layers.py)
     python -m wfm_jax.plan --config configs/reason2_8b_sft.py [--seq-len 4096] [--size 512]
         [--vision-blocks 3]     (VLM families: the SFT step, plan/vlm.py)
 

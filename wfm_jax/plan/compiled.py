@@ -1,6 +1,7 @@
 """What the planner does with a compiled program, for every family (report.py: the DiT recipes;
 vlm.py: the vision-language SFT step): compile it or take the compiler's refusal as a result, its
-peak per device, the memory limit of the verdict, and the report's common tail."""
+peak per device, the memory limit of the verdict, the report's common tail, and a program at full
+depth scaled from two compiles of fewer blocks (report's --layers, vlm's --vision-blocks)."""
 from __future__ import annotations
 
 from wfm_jax.plan import topology
@@ -118,3 +119,44 @@ def peak(p: dict, resident: int, code_in_hbm: bool) -> None:
     p["peak_bytes"] = (resident + p["temp_bytes"] + p["output_bytes"] - p["alias_bytes"]
                        + (p["generated_code_bytes"] if code_in_hbm else 0))
 
+
+# what scale_linear extrapolates: bytes per device (int) and XLA / jaxpr figures (float)
+_LINEAR_BYTES = ("argument_bytes", "output_bytes", "alias_bytes", "temp_bytes",
+                 "generated_code_bytes")
+_LINEAR_FLOATS = ("flops", "xla_flops_per_device", "optimal_seconds", "xla_bytes_accessed")
+# what scaled_from keeps of each compile (estimate() reads flops, xla flops, optimal_seconds)
+_MEASURED = ("compiled", *_LINEAR_BYTES, *_LINEAR_FLOATS, "compile_seconds", "error",
+             "required_bytes")
+
+
+def scale_linear(measured: list[dict], depths: tuple[int, int], full: int, unit: str,
+                 method: str) -> dict:
+    """A program at `full` blocks from its compiles (compile_program's results) at depths
+    (a, b): bytes, FLOPs and collectives extrapolated linearly, full = m_a + (m_b - m_a) x
+    scale_factor with scale_factor = (full - a) / (b - a); `scaled_from`: the two compiles
+    (keyed by `unit`, e.g. "layers"), `scale_method`: `method`. The cost model's seconds are
+    scaled per compile, loop-corrected, in topology.estimate. A compile the compiler refused
+    makes the result refused (the smaller model's refusal first); for an out-of-memory refusal
+    the temporaries it asked for are extrapolated the same way."""
+    (da, db), (a, b) = depths, measured
+    x = (full - da) / (db - da)
+    out = dict(b if a["compiled"] else a)
+    both = a["compiled"] and b["compiled"]
+    keys = (*_LINEAR_BYTES, *_LINEAR_FLOATS) if both else ("argument_bytes", "temp_bytes")
+    for key in keys:
+        va, vb = a.get(key), b.get(key)
+        if isinstance(va, (int, float)) and isinstance(vb, (int, float)):
+            v = va + (vb - va) * x
+            out[key] = round(v) if key.endswith("_bytes") else v
+    if both:
+        ca, cb = a["collective_bytes"], b["collective_bytes"]
+        out["collective_bytes"] = {k: round(ca.get(k, 0) + (v - ca.get(k, 0)) * x)
+                                   for k, v in cb.items()}
+    elif out.get("required_bytes") is not None:  # out of memory: what the full model asks for
+        out["required_bytes"] = out["temp_bytes"]
+    out["compile_seconds"] = round(a["compile_seconds"] + b["compile_seconds"], 1)
+    out["scaled_from"] = [{unit: d, **{f: m.get(f) for f in _MEASURED}}
+                          for d, m in zip(depths, measured)]
+    out["scale_factor"] = x
+    out["scale_method"] = method
+    return out

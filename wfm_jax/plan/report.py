@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import os
 
+from wfm_jax.plan import layers as layers_lib
 from wfm_jax.plan.args import GiB, parse_args
-from wfm_jax.plan.compiled import compile_program, finish, memory_limit, peak, plan_mesh
+from wfm_jax.plan.compiled import compile_program, finish, memory_limit, peak, plan_mesh, scale_linear
 
 # a VLM step is planned with every row at policy.vlm.model_max_length, the longest batch the
 # trainer can make (it pads each batch to its longest row): a run that passes cannot run out of
@@ -26,8 +27,15 @@ def plan(args, config=None, limit: int | None = None) -> dict:
     if config is None:
         config = load_config(args.config, [tuple(kv.split("=", 1)) for kv in args.set])
     from wfm_jax.config.schema import VLM_FAMILIES
+    vlm = str(config.policy.family) in VLM_FAMILIES
+    if vlm and getattr(args, "layers", None) is not None:
+        raise SystemExit("wfm_jax.plan: --layers is the DiT families' (transformer blocks); a VLM "
+                         "scales its vision tower with --vision-blocks K")
+    if not vlm and getattr(args, "vision_blocks", None) is not None:
+        raise SystemExit("wfm_jax.plan: --vision-blocks is the VLM families'; a DiT recipe scales "
+                         "its transformer blocks with --layers K")
     try:
-        if str(config.policy.family) in VLM_FAMILIES:  # Qwen3-VL: its own SFT step
+        if vlm:  # Qwen3-VL: its own SFT step
             from wfm_jax.plan.vlm import plan_vlm
             return plan_vlm(args, config, limit)
         return _plan(args, config, limit)
@@ -70,11 +78,15 @@ def _plan(args, config, limit) -> dict:
     configs, _ = abstract.pipeline_configs(config)  # bad sizes / frames: before any tracing
     latent_shape(abstract.family_shell(config, configs, None), 1, size, frames)
     aux_fn = algo_cls.aux_fn(algo_config, bool(config.policy.lora.enable)) if rl else None
-    try:
-        setup = abstract_setup(config, mesh, rules, remat, scan, aux_fn=aux_fn)
-    except ValueError as e:  # a weight the mesh cannot split (mesh.param_shardings says which)
-        raise SystemExit(f"wfm_jax.plan: on mesh {dict(mesh.shape)}: {e}") from e
+
+    def setup_at(configs=None):
+        try:
+            return abstract_setup(config, mesh, rules, remat, scan, aux_fn=aux_fn, configs=configs)
+        except ValueError as e:  # a weight the mesh cannot split (mesh.param_shardings says which)
+            raise SystemExit(f"wfm_jax.plan: on mesh {dict(mesh.shape)}: {e}") from e
+    setup = setup_at()  # the resident bytes: always the full model's (no compile)
     configs, source = setup.configs, setup.source
+    cut = _cut(args, type(setup.pipe), configs, scan)  # --layers K: the K- and 2K-block models
     state = setup.state
     frozen_dtype = setup_lib.DTYPES[args.frozen_dtype or t.compute_dtype]
     aux = state.aux or {}
@@ -105,24 +117,46 @@ def _plan(args, config, limit) -> dict:
         out.update({"programs": {}, "peak_program": None, "total_bytes": resident,
                     "fits": False, "failed_programs": [], "resident_exceeds_limit": True})
         return out
+    out["layers"] = len(type(setup.pipe).block_kinds(configs["transformer"]))
+    out["layer_scaling"] = cut and cut.info
+    on_tpu = topo is not None
     if not rl:
         context = mesh.shape["context"]
         out["batch_per_device"] = args.batch_per_device
         out["global_batch"] = batch = args.batch_per_device * mesh.devices.size // context
-        programs = build(setup, batch=batch, size=size, frames=frames)
-        step = compile_program(programs.sft_step, topo is not None)
+
+    def programs_at(s):
+        if not rl:
+            return build(s, batch=batch, size=size, frames=frames)
+        return build(s, algo_cls(algo_config, s.pipe.shell()), size=size, frames=frames)
+    # the batch, cache and sampler inputs are the same at any depth: read them off the first
+    # cut model's programs when scaling (no trace of the full model)
+    cut_programs = ([programs_at(setup_at(dict(configs, transformer=c))) for c in cut.configs]
+                    if cut else None)
+    programs = cut_programs[0] if cut_programs else programs_at(setup)
+
+    def compiled_as(name, progress=on_tpu):  # the full model's figures, compiled or scaled
+        if not cut_programs:
+            return compile_program(getattr(programs, name), progress)
+        measured = [compile_program(getattr(c, name), progress) for c in cut_programs]
+        p = scale_linear(measured, cut.depths, cut.full, "layers", layers_lib.SCALE_METHOD)
+        if cut.info["scan_kept"] is False and p["compiled"]:
+            # XLA counts a loop body once: across cut models scanned unlike the model (a run of
+            # one block is unrolled) its figures do not extrapolate (each compile's: scaled_from)
+            p.update(xla_flops_per_device=None, optimal_seconds=None, xla_bytes_accessed=None)
+        return p
+
+    if not rl:
+        step = compiled_as("sft_step")
         step["batch_bytes"] = per_device_bytes(programs.abstract_args("sft_step")[2:])
         compiled = {"step": step}
         # donated state: the step's outputs reuse its arguments (alias), temp comes on top
         peak(step, resident, topo is not None)
     else:
-        programs = build(setup, algo_cls(algo_config, setup.pipe.shell()), size=size,
-                         frames=frames)
         layout = programs.layout
         rollout_args, update_args = (programs.abstract_args("rollout"),
                                      programs.abstract_args("update"))
-        on_tpu = topo is not None
-        rollout, update = compile_program(programs.rollout, on_tpu), compile_program(programs.update, on_tpu)
+        rollout, update = compiled_as("rollout"), compiled_as("update")
         update["batch_bytes"] = per_device_bytes(update_args[2])  # the whole batch's fields
         rollout["vae_bytes"] = per_device_bytes(rollout_args[2])
         rollout["chunk_bytes"] = per_device_bytes((rollout_args[3], rollout_args[4],
@@ -141,7 +175,7 @@ def _plan(args, config, limit) -> dict:
     sampler = programs.evaluate if rl else programs.sample
     if topo is not None and sampler is not None:  # what a TPU run also compiles: validation
         name = "evaluate" if rl else "sample"
-        p = compiled[name] = compile_program(sampler, True)
+        p = compiled[name] = compiled_as(name, True)
         peak(p, resident + per_device_bytes(programs.abstract_args(name)[3:]), True)
     out = finish(out, compiled, step, topo, config)
     if topo is not None and rl and update["compiled"] and rollout.get("estimated_step_seconds"):
@@ -149,6 +183,27 @@ def _plan(args, config, limit) -> dict:
         rollout["chunks_per_step"] = chunks
         rollout["estimated_seconds_per_step"] = rollout["estimated_step_seconds"] * chunks
     return out
+
+
+def _cut(args, family, configs, scan: bool):
+    """--layers K: the K- and 2K-block transformers (plan/layers.py), None without it or when 2K
+    is the whole model (then the model itself is compiled); one line for a K it cannot take."""
+    k = getattr(args, "layers", None)
+    if k is None:
+        return None
+    try:
+        cut = layers_lib.cut(family, configs["transformer"], int(k), scan)
+    except ValueError as e:
+        raise SystemExit(f"wfm_jax.plan: {e}") from None
+    if cut.depths[1] == cut.full:
+        from wfm_jax.plan.compiled import say
+        say(f"wfm_jax.plan: --layers {k}: 2K is the model's depth; compiling the model itself")
+        return None
+    return cut
+
+
+def _tflops(v: float | None) -> str:
+    return "-" if v is None else f"{v / 1e12:.2f}"
 
 
 def _bytes(v: float) -> str:
@@ -197,9 +252,11 @@ def describe(r: dict) -> str:
                      f"{g(r['activation_bytes']) if r['activation_bytes'] is not None else '?'}; "
                      f"{r['parameters'] / 1e9:.3f} B parameters, {r['text_layers']} decoder layers, "
                      f"{r['vision_blocks']} vision blocks")
-        scaled = [p["scale_method"] for p in r["programs"].values() if p.get("scale_method")]
-        if scaled:
-            lines.append(f"  scaled: {scaled[0]}")
+    scaled = [p["scale_method"] for p in r["programs"].values() if p.get("scale_method")]
+    if scaled:
+        lines.append(f"  scaled: {scaled[0]}")
+    if r.get("layer_scaling"):
+        lines.append(f"  {layers_lib.describe(r['layer_scaling'])}")
     if r.get("topology"):
         lines.append(_topology_table(r))
         lines.append(f"  estimates: {r['estimate_method']}; peak bf16 per chip: "
@@ -213,7 +270,7 @@ def describe(r: dict) -> str:
             f"  {name}: temp {g(p['temp_bytes'])}, outputs not aliased "
             f"{g(p['output_bytes'] - p['alias_bytes'])}, peak {g(p['peak_bytes'])}; "
             f"{p['flops'] / 1e12:.2f} TFLOP (matmuls, all devices; XLA per device, loop bodies "
-            f"once: {p['xla_flops_per_device'] / 1e12:.2f}); collectives: {coll or 'none'}; "
+            f"once: {_tflops(p['xla_flops_per_device'])}); collectives: {coll or 'none'}; "
             f"compiled in {p['compile_seconds']} s")
     lines.append(fit_line(r))
     return "\n".join(lines)

@@ -116,7 +116,13 @@ def attention_kernel(stats: dict, resolved: str) -> str:
 
 
 def estimate(stats: dict, devices: int, peak_flops: float) -> dict:
-    """The cost model's step time (loop-corrected) and MFU of one compiled program."""
+    """The cost model's step time (loop-corrected) and MFU of one compiled program. A program
+    scaled from two compiles of fewer blocks (compiled.scale_linear): each compile's
+    loop-corrected time, extrapolated as its bytes are (scanned or not, each compile's loops
+    are corrected for on its own; XLA's loop-once figures of a 1-block, unscanned model and
+    of a scanned one do not extrapolate)."""
+    if stats.get("scaled_from") and stats.get("scale_factor") is not None:
+        return _scaled_estimate(stats, devices, peak_flops)
     flops_dev = stats["flops"] / devices
     xla = stats.get("xla_flops_per_device", 0.0)
     seconds = stats.get("optimal_seconds", 0.0)
@@ -131,6 +137,26 @@ def estimate(stats: dict, devices: int, peak_flops: float) -> dict:
     return {"flops_per_device": flops_dev, "estimated_step_seconds": t,
             "estimated_mfu": flops_dev / (t * peak_flops) if flops_dev else None,
             "loop_scale": scale}
+
+
+def _scaled_estimate(stats: dict, devices: int, peak_flops: float) -> dict:
+    parts = stats["scaled_from"]
+    each = [estimate(m, devices, peak_flops) for m in parts]
+    for m, e in zip(parts, each):  # each compile's own estimate, beside its raw figures
+        m["estimated_step_seconds"], m["loop_scale"] = e["estimated_step_seconds"], e["loop_scale"]
+    flops_dev = stats["flops"] / devices
+    ta, tb = (e["estimated_step_seconds"] for e in each)
+    t = None if ta is None or tb is None else ta + (tb - ta) * stats["scale_factor"]
+    if t is None or t <= 0:
+        notes = [e["estimate_note"] for e in each if e.get("estimate_note")]
+        return {"flops_per_device": flops_dev, "estimated_step_seconds": None,
+                "estimated_mfu": None, "loop_scale": None,
+                "estimate_note": "; ".join(notes) or f"no estimate: {t:.4g} s extrapolated"}
+    seconds = stats.get("optimal_seconds") or 0.0
+    return {"flops_per_device": flops_dev, "estimated_step_seconds": t,
+            "estimated_mfu": flops_dev / (t * peak_flops) if flops_dev else None,
+            # by how much the extrapolated XLA seconds were scaled (each compile's own: scaled_from)
+            "loop_scale": t / seconds if seconds > 0 else None}
 
 
 def program_fields(p: dict, topo: dict, devices: int, configured_impl) -> None:

@@ -9,7 +9,8 @@ recipe's policy.vlm.model_max_length), each with one square --size image (defaul
 rollout.batch_size, batch_size_per_optimize / train.grad_accum_steps), each a --seq-len-token
 prompt (default model_max_length - lm_grpo.max_response_length) with one image, then the
 response. --vision-blocks K compiles the step with K and 2K vision
-blocks and scales its temporaries linearly to the whole tower: the vision tower is unrolled, so
+blocks and scales its bytes and FLOPs linearly to the whole tower (compiled.scale_linear, which
+report.py's --layers shares): the vision tower is unrolled, so
 its blocks are most of a compile's time, while the decoder's scanned layers compile once
 whatever their number; the parameter and optimizer bytes are always the full model's.
 """
@@ -17,7 +18,8 @@ from __future__ import annotations
 
 DEFAULT_IMAGE_SIDE = 512
 SCALE_METHOD = ("two compiles with K and 2K vision blocks (the whole scanned decoder, the DeepStack "
-                "taps kept); temp, FLOPs and collectives scaled linearly to the full tower: "
+                "taps kept); argument, output, alias and temp bytes, FLOPs, collectives and each "
+                "compile's loop-corrected cost-model seconds scaled linearly to the full tower: "
                 "full = a + (b - a) x (blocks / K - 1)")
 
 
@@ -139,7 +141,7 @@ def _grpo_programs(args, config, cfg, full: dict, side: int) -> tuple[dict, dict
 def _compile_all(args, builders: dict, setup_at, whole, full: dict, on_tpu: bool) -> dict:
     """{program name: compile_program's result}, each at full depth or, with --vision-blocks K,
     scaled from K and 2K vision blocks (the decode loop has no vision tower: one compile)."""
-    from wfm_jax.plan.compiled import compile_program
+    from wfm_jax.plan.compiled import compile_program, scale_linear
     from wfm_jax.programs import vlm_abstract
     from wfm_jax.programs.stats import per_device_bytes
     depth = int(full["vision_config"]["depth"])
@@ -158,11 +160,7 @@ def _compile_all(args, builders: dict, setup_at, whole, full: dict, on_tpu: bool
                 p = compile_program(program, on_tpu)
             else:
                 measured = [compile_program(build(s)[i], on_tpu) for s in cut]
-                p = _scaled(measured, depth / k - 1)
-                p["scaled_from"] = [{"vision_blocks": v, **{
-                    f: m.get(f) for f in ("compiled", "temp_bytes", "flops", "compile_seconds", "error")}}
-                    for v, m in zip((k, 2 * k), measured)]
-                p["scale_method"] = SCALE_METHOD
+                p = scale_linear(measured, (k, 2 * k), depth, "vision_blocks", SCALE_METHOD)
             # what it holds beyond the resident state: its own inputs (batch, prompts, cache);
             # the train steps take (state, frozen, batch, ...), the others (params, frozen, ...)
             inputs = program.abstract_args()
@@ -170,19 +168,3 @@ def _compile_all(args, builders: dict, setup_at, whole, full: dict, on_tpu: bool
             out[program.name] = p
     return out
 
-
-def _scaled(measured: list[dict], extra: float) -> dict:
-    """The step at full depth from its compiles at K and 2K layers: byte and FLOP figures
-    extrapolated linearly (extra = full / K - 1 steps of K layers past the first compile)."""
-    a, b = measured
-    if not (a["compiled"] and b["compiled"]):
-        return dict(b if not b["compiled"] else a)
-    out = dict(b)
-    for key in ("temp_bytes", "generated_code_bytes"):
-        out[key] = int(a[key] + (b[key] - a[key]) * extra)
-    for key in ("flops", "xla_flops_per_device", "optimal_seconds", "xla_bytes_accessed"):
-        out[key] = a[key] + (b[key] - a[key]) * extra
-    out["collective_bytes"] = {k: int(a["collective_bytes"][k] + (v - a["collective_bytes"][k]) * extra)
-                               for k, v in b["collective_bytes"].items()}
-    out["compile_seconds"] = round(a["compile_seconds"] + b["compile_seconds"], 1)
-    return out

@@ -109,6 +109,27 @@ class SD3Pipeline(PipelineFamily):
         return cls(directory, transformer, vae, tuple(encoders), tuple(tokenizers), t_cfg, v_cfg,
                    s_cfg)
 
+    # ---------------------------------------------------------------- depth
+    @classmethod
+    def block_kinds(cls, config: Mapping[str, Any]) -> list[str]:
+        """"joint" blocks, "+dual" with SD3.5's second, image-only attention
+        (dual_attention_layers), and the "last" one (context_pre_only: no text output)."""
+        n, dual = int(config["num_layers"]), set(config.get("dual_attention_layers") or ())
+        return [("last" if i == n - 1 else "joint") + ("+dual" if i in dual else "")
+                for i in range(n)]
+
+    @classmethod
+    def with_blocks(cls, config: Mapping[str, Any], kinds: Sequence[str]) -> dict:
+        """num_layers and dual_attention_layers for `kinds`; the last block is always the
+        context_pre_only one, so "last" (or "last+dual") must end the list and only end it."""
+        known = {"joint", "joint+dual", "last", "last+dual"}
+        if (not kinds or set(kinds) - known or not kinds[-1].startswith("last")
+                or any(k.startswith("last") for k in kinds[:-1])):
+            raise PipelineError(f"SD3 blocks {list(kinds)}: kinds of {sorted(known)}, "
+                                f"one 'last' block, at the end")
+        return {**config, "num_layers": len(kinds),
+                "dual_attention_layers": [i for i, k in enumerate(kinds) if k.endswith("+dual")]}
+
     # ---------------------------------------------------------------- geometry
     @property
     def shift(self) -> float:
