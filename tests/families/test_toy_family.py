@@ -146,6 +146,10 @@ def test_plan_compiles_the_toy_familys_programs(tmp_path, toy_family, capsys, al
     assert report["params_bytes"] == CHANNELS * 4  # the gain, fp32, on every device
     assert report["encoders_vae_bytes"] == 4       # the Scale VAE's one weight
     assert report["fits"] is True
+    assert report["layers"] is None  # the toy's denoiser has no blocks
+    if algorithm == "sft":  # so --layers is one line, not a traceback
+        with pytest.raises(SystemExit, match="the 'toy' family's denoiser config has no num_layers"):
+            plan.main(["--config", recipe, "--devices", "8", "--layers", "1", "--json"])
 
 
 def test_bench_times_the_toy_familys_programs(tmp_path, toy_family):

@@ -117,7 +117,7 @@ def _plan(args, config, limit) -> dict:
         out.update({"programs": {}, "peak_program": None, "total_bytes": resident,
                     "fits": False, "failed_programs": [], "resident_exceeds_limit": True})
         return out
-    out["layers"] = len(type(setup.pipe).block_kinds(configs["transformer"]))
+    out["layers"] = cut.full if cut else _depth(type(setup.pipe), configs["transformer"])
     out["layer_scaling"] = cut and cut.info
     on_tpu = topo is not None
     if not rl:
@@ -185,6 +185,14 @@ def _plan(args, config, limit) -> dict:
     return out
 
 
+def _depth(family, t_cfg: dict) -> int | None:
+    """The transformer's block count, None for a family whose trained module has no blocks."""
+    try:
+        return len(family.block_kinds(t_cfg))
+    except ValueError:  # PipelineError: no num_layers (a family outside the shipped ones)
+        return None
+
+
 def _cut(args, family, configs, scan: bool):
     """--layers K: the K- and 2K-block transformers (plan/layers.py), None without it or when 2K
     is the whole model (then the model itself is compiled); one line for a K it cannot take."""
@@ -193,7 +201,7 @@ def _cut(args, family, configs, scan: bool):
         return None
     try:
         cut = layers_lib.cut(family, configs["transformer"], int(k), scan)
-    except ValueError as e:
+    except ValueError as e:  # a K it cannot take; a family without blocks (PipelineError)
         raise SystemExit(f"wfm_jax.plan: {e}") from None
     if cut.depths[1] == cut.full:
         from wfm_jax.plan.compiled import say
