@@ -95,6 +95,11 @@ def test_eval_scores_every_attribute_and_chance(built):
     assert out["n"] == 4
     for key in ("shapes_alignment", "background", "colour", "count", "shape", "chance"):
         assert 0.0 <= out[key] <= 1.0, key
+    # the independent detector's accuracy (worlds/shapes/detector.py), and its chance: the two
+    # prompts differ in every attribute, so a reading matches at most one of them
+    for key in ("background", "colour", "shape", "count", "all"):
+        assert 0.0 <= out["detected"][key] <= 1.0, key
+    assert out["detected"]["chance_colour"] <= 0.5 and out["detected"]["chance_all"] <= 0.5
 
 
 def test_zero_init_zeroes_only_the_modulations_and_output(tmp_path):

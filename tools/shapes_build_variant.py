@@ -1,0 +1,153 @@
+"""One variant of the tiny shapes build, scored by the independent detector: what
+docs/shapes_world.md's "What the base model knows" table was measured with.
+
+The variant takes the text encoders and the fitted VAE of a finished default build (FROM,
+default outputs/tiny_sd3_shapes, which `python -m wfm_jax.tiny --pretrained` writes). It adds a
+fresh adaLN-Zero transformer with the named changes, runs SFT with train/pretrain.py's recipe on
+the train split, and scores the result. Scoring is on the held-out prompts (8 images each) and
+the training prompts (2 each), with `shapes_alignment` and the detector. One JSON line goes to
+stdout and OUT/NAME/result.json.
+
+    python tools/shapes_build_variant.py NAME [key=value ...] [--from FROM] [--out OUT]
+
+keys:
+- transformer: patch_size, num_layers, heads, head_dim, qk_norm;
+- SFT: sft_steps, batch, lr, weighting, logit_mean, count (images), seed;
+- scheduler: shift;
+- data: empty_captions (fraction of captions made empty, for CFG);
+- sampling: guidance (when scoring);
+- boost: the grammar words' token embeddings made orthogonal, at `boost` times the init scale, in
+  all three text encoders.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+
+import numpy as np
+
+from wfm_jax.families import tiny
+from wfm_jax.train import pretrain
+from wfm_jax.train.export import step_dir
+from wfm_jax.train.pretrain_eval import score_directory
+from wfm_jax.worlds.shapes.dataset import build_shapes_dataset
+
+TOKEN_TABLES = (("text_encoder", "tokenizer", "text_model.embeddings.token_embedding.weight"),
+                ("text_encoder_2", "tokenizer_2", "text_model.embeddings.token_embedding.weight"),
+                ("text_encoder_3", "tokenizer_3", "shared.weight"))
+
+
+def boost_grammar_words(base: str, boost: float) -> None:
+    """The grammar words' rows of each text encoder's token table: orthonormal directions at
+    `boost` x the table's init scale (a test of whether the conditioning limits the model)."""
+    from safetensors.numpy import load_file, save_file
+    from transformers import AutoTokenizer
+
+    for encoder, tokenizer, key in TOKEN_TABLES:
+        tok = AutoTokenizer.from_pretrained(os.path.join(base, tokenizer))
+        ids = sorted({i for w in pretrain.GRAMMAR_WORDS
+                      for i in tok(w, add_special_tokens=False).input_ids})
+        folder = os.path.join(base, encoder)
+        path = os.path.join(folder, next(f for f in os.listdir(folder) if f.endswith(".safetensors")))
+        tensors = load_file(path)
+        table = tensors[key].copy()
+        n = max(table.shape[1], len(ids))
+        q, _ = np.linalg.qr(np.random.default_rng(1).normal(size=(n, n)))
+        rows = q[:len(ids), :table.shape[1]]
+        rows *= np.sqrt(table.shape[1]) * table.std() * boost / np.linalg.norm(rows, axis=1, keepdims=True)
+        table[ids] = rows.astype(table.dtype)
+        tensors[key] = table
+        save_file(tensors, path, metadata={"format": "pt"})
+
+
+def empty_captions(data: str, out: str, fraction: float, seed: int) -> str:
+    """A copy of the paired dataset `data` with `fraction` of its captions emptied."""
+    shutil.copytree(data, out)
+    rng = np.random.default_rng(seed)
+    for name in sorted(os.listdir(out)):
+        if name.endswith(".json") and rng.random() < fraction:
+            path = os.path.join(out, name)
+            with open(path) as f:
+                record = json.load(f)
+            record["prompt"] = ""
+            with open(path, "w") as f:
+                json.dump(record, f)
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("name")
+    p.add_argument("changes", nargs="*", help="key=value")
+    p.add_argument("--from", dest="source", default="outputs/tiny_sd3_shapes")
+    p.add_argument("--out", default="outputs/shapes_variants")
+    args = p.parse_args(argv)
+    kv = dict(c.split("=", 1) for c in args.changes)
+    if not pretrain.read_marker(args.source):
+        print(f"error: {args.source} is not a complete pretrained build "
+              "(python -m wfm_jax.tiny --pretrained DIR)", file=sys.stderr)
+        return 2
+
+    def num(key, default):
+        return type(default)(kv.get(key, default))
+
+    s = pretrain.PretrainSettings(sft_steps=num("sft_steps", 1500), batch=num("batch", 16),
+                                  num_layers=num("num_layers", 4), heads=num("heads", 4),
+                                  head_dim=num("head_dim", 16), dataset_count=num("count", 1200),
+                                  seed=num("seed", 0))
+    root = os.path.abspath(os.path.join(args.out, args.name))
+    shutil.rmtree(root, ignore_errors=True)
+    os.makedirs(root)
+    configs = pretrain.base_configs(s)
+    for key in ("patch_size", "qk_norm"):
+        if key in kv:
+            configs["transformer"][key] = int(kv[key]) if key == "patch_size" else kv[key]
+    base = os.path.join(root, "base")
+    tiny.write_pipeline(base, s.seed, **configs)
+    pretrain.zero_init_transformer(base)
+    shutil.rmtree(os.path.join(base, "vae"))
+    shutil.copytree(os.path.join(args.source, "vae"), os.path.join(base, "vae"))
+    if "boost" in kv:
+        boost_grammar_words(base, float(kv["boost"]))
+    if "shift" in kv:
+        path = os.path.join(base, "scheduler", "scheduler_config.json")
+        with open(path) as f:
+            scheduler = json.load(f)
+        scheduler["shift"] = float(kv["shift"])
+        with open(path, "w") as f:
+            json.dump(scheduler, f)
+    data = build_shapes_dataset(os.path.join(root, "data"), count=s.dataset_count, size=s.size,
+                                seed=s.seed, split="train")
+    if "empty_captions" in kv:
+        data = empty_captions(data, os.path.join(root, "data_empty"), float(kv["empty_captions"]),
+                              s.seed)
+    out = os.path.join(root, "sft")
+    c = pretrain._sft_config(s, base, data, out)
+    if "lr" in kv:
+        c.train.optm_lr = float(kv["lr"])
+    if "weighting" in kv:
+        c.policy.diffusers.weighting_scheme = kv["weighting"]
+    if "logit_mean" in kv:
+        c.policy.diffusers.logit_mean = float(kv["logit_mean"])
+    start = time.perf_counter()
+    from wfm_jax.train import sft
+    sft.run(c)
+    result = {"name": args.name, "changes": kv, "sft_seconds": round(time.perf_counter() - start),
+              "final_loss": pretrain._final_loss(out)}
+    exported = step_dir(out, s.sft_steps)
+    for split, per_prompt in (("heldout", 8), ("train", 2)):
+        result[split] = score_directory(exported, split, per_prompt=per_prompt, size=s.size,
+                                        guidance=float(kv.get("guidance", 1.0)))
+    line = json.dumps(result)
+    print(line)
+    with open(os.path.join(root, "result.json"), "w") as f:
+        f.write(line + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
