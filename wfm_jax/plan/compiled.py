@@ -18,6 +18,7 @@ def finish(out: dict, compiled: dict, step: dict, topo, config) -> dict:
         out["hbm_bytes"] = out["device_memory_bytes"]  # the chip's share, or --hbm-gib
         out["attention_impl"] = config.policy.attention_impl
         out["estimate_method"] = topology.ESTIMATE_METHOD
+        out["estimate_methods"] = topology.METHODS  # what each program's estimate_method means
         for p in compiled.values():
             topology.program_fields(p, dict(topo, hbm_bytes=out["hbm_bytes"]),
                                     out["devices"], config.policy.attention_impl)
