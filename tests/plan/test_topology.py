@@ -67,6 +67,8 @@ def _check_program(name, p, r):
         return
     assert t >= p["optimal_seconds"] > 0
     assert p["estimated_mfu"] == pytest.approx(p["flops_per_device"] / (t * 459e12))
+    # loop bodies x their trip counts, read off the compiled HLO (test_estimate.py)
+    assert p["estimate_method"] == "hlo_loops" and t == pytest.approx(p["optimal_seconds"] * p["loop_scale"])
 
 
 @pytest.mark.slow  # two programs through the TPU compiler: ~1-2 min on 2 loaded cores
@@ -157,14 +159,17 @@ def test_compile_failure_messages():
 
 
 def test_estimate_is_loop_corrected_and_refuses_a_meaningless_cost_model():
-    # XLA counted the scanned body once (1/4 of the jaxpr's FLOPs per device): time x 4
+    # without the HLO's loops (stats["hlo"]: test_estimate.py): XLA counted the scanned body
+    # once (1/4 of the jaxpr's FLOPs per device), the whole program x 4
     stats = {"flops": 8e12, "xla_flops_per_device": 0.5e12, "optimal_seconds": 0.01}
     e = topology.estimate(stats, devices=4, peak_flops=459e12)
+    assert e["estimate_method"] == "flop_ratio"
     assert e["loop_scale"] == 4 and e["estimated_step_seconds"] == pytest.approx(0.04)
     assert e["estimated_mfu"] == pytest.approx(2e12 / (0.04 * 459e12))
     for seconds in (0.0, -14.8):  # CPU: none; v5e's cost model once gave a negative time
         e = topology.estimate(dict(stats, optimal_seconds=seconds), 4, 459e12)
         assert e["estimated_step_seconds"] is None and e["estimated_mfu"] is None
+        assert e["estimate_method"] == "none"
 
 
 def test_topologies_it_cannot_compile_for_refuse_in_one_line():

@@ -18,6 +18,7 @@ def finish(out: dict, compiled: dict, step: dict, topo, config) -> dict:
         out["hbm_bytes"] = out["device_memory_bytes"]  # the chip's share, or --hbm-gib
         out["attention_impl"] = config.policy.attention_impl
         out["estimate_method"] = topology.ESTIMATE_METHOD
+        out["estimate_methods"] = topology.METHODS  # what each program's estimate_method means
         for p in compiled.values():
             topology.program_fields(p, dict(topo, hbm_bytes=out["hbm_bytes"]),
                                     out["devices"], config.policy.attention_impl)
@@ -83,8 +84,10 @@ def compile_program(program, progress: bool) -> dict:
 
     from wfm_jax.programs.stats import per_device_bytes
     start = time.perf_counter()
-    try:
-        p = dict(program.stats())
+    mesh = getattr(program, "mesh", None)
+    reader = topology.hlo_reader(mesh.devices.flat[0]) if mesh is not None else None
+    try:  # on a TPU topology the HLO's loops are read as it compiles (topology.estimate)
+        p = dict(program.stats(analyze_hlo=reader) if reader else program.stats())
     except jax.errors.JaxRuntimeError as e:
         p = topology.compile_failure(e)
         progress and say(f"wfm_jax.plan: {program.name}: not compiled after "
@@ -101,7 +104,10 @@ def compile_program(program, progress: bool) -> dict:
             f"{p['temp_bytes']}, argument {p['argument_bytes']}, output {p['output_bytes']}, "
             f"alias {p['alias_bytes']} bytes per device, {p['flops']:.4g} FLOP, XLA "
             f"{p['xla_flops_per_device']:.4g} FLOP/device, optimal_seconds "
-            f"{p['optimal_seconds']:.4g}, kernels {p['custom_calls']}")
+            f"{p['optimal_seconds']:.4g}"
+            + (f" (loop bodies once; x{p['hlo']['loop_factor']:.3g} with their trips)"
+               if p.get("hlo", {}).get("loop_factor") else "")
+            + f", kernels {p['custom_calls']}")
     return p
 
 
@@ -124,9 +130,10 @@ def peak(p: dict, resident: int, code_in_hbm: bool) -> None:
 _LINEAR_BYTES = ("argument_bytes", "output_bytes", "alias_bytes", "temp_bytes",
                  "generated_code_bytes")
 _LINEAR_FLOATS = ("flops", "xla_flops_per_device", "optimal_seconds", "xla_bytes_accessed")
-# what scaled_from keeps of each compile (estimate() reads flops, xla flops, optimal_seconds)
+# what scaled_from keeps of each compile (estimate() reads flops, xla flops, optimal_seconds and
+# the HLO's loops)
 _MEASURED = ("compiled", *_LINEAR_BYTES, *_LINEAR_FLOATS, "compile_seconds", "error",
-             "required_bytes")
+             "required_bytes", "hlo")
 
 
 def scale_linear(measured: list[dict], depths: tuple[int, int], full: int, unit: str,
@@ -155,6 +162,7 @@ def scale_linear(measured: list[dict], depths: tuple[int, int], full: int, unit:
     elif out.get("required_bytes") is not None:  # out of memory: what the full model asks for
         out["required_bytes"] = out["temp_bytes"]
     out["compile_seconds"] = round(a["compile_seconds"] + b["compile_seconds"], 1)
+    out.pop("hlo", None)  # each compile's loops: in scaled_from
     out["scaled_from"] = [{unit: d, **{f: m.get(f) for f in _MEASURED}}
                           for d, m in zip(depths, measured)]
     out["scale_factor"] = x

@@ -280,8 +280,38 @@ def describe(r: dict) -> str:
             f"{p['flops'] / 1e12:.2f} TFLOP (matmuls, all devices; XLA per device, loop bodies "
             f"once: {_tflops(p['xla_flops_per_device'])}); collectives: {coll or 'none'}; "
             f"compiled in {p['compile_seconds']} s")
+        if p.get("estimate_method"):
+            lines.append(f"    {estimate_line(p)}")
     lines.append(fit_line(r))
     return "\n".join(lines)
+
+
+def estimate_line(p: dict) -> str:
+    """How a program's estimate was made: the method, the cost model's loop-once seconds and the
+    factor, the loops read from its HLO (trip counts, the bodies' share of the loop-once time)."""
+    method = p["estimate_method"]
+    t = p.get("estimated_step_seconds")
+    if t is None:
+        return f"estimate: none ({p.get('estimate_note', method)})"
+    line = f"estimate: {t:.4g} s by {method}"
+    hlo = p.get("hlo") or {}
+    if method == "hlo_loops":
+        loops = hlo.get("loops", [])
+        trips = ", ".join("?" if x["trips"] is None else str(x["trips"]) for x in loops[:12])
+        share = sum(x["share"] for x in loops if x.get("nested") == 0)  # outermost loops
+        line += (f" (cost model, loop bodies once: {p['optimal_seconds']:.4g} s x "
+                 f"{p['loop_scale']:.3g}; " + (f"{len(loops)} loops, trips {trips}"
+                 + ("..." if len(loops) > 12 else "") + f", {share:.0%} of the loop-once time "
+                 f"in loop bodies)" if loops else "no loops)"))
+    elif method == "flop_ratio":
+        line += f" (cost model x {p['loop_scale']:.3g} = jaxpr FLOPs / XLA FLOPs)"
+    if p.get("scaled_from"):
+        line += "; per compile: " + ", ".join(
+            f"{m.get('layers', m.get('vision_blocks'))}: {m['estimated_step_seconds']:.4g} s"
+            for m in p["scaled_from"] if m.get("estimated_step_seconds") is not None)
+    if p.get("estimate_note"):
+        line += f"; note: {p['estimate_note']}"
+    return line
 
 
 def _topology_table(r: dict) -> str:

@@ -10,6 +10,7 @@ import importlib.util
 import math
 import os
 import re
+from collections.abc import Callable
 
 GiB = 2 ** 30
 
@@ -22,10 +23,33 @@ CHIPS = {
     "TPU v5": ("v5p", 95 * GiB, 459e12),
     "TPU v6 lite": ("v6e", 32 * GiB, 918e12),
 }
-ESTIMATE_METHOD = ("XLA's TPU cost model (optimal_seconds, per device) x (jaxpr FLOPs / XLA FLOPs): "
-                   "XLA counts a loop body once, the jaxpr count has every iteration; an estimate, "
-                   "not a measurement. MFU = FLOPs per device / (estimated seconds x the device's "
-                   "peak bf16 FLOP/s)")
+# The TPU cost model's own rates per device, read off `optimal_seconds` of single-op programs
+# (2026-11-27, libtpu 0.0.42.1): a bf16 matmul of transformer shape (4096x1536 @ 1536x6144), in
+# FLOP/s, and an elementwise bf16 program (a * b + 1 on 2^24 elements), in HBM bytes/s (the cost
+# model charges elementwise programs of every size at exactly this rate; matmuls at 0.5-0.86 of
+# the chip's peak, more for larger ones). hlo_cost weighs each instruction of a program at these
+# rates to apportion the cost model's seconds between loop bodies and the rest.
+COST_MODEL_RATES = {
+    "TPU v4": (1.077e14, 4.912e11),       # one TensorCore (v4 describes one device per core)
+    "TPU v5 lite": (1.562e14, 7.377e11),
+    "TPU v5": (3.386e14, 2.350e12),
+    "TPU v6 lite": (5.933e14, 1.638e12),
+}
+ESTIMATE_METHOD = (
+    "XLA's TPU cost model (optimal_seconds, per device), which counts every while-loop body "
+    "once, x loop_scale from the compiled HLO (plan/hlo_cost.py): each loop's trip count (from "
+    "its condition) and its body's share of the program's time, weighing every instruction on "
+    "a roofline at the cost model's own matmul and HBM rates; loop bodies count once per trip, "
+    "the rest of the program (optimizer update, embeddings, loss) once. An estimate, not a "
+    "measurement. MFU = FLOPs per device / (estimated seconds x the device's peak bf16 FLOP/s)")
+# estimate_method per program: how its estimated_step_seconds was made
+METHODS = {
+    "hlo_loops": "optimal_seconds x loop_scale, loop_scale from the compiled HLO's loops",
+    "flop_ratio": ("optimal_seconds x (jaxpr FLOPs / XLA FLOPs), the whole program scaled: "
+                   "used only where the HLO was not read; over-states a program whose non-loop "
+                   "part is large"),
+    "none": "no estimate (estimate_note says why)",
+}
 
 
 def _fail(msg: str):
@@ -115,12 +139,30 @@ def attention_kernel(stats: dict, resolved: str) -> str:
     return resolved if resolved in ("xla", "blockwise") else "xla"
 
 
+def hlo_reader(device) -> Callable[[str], dict] | None:
+    """What compile_stats runs on a program's optimized HLO for `device` (one of the program's
+    mesh devices): hlo_cost.analyze at the cost model's rates for a TPU device, None elsewhere
+    (CPU and GPU compiles have no cost model to apportion)."""
+    rates = COST_MODEL_RATES.get(getattr(device, "device_kind", None))
+    if getattr(device, "platform", None) != "tpu" or rates is None:
+        return None
+
+    def read(text: str) -> dict:
+        from wfm_jax.plan import hlo_cost
+        try:
+            return hlo_cost.analyze(text, *rates)
+        except (ValueError, KeyError, IndexError) as e:  # a format it cannot read: said, not fatal
+            return {"error": f"{type(e).__name__}: {first_line(e)}"}
+    return read
+
+
 def estimate(stats: dict, devices: int, peak_flops: float) -> dict:
-    """The cost model's step time (loop-corrected) and MFU of one compiled program. A program
-    scaled from two compiles of fewer blocks (compiled.scale_linear): each compile's
-    loop-corrected time, extrapolated as its bytes are (scanned or not, each compile's loops
-    are corrected for on its own; XLA's loop-once figures of a 1-block, unscanned model and
-    of a scanned one do not extrapolate)."""
+    """The cost model's step time, loop-corrected, and MFU of one compiled program.
+    `optimal_seconds` counts each while body once; with the HLO read (stats["hlo"]: hlo_cost)
+    it is multiplied by the HLO's loop factor (the bodies x their trip counts, the rest once:
+    estimate_method "hlo_loops"); without it by jaxpr FLOPs / XLA FLOPs ("flop_ratio"). A
+    program scaled from two compiles of fewer blocks (compiled.scale_linear): each compile's
+    estimate, extrapolated as its bytes are."""
     if stats.get("scaled_from") and stats.get("scale_factor") is not None:
         return _scaled_estimate(stats, devices, peak_flops)
     flops_dev = stats["flops"] / devices
@@ -130,13 +172,25 @@ def estimate(stats: dict, devices: int, peak_flops: float) -> dict:
         # CPU has no cost model; a negative one is no estimate (seen: -1 for a program with
         # Ulysses' all-to-all on v5p, -14.8 for v5e's SFT step)
         return {"flops_per_device": flops_dev, "estimated_step_seconds": None,
-                "estimated_mfu": None, "loop_scale": None,
+                "estimated_mfu": None, "loop_scale": None, "estimate_method": "none",
                 "estimate_note": f"no estimate: XLA's cost model gave optimal_seconds={seconds:.4g}"}
-    scale = max(1.0, flops_dev / xla) if xla else 1.0
+    hlo = stats.get("hlo") or {}
+    out = {"flops_per_device": flops_dev}
+    if hlo.get("loop_factor"):
+        scale, out["estimate_method"] = hlo["loop_factor"], "hlo_loops"
+        if hlo.get("unknown_loops"):
+            out["estimate_note"] = (f"{hlo['unknown_loops']} while loop(s) of a trip count the "
+                                    f"HLO does not give (e.g. a decode loop that stops at EOS) "
+                                    f"counted once: an under-estimate")
+    else:
+        scale, out["estimate_method"] = (max(1.0, flops_dev / xla) if xla else 1.0), "flop_ratio"
+        if hlo.get("error"):
+            out["estimate_note"] = f"the HLO was not read ({hlo['error']})"
     t = seconds * scale
-    return {"flops_per_device": flops_dev, "estimated_step_seconds": t,
-            "estimated_mfu": flops_dev / (t * peak_flops) if flops_dev else None,
-            "loop_scale": scale}
+    out.update({"estimated_step_seconds": t,
+                "estimated_mfu": flops_dev / (t * peak_flops) if flops_dev else None,
+                "loop_scale": scale})
+    return out
 
 
 def _scaled_estimate(stats: dict, devices: int, peak_flops: float) -> dict:
@@ -144,19 +198,26 @@ def _scaled_estimate(stats: dict, devices: int, peak_flops: float) -> dict:
     each = [estimate(m, devices, peak_flops) for m in parts]
     for m, e in zip(parts, each):  # each compile's own estimate, beside its raw figures
         m["estimated_step_seconds"], m["loop_scale"] = e["estimated_step_seconds"], e["loop_scale"]
+        m["estimate_method"] = e["estimate_method"]
     flops_dev = stats["flops"] / devices
     ta, tb = (e["estimated_step_seconds"] for e in each)
     t = None if ta is None or tb is None else ta + (tb - ta) * stats["scale_factor"]
     if t is None or t <= 0:
         notes = [e["estimate_note"] for e in each if e.get("estimate_note")]
         return {"flops_per_device": flops_dev, "estimated_step_seconds": None,
-                "estimated_mfu": None, "loop_scale": None,
+                "estimated_mfu": None, "loop_scale": None, "estimate_method": "none",
                 "estimate_note": "; ".join(notes) or f"no estimate: {t:.4g} s extrapolated"}
     seconds = stats.get("optimal_seconds") or 0.0
-    return {"flops_per_device": flops_dev, "estimated_step_seconds": t,
-            "estimated_mfu": flops_dev / (t * peak_flops) if flops_dev else None,
-            # by how much the extrapolated XLA seconds were scaled (each compile's own: scaled_from)
-            "loop_scale": t / seconds if seconds > 0 else None}
+    methods = sorted({e["estimate_method"] for e in each})
+    out = {"flops_per_device": flops_dev, "estimated_step_seconds": t,
+           "estimated_mfu": flops_dev / (t * peak_flops) if flops_dev else None,
+           # by how much the extrapolated XLA seconds were scaled (each compile's own: scaled_from)
+           "loop_scale": t / seconds if seconds > 0 else None,
+           "estimate_method": "+".join(methods) + ", each compile's, extrapolated"}
+    notes = [e["estimate_note"] for e in each if e.get("estimate_note")]
+    if notes:
+        out["estimate_note"] = notes[-1]
+    return out
 
 
 def program_fields(p: dict, topo: dict, devices: int, configured_impl) -> None:

@@ -50,9 +50,10 @@ class Program:
     def lower(self, *args) -> jax.stages.Lowered:
         return self.fn.lower(*(args or self.abstract_args()))
 
-    def stats(self, *args) -> CompileStats:
-        """Compile on `args` (default: abstract_args()) and read XLA's analysis."""
-        return compile_stats(self.fn, *(args or self.abstract_args()))
+    def stats(self, *args, analyze_hlo=None) -> CompileStats:
+        """Compile on `args` (default: abstract_args()) and read XLA's analysis (analyze_hlo:
+        compile_stats')."""
+        return compile_stats(self.fn, *(args or self.abstract_args()), analyze_hlo=analyze_hlo)
 
 
 @dataclasses.dataclass

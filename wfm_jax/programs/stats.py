@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import re
 import time
+from collections.abc import Callable
 from typing import Any, TypedDict
 
 _COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
@@ -26,6 +27,10 @@ class CompileStats(TypedDict):
     optimal_seconds: float        # XLA's cost-model time per device (TPU; loop bodies once), else 0
     xla_bytes_accessed: float     # XLA's cost analysis: HBM traffic per device (loop bodies once)
     custom_calls: dict[str, int]  # kernel custom calls in the optimized HLO (pallas_tpu, cudnn_fmha)
+
+
+class CompileStatsHlo(CompileStats, total=False):
+    hlo: dict                     # compile_stats(analyze_hlo=...)'s reading of the optimized HLO
 
 
 # custom-call targets of the attention kernels: Mosaic (Pallas on TPU) and cuDNN's fused attention
@@ -61,9 +66,12 @@ def collective_bytes(hlo_text: str) -> dict[str, int]:
     return out
 
 
-def compile_stats(fn, *args: Any) -> CompileStats:
+def compile_stats(fn, *args: Any,
+                  analyze_hlo: Callable[[str], dict] | None = None) -> CompileStatsHlo:
     """Trace, lower and compile a MeshJit on (abstract) args as its first call would: XLA's
-    memory and cost analysis of the program, its matmul FLOPs and collective bytes."""
+    memory and cost analysis of the program, its matmul FLOPs and collective bytes.
+    analyze_hlo: a reader of the optimized HLO text whose result is added under "hlo" (the
+    planner's loop accounting, plan/hlo_cost.py: the text itself is not kept)."""
     import jax
 
     from wfm_jax.core import mesh as wmesh
@@ -76,7 +84,7 @@ def compile_stats(fn, *args: Any) -> CompileStats:
     cost = compiled.cost_analysis()
     cost = (cost[0] if isinstance(cost, (list, tuple)) else cost) or {}
     hlo = compiled.as_text()
-    return {
+    out: CompileStatsHlo = {
         "compile_seconds": round(seconds, 1),
         "argument_bytes": int(m.argument_size_in_bytes),
         "temp_bytes": int(m.temp_size_in_bytes),
@@ -93,6 +101,9 @@ def compile_stats(fn, *args: Any) -> CompileStats:
         "xla_bytes_accessed": float(cost.get("bytes accessed", 0.0)),
         "custom_calls": custom_calls(hlo),
     }
+    if analyze_hlo is not None:
+        out["hlo"] = analyze_hlo(hlo)
+    return out
 
 
 def count_jaxpr_flops(closed_jaxpr) -> float:
