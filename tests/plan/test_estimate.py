@@ -227,20 +227,10 @@ def test_tiny_sd3_scanned_and_unrolled_through_the_plan(tmp_path, capsys):
     asserted."""
     pytest.importorskip("libtpu", reason="libtpu (the TPU compiler) is not installed")
     import json
-    import os
 
+    from tests.plan._tiny_sd3 import tiny_sd3_plan_argv
     from wfm_jax import plan as plan_lib
-    from wfm_jax.families.tiny import build_tiny_pipeline
-    model = str(tmp_path / "tiny_sd3")
-    build_tiny_pipeline(model, seed=0, family="sd3")
-    path = os.path.join(model, "transformer", "config.json")
-    with open(path) as f:
-        t = json.load(f)
-    with open(path, "w") as f:
-        json.dump(dict(t, num_layers=6), f)
-    argv = ["--config", "configs/tiny_sft.py", f"--config.policy.model_name_or_path={model}",
-            "--config.policy.build_tiny=False", "--config.policy.build_tiny_pretrained=False",
-            "--config.train.train_policy.dataset.build_tiny=False", "--topology", "v5p:2x2x1"]
+    argv = [*tiny_sd3_plan_argv(str(tmp_path / "tiny_sd3"), 6), "--topology", "v5p:2x2x1"]
     plans = {}
     for extra in ([], ["--no-scan"]):
         assert plan_lib.main([*argv, *extra, "--json"]) == 0

@@ -163,18 +163,10 @@ def test_scaled_plan_for_a_tpu_topology_keeps_the_report_keys(tmp_path, capsys):
     """--layers with --topology: the keys of the unscaled plan, each scaled program's estimate
     from its two compiles' loop-corrected ones, the scaled figures in the text form too."""
     pytest.importorskip("libtpu", reason="libtpu (the TPU compiler) is not installed")
+    from tests.plan._tiny_sd3 import tiny_sd3_plan_argv
     from wfm_jax import plan as plan_lib
-    from wfm_jax.families.tiny import build_tiny_pipeline
-    model = str(tmp_path / "tiny_sd3")
-    build_tiny_pipeline(model, seed=0, family="sd3")
-    path = os.path.join(model, "transformer", "config.json")
-    with open(path) as f:
-        t = json.load(f)
-    with open(path, "w") as f:
-        json.dump(dict(t, num_layers=4), f)
-    argv = ["--config", "configs/tiny_sft.py", f"--config.policy.model_name_or_path={model}",
-            "--config.policy.build_tiny=False", "--config.train.train_policy.dataset.build_tiny=False",
-            "--topology", "v5p:2x2x1", "--layers", "1"]
+    argv = [*tiny_sd3_plan_argv(str(tmp_path / "tiny_sd3"), 4), "--topology", "v5p:2x2x1",
+            "--layers", "1"]
     assert plan_lib.main([*argv, "--json"]) == 0
     r = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert r["layers"] == 4 and r["layer_scaling"]["compiled"][1]["blocks"] == ["joint", "last"]
