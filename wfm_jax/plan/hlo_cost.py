@@ -31,11 +31,8 @@ import math
 import re
 from collections.abc import Iterator
 
-# bytes per element of HLO's primitive types (4-bit types rounded up: a bound is enough here)
-_DTYPE_BYTES = {"pred": 1, "s4": 1, "u4": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2,
-                "bf16": 2, "s32": 4, "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8,
-                "c128": 16, "f8e4m3fn": 1, "f8e5m2": 1, "f8e4m3fnuz": 1, "f8e5m2fnuz": 1,
-                "f8e4m3b11fnuz": 1, "f8e4m3": 1, "f8e3m4": 1, "f8e8m0fnu": 1, "f4e2m1fn": 1}
+from wfm_jax.programs.stats import DTYPE_BYTES
+
 _ARRAY = re.compile(r"\b([a-z][a-z0-9]*)\[([0-9,]*)\]")
 # an array with its layout: minor-to-major dims and the first tile, {2,1,0:T(8,128)(2,1)S(1)}
 _LAID_OUT = re.compile(r"\b([a-z][a-z0-9]*)\[([0-9,]*)\](?:\{([0-9,]*)(?::T\(([0-9,]+)\))?[^}]*\})?")
@@ -143,7 +140,7 @@ def type_bytes(type_: str) -> int:
     total = 0
     for m in _LAID_OUT.finditer(type_):
         dtype, dims, layout, tile = m.groups()
-        if dtype not in _DTYPE_BYTES:
+        if dtype not in DTYPE_BYTES:
             continue
         shape = [int(d) for d in dims.split(",") if d]
         if layout and tile and shape:
@@ -151,7 +148,7 @@ def type_bytes(type_: str) -> int:
             for k, t in enumerate(reversed([int(v) for v in tile.split(",") if v])):
                 if k < len(order) and order[k] < len(shape):
                     shape[order[k]] = -(-shape[order[k]] // t) * t
-        total += _DTYPE_BYTES[dtype] * math.prod(shape)
+        total += DTYPE_BYTES[dtype] * math.prod(shape)
     return total
 
 

@@ -202,8 +202,8 @@ def _scaled_estimate(stats: dict, devices: int, peak_flops: float) -> dict:
     flops_dev = stats["flops"] / devices
     ta, tb = (e["estimated_step_seconds"] for e in each)
     t = None if ta is None or tb is None else ta + (tb - ta) * stats["scale_factor"]
+    notes = [e["estimate_note"] for e in each if e.get("estimate_note")]
     if t is None or t <= 0:
-        notes = [e["estimate_note"] for e in each if e.get("estimate_note")]
         return {"flops_per_device": flops_dev, "estimated_step_seconds": None,
                 "estimated_mfu": None, "loop_scale": None, "estimate_method": "none",
                 "estimate_note": "; ".join(notes) or f"no estimate: {t:.4g} s extrapolated"}
@@ -214,7 +214,6 @@ def _scaled_estimate(stats: dict, devices: int, peak_flops: float) -> dict:
            # by how much the extrapolated XLA seconds were scaled (each compile's own: scaled_from)
            "loop_scale": t / seconds if seconds > 0 else None,
            "estimate_method": "+".join(methods) + ", each compile's, extrapolated"}
-    notes = [e["estimate_note"] for e in each if e.get("estimate_note")]
     if notes:
         out["estimate_note"] = notes[-1]
     return out

@@ -10,8 +10,12 @@ from collections.abc import Callable
 from typing import Any, TypedDict
 
 _COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
-_SIZES = {"f32": 4, "bf16": 2, "f16": 2, "s32": 4, "u32": 4, "pred": 1, "s8": 1, "u8": 1,
-          "f64": 8, "s64": 8, "u64": 8}
+# bytes per element of HLO's primitive types (4-bit types rounded up: a bound is enough here);
+# collective_bytes and the planner's HLO reader (plan/hlo_cost.py) share it
+DTYPE_BYTES = {"pred": 1, "s4": 1, "u4": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2,
+               "bf16": 2, "s32": 4, "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8,
+               "c128": 16, "f8e4m3fn": 1, "f8e5m2": 1, "f8e4m3fnuz": 1, "f8e5m2fnuz": 1,
+               "f8e4m3b11fnuz": 1, "f8e4m3": 1, "f8e3m4": 1, "f8e8m0fnu": 1, "f4e2m1fn": 1}
 
 
 class CompileStats(TypedDict):
@@ -61,8 +65,8 @@ def collective_bytes(hlo_text: str) -> dict[str, int]:
         if not m:
             continue
         for dtype, dims in re.findall(r"(\w+)\[([\d,]*)\]", m.group(1)):
-            if dtype in _SIZES:
-                out[m.group(2)] += _SIZES[dtype] * math.prod(int(d) for d in dims.split(",") if d)
+            if dtype in DTYPE_BYTES:
+                out[m.group(2)] += DTYPE_BYTES[dtype] * math.prod(int(d) for d in dims.split(",") if d)
     return out
 
 
