@@ -11,10 +11,14 @@ stdout and OUT/NAME/result.json.
     python tools/shapes_build_variant.py NAME [key=value ...] [--from FROM] [--out OUT]
 
 keys:
-- transformer: patch_size, num_layers, heads, head_dim, qk_norm;
-- SFT: sft_steps, batch, lr, weighting, logit_mean, count (images), seed;
+- transformer: patch_size, num_layers, heads, head_dim, qk_norm, pos_embed_max_size;
+- SFT: sft_steps, batch, lr, ema_decay, weighting, logit_mean, count (images), seed;
 - scheduler: shift;
-- data: empty_captions (fraction of captions made empty, for CFG);
+- data: empty_captions (fraction of captions made empty, for CFG); half_side, the shapes'
+  half-sides by count as fractions of the image side, e.g. `half_side=2:0.17-0.23,3:0.14-0.18`
+  (grammar.HALF_SIDE; the drawings of this process only); snap=N, every box's corners and side
+  on an N-px lattice (N/2 from the edge; sides rounded to N);
+- scoring: heldout_per_prompt (default 8); the held-out scores are also given by count;
 - sampling: guidance (when scoring);
 - boost: the grammar words' token embeddings made orthogonal, at `boost` times the init scale, in
   all three text encoders.
@@ -31,9 +35,11 @@ import time
 import numpy as np
 
 from wfm_jax.families import tiny
+from wfm_jax.families.sd3.pipeline import SD3Pipeline
 from wfm_jax.train import pretrain
 from wfm_jax.train.export import step_dir
-from wfm_jax.train.pretrain_eval import score_directory
+from wfm_jax.train.pretrain_eval import score_directory, score_pipeline
+from wfm_jax.worlds.shapes import grammar
 from wfm_jax.worlds.shapes.dataset import build_shapes_dataset
 
 TOKEN_TABLES = (("text_encoder", "tokenizer", "text_model.embeddings.token_embedding.weight"),
@@ -62,6 +68,26 @@ def boost_grammar_words(base: str, boost: float) -> None:
         table[ids] = rows.astype(table.dtype)
         tensors[key] = table
         save_file(tensors, path, metadata={"format": "pt"})
+
+
+def snapped_layout(snap: int):
+    """grammar._layout with box corners and sides on a `snap`-px lattice: the same few
+    positions and sizes relative to the transformer's 4-px patches (an experiment)."""
+    def layout(count, size, rng, max_tries):
+        lo, hi = grammar.HALF_SIDE[count]
+        for _ in range(max_tries):
+            boxes: list[tuple[float, ...]] = []
+            for _ in range(50):
+                side = max(snap, snap * round(2 * size * rng.uniform(lo, hi) / snap))
+                x0, y0 = snap // 2 + snap * rng.integers(0, (size - snap - side) // snap + 1, size=2)
+                box = (float(x0), float(y0), float(x0 + side), float(y0 + side))
+                if not any(box[0] < b[2] + 2 and b[0] < box[2] + 2 and box[1] < b[3] + 2
+                           and b[1] < box[3] + 2 for b in boxes):
+                    boxes.append(box)
+                    if len(boxes) == count:
+                        return boxes
+        raise RuntimeError(f"could not place {count} shapes on {size}x{size} px")
+    return layout
 
 
 def empty_captions(data: str, out: str, fraction: float, seed: int) -> str:
@@ -103,14 +129,21 @@ def main(argv=None) -> int:
     shutil.rmtree(root, ignore_errors=True)
     os.makedirs(root)
     configs = pretrain.base_configs(s)
-    for key in ("patch_size", "qk_norm"):
+    for key in ("patch_size", "qk_norm", "pos_embed_max_size"):
         if key in kv:
-            configs["transformer"][key] = int(kv[key]) if key == "patch_size" else kv[key]
+            configs["transformer"][key] = kv[key] if key == "qk_norm" else int(kv[key])
     base = os.path.join(root, "base")
     tiny.write_pipeline(base, s.seed, **configs)
     pretrain.zero_init_transformer(base)
     shutil.rmtree(os.path.join(base, "vae"))
     shutil.copytree(os.path.join(args.source, "vae"), os.path.join(base, "vae"))
+    if "half_side" in kv:
+        for part in kv["half_side"].split(","):
+            count, span = part.split(":")
+            lo, hi = span.split("-")
+            grammar.HALF_SIDE[int(count)] = (float(lo), float(hi))
+    if "snap" in kv:
+        grammar._layout = snapped_layout(int(kv["snap"]))
     if "boost" in kv:
         boost_grammar_words(base, float(kv["boost"]))
     if "shift" in kv:
@@ -129,6 +162,8 @@ def main(argv=None) -> int:
     c = pretrain._sft_config(s, base, data, out)
     if "lr" in kv:
         c.train.optm_lr = float(kv["lr"])
+    if "ema_decay" in kv:
+        c.train.ema_decay = float(kv["ema_decay"])
     if "weighting" in kv:
         c.policy.diffusers.weighting_scheme = kv["weighting"]
     if "logit_mean" in kv:
@@ -139,9 +174,16 @@ def main(argv=None) -> int:
     result = {"name": args.name, "changes": kv, "sft_seconds": round(time.perf_counter() - start),
               "final_loss": pretrain._final_loss(out)}
     exported = step_dir(out, s.sft_steps)
-    for split, per_prompt in (("heldout", 8), ("train", 2)):
+    guidance = float(kv.get("guidance", 1.0))
+    heldout = int(kv.get("heldout_per_prompt", 8))
+    for split, per_prompt in (("heldout", heldout), ("train", 2)):
         result[split] = score_directory(exported, split, per_prompt=per_prompt, size=s.size,
-                                        guidance=float(kv.get("guidance", 1.0)))
+                                        guidance=guidance)
+    pipe = SD3Pipeline.load(exported)
+    result["heldout_by_count"] = {
+        n: score_pipeline(pipe, [sc.prompt for sc in grammar.heldout_scenes() if sc.count == n],
+                          per_prompt=heldout, size=s.size, guidance=guidance)["detected"]
+        for n in grammar.COUNT_WORDS}
     line = json.dumps(result)
     print(line)
     with open(os.path.join(root, "result.json"), "w") as f:

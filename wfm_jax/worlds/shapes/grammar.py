@@ -82,12 +82,16 @@ def train_scenes() -> list[Scene]:
     return [s for s in all_scenes() if s not in held]
 
 
+# half the side of a shape's box, as a fraction of the image side, by count: one shape is large;
+# two or three share the canvas
+HALF_SIDE = {1: (0.22, 0.34), 2: (0.13, 0.19), 3: (0.11, 0.15)}
+
+
 def _layout(count: int, size: int, rng: np.random.Generator, max_tries: int):
     """Boxes (x0, y0, x1, y1) of `count` squares-around-shapes that neither overlap nor touch
     (a gap of 2 px keeps them separate components), inside the image; a layout that runs out of
     room starts again."""
-    # one shape is large; two or three share the canvas
-    lo, hi = {1: (0.22, 0.34), 2: (0.13, 0.19), 3: (0.11, 0.15)}[count]
+    lo, hi = HALF_SIDE[count]
     for _ in range(max_tries):
         boxes = []
         for _ in range(50):
