@@ -3,7 +3,8 @@
 The prompt is parsed with the shapes grammar (wfm_jax.worlds.shapes.grammar); the image is read with plain
 image analysis: every pixel goes to its nearest palette colour (the four shape colours and the
 two backgrounds), the border's majority is the background, the non-background pixels split into
-8-connected components (specks below a size floor dropped), and each component's shape is read
+8-connected components (specks dropped: under a size floor, or under a quarter of the largest
+component, so that a blob with a stray fleck is one shape, not two), and each component's shape is read
 from its extent (area / bounding-box area: square ~1, circle ~pi/4, triangle ~1/2).
 
 Scores in [0, 1], one per attribute, returned as extra keys like GenEval's:
@@ -33,6 +34,10 @@ KEYS = ("background", "colour", "count", "shape")
 # extent thresholds between the three shapes, midway between pixelated small-shape values
 SQUARE_MIN_EXTENT, CIRCLE_MIN_EXTENT = 0.88, 0.64
 MIN_AREA_AT_32 = 4  # pixels of a 32x32 image below which a component is a speck
+# ... and below this fraction of the largest component: the world draws a scene's shapes at most
+# (0.13 / 0.19)^2 = 0.47 apart in area, while RL was seen to score "two circles" with one
+# 356-px blob and a 4-px fleck (DiffusionNFT on the tiny model, 2026-11-27)
+MIN_FRACTION_OF_LARGEST = 0.25
 
 
 def classify_pixels(image: np.ndarray) -> np.ndarray:
@@ -58,7 +63,8 @@ def analyse(image: np.ndarray) -> dict:
     fractions = np.bincount(labels[foreground], minlength=N_COLOURS)[:N_COLOURS]
     fractions = fractions / max(int(foreground.sum()), 1)
     n, comp, stats, _ = cv2.connectedComponentsWithStats(foreground.astype(np.uint8), connectivity=8)
-    min_area = max(2, MIN_AREA_AT_32 * image.shape[0] * image.shape[1] // 1024)
+    floor = max(2, MIN_AREA_AT_32 * image.shape[0] * image.shape[1] // 1024)
+    min_area = max(floor, MIN_FRACTION_OF_LARGEST * int(stats[1:, cv2.CC_STAT_AREA].max(initial=0)))
     shapes = []
     for i in range(1, n):
         w, h, area = stats[i, cv2.CC_STAT_WIDTH], stats[i, cv2.CC_STAT_HEIGHT], stats[i, cv2.CC_STAT_AREA]

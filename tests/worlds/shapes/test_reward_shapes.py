@@ -81,6 +81,20 @@ def test_hand_made_images_pin_each_attribute():
         "background": 1.0, "colour": 0.0, "count": 0.0, "shape": 0.0, "shapes_alignment": 0.25}
 
 
+def test_a_fleck_beside_a_blob_is_not_a_second_shape():
+    # what DiffusionNFT learnt to draw for "two red circles": one big blob and a 4-px fleck
+    image, draw = _canvas("white")
+    draw.ellipse([3, 3, 23, 23], fill=COLOURS["red"])
+    draw.rectangle([27, 27, 28, 28], fill=COLOURS["red"])
+    assert _score(image, "two red circles on a white background")["count"] == 0.5
+    assert _score(image, "a red circle on a white background")["count"] == 1.0
+    # a second shape at the smallest size ratio the world draws still counts
+    image, draw = _canvas("white")
+    draw.ellipse([2, 2, 14, 14], fill=COLOURS["red"])
+    draw.ellipse([18, 18, 26, 26], fill=COLOURS["red"])
+    assert _score(image, "two red circles on a white background")["count"] == 1.0
+
+
 def test_prompt_outside_the_grammar_is_a_per_sample_error_or_a_warned_zero(dataset):
     images, prompts = dataset
     batch = [prompts[0], "a purple circle on a white background"]
