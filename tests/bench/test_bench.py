@@ -500,3 +500,36 @@ def test_train_batch_draws_sigmas_from_each_familys_own_training_table():
     assert set(cosmos["sigmas"].tolist()) <= set(table_s.tolist())
     assert cosmos["sigmas"].min() > 0.0099 and cosmos["sigmas"].max() < 0.996
     np.testing.assert_array_equal(cosmos["timesteps"], np.float32(1000) * cosmos["sigmas"])
+
+
+def _scores(reward, colour, shape, count):
+    return {"reward": reward, "n": 192,
+            "detected": {"colour": colour, "shape": shape, "count": count, "all": 0.1}}
+
+
+def test_rl_heldout_verdict_needs_a_rise_and_no_broken_attribute(tmp_path):
+    from wfm_jax.bench import rl_heldout
+    base = _scores(0.60, 0.78, 0.33, 0.44)
+    ok = rl_heldout.verdict(base, _scores(0.66, 0.90, 0.40, 0.40))
+    assert ok["passes"] and ok["rise"] == pytest.approx(0.06)
+    assert ok["change"]["count"] == pytest.approx(-0.04) and ok["worst_change"] == pytest.approx(-0.04)
+    # the reward up by breaking the count (the NFT run before the speck fix): not learning
+    hacked = rl_heldout.verdict(base, _scores(0.69, 0.93, 0.45, 0.36))
+    assert not hacked["passes"] and hacked["worst_change"] == pytest.approx(-0.08)
+    assert not rl_heldout.verdict(base, _scores(0.64, 0.80, 0.33, 0.44))["passes"]  # rise 0.04
+    md = rl_heldout.markdown(base, {"NFT": {0: {"after": _scores(0.66, 0.90, 0.40, 0.40), **ok}},
+                                    "DDRL": {1: {"error": "exit 1: boom"}}})
+    assert "| NFT | 0 | 0.660 (+0.060) | 0.90 (+0.12) / 0.40 (+0.07) / 0.40 (-0.04) | yes |" in md
+    assert "| DDRL | 1 | n/a | n/a | no: exit 1: boom |" in md
+    assert rl_heldout.report({"base_dir": "/b", "error": "boom"}).startswith("Held-out check not run")
+    # the last export by step number, not by name
+    for step in (5, 20, 100):
+        (tmp_path / "safetensors" / f"step_{step}").mkdir(parents=True)
+    assert rl_heldout.final_export(str(tmp_path)).endswith("step_100")
+    assert rl_heldout.final_export(str(tmp_path / "none")) is None
+
+
+def test_rl_heldout_evaluate_fails_in_one_line_on_a_missing_pipeline(tmp_path):
+    from wfm_jax.bench import rl_heldout
+    with pytest.raises(RuntimeError, match="tiny_eval of .*nothing failed"):
+        rl_heldout.evaluate(str(tmp_path / "nothing"), 1)

@@ -1,6 +1,7 @@
 """python -m wfm_jax.bench --suite cpu|gpu|cosmos_cpu|cosmos_gpu [--out results.json] [--only NAME ...]
 python -m wfm_jax.bench --suite cosmos_gpu --xla-memory [--xla-devices 8] [--remat full]
 python -m wfm_jax.bench --suite rl [--out rl.json] [--steps 20] [--seeds 0,1,2] [--batch N]
+    [--heldout-per-prompt 16]
 python -m wfm_jax.bench --recipe configs/X.py [--config.a.b=v ...] [--devices N] [--batch-per-device B]
 
 Runs each workload on wfm_jax and on the PyTorch diffusers (+ peft) stack, writes the JSON and a
@@ -67,6 +68,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="rl suite: runs at once (curves unchanged; wall times then not comparable)")
     p.add_argument("--batch", type=int, default=None,
                    help="rl suite: global batch of each run (default: the recipes' common one)")
+    p.add_argument("--heldout-per-prompt", type=int, default=0,
+                   help="rl suite: score every run's final pipeline and the base on the held-out "
+                        "prompts, N images each, by the reward and the independent detector "
+                        "(issue W's pass / fail; 0: off)")
     p.add_argument("--xla-memory", action="store_true",
                    help="instead of timing: compile (not run) the suite's full and LoRA train "
                         "steps on --xla-devices simulated CPU devices (fsdp mesh, abstract "
@@ -95,6 +100,8 @@ def parse_args(argv=None) -> argparse.Namespace:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {value}")
     if args.warmup is not None and args.warmup < 0:
         p.error(f"--warmup must be >= 0, got {args.warmup}")
+    if args.heldout_per_prompt < 0:
+        p.error(f"--heldout-per-prompt must be >= 0, got {args.heldout_per_prompt}")
     return args
 
 
@@ -217,13 +224,17 @@ def _run_rl(args, out: str, command: str) -> int:
             except ValueError:
                 raise rl_curves.RLBenchError(f"--seeds {args.seeds!r}: expected e.g. 0,1,2") from None
         result = rl_curves.run(out, steps=args.steps, seed=args.seed, batch=args.batch,
-                               command=command, seeds=seeds, jobs=args.jobs)
+                               command=command, seeds=seeds, jobs=args.jobs,
+                               heldout_per_prompt=args.heldout_per_prompt)
     except rl_curves.RLBenchError as e:
         print(f"bench: {e}", file=sys.stderr)
         return 2
     from wfm_jax.bench import rl_compare
     print(rl_curves.markdown(result), end="")
     print(rl_compare.reach_markdown(result["samples_to_reach"], result["levels"]), end="")
+    if result.get("heldout"):
+        from wfm_jax.bench import rl_heldout
+        print(rl_heldout.report(result["heldout"]), end="")
     print(f"wrote {out}, {os.path.splitext(out)[0]}.md and {result['png']}")
     failed = [n for n, r in result["runs"].items() if r["status"] != "ok"]
     if failed:

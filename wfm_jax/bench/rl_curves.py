@@ -2,6 +2,7 @@
 DDRL) from the same pretrained tiny shapes pipeline, under one budget and one or more seeds.
 
     python -m wfm_jax.bench --suite rl [--out outputs/bench/rl.json] [--steps 20] [--seeds 0,1,2]
+        [--heldout-per-prompt 16]
 
 With several seeds it also writes rl.png (mean and spread over seeds against samples seen) and
 a table of the samples each recipe needs to reach fixed reward levels (bench/rl_compare.py).
@@ -11,6 +12,10 @@ between them) with the same train.seed, train.max_steps and global batch
 (train.train_batch_per_replica), validation and the safetensors export off; its
 output_dir/metrics.jsonl gives the curve. The table's rows are step windows ending at
 a few checkpoints, each cell the mean train/reward_mean over the window.
+
+With --heldout-per-prompt N each run also exports its final pipeline, which is scored with the
+base it started from on the held-out prompts (N images each) by the reward and by the
+independent detector: issue W's pass / fail per recipe and seed (bench/rl_heldout.py).
 """
 from __future__ import annotations
 
@@ -59,12 +64,13 @@ def common_batch(batches: dict, override: int | None) -> tuple[int, str]:
     return values[0], f"recipes differ ({listed}); all overridden to the smallest, {values[0]}"
 
 
-def command_for(recipe: str, *, seed: int, steps: int, batch: int, output_dir: str) -> list:
+def command_for(recipe: str, *, seed: int, steps: int, batch: int, output_dir: str,
+                export: bool = False) -> list:
     return [sys.executable, "-m", "wfm_jax.main", "--config", recipe,
             f"--config.train.seed={seed}", f"--config.train.max_steps={steps}",
             f"--config.train.train_batch_per_replica={batch}",
             f"--config.train.output_dir={output_dir}", "--config.validation.enable=False",
-            "--config.train.ckpt.export_safetensors=False"]
+            f"--config.train.ckpt.export_safetensors={export}"]
 
 
 def read_metrics(path: str) -> list:
@@ -84,10 +90,11 @@ def read_metrics(path: str) -> list:
 
 
 def run_recipe(name: str, recipe: str, *, seed: int, steps: int, batch: int, workdir: str,
-               timeout_s: float | None = None) -> dict:
+               timeout_s: float | None = None, export: bool = False) -> dict:
     """One recipe in a fresh process; its metrics (or the error) and wall time."""
     output_dir = os.path.join(workdir, name.lower())
-    cmd = command_for(recipe, seed=seed, steps=steps, batch=batch, output_dir=output_dir)
+    cmd = command_for(recipe, seed=seed, steps=steps, batch=batch, output_dir=output_dir,
+                      export=export)
     log_path = os.path.join(workdir, f"{name.lower()}.log")
     start = time.perf_counter()
     try:
@@ -99,7 +106,7 @@ def run_recipe(name: str, recipe: str, *, seed: int, steps: int, batch: int, wor
         rc = None
     wall = time.perf_counter() - start
     rec = {"recipe": recipe, "command": " ".join(["python"] + cmd[1:]), "wall_s": wall,
-           "returncode": rc, "metrics": []}
+           "returncode": rc, "metrics": [], "output_dir": output_dir}
     metrics_path = os.path.join(output_dir, "metrics.jsonl")
     if os.path.exists(metrics_path):
         rec["metrics"] = [{"step": m["step"], "reward_mean": m.get(REWARD_KEY),
@@ -218,15 +225,18 @@ def environment() -> dict:
 
 def run(out: str, *, steps: int, seed: int, batch: int | None = None, command: str = "",
         recipes: dict = RECIPES, timeout_s: float | None = None, keep: bool = False,
-        seeds: list | None = None, jobs: int = 1) -> dict:
+        seeds: list | None = None, jobs: int = 1, heldout_per_prompt: int = 0) -> dict:
     """Every recipe under every seed (`seeds`, default [seed]); the tables of the first seed
-    as before, plus the over-seeds curves, the samples-to-reach table and the PNG."""
+    as before, plus the over-seeds curves, the samples-to-reach table and the PNG; with
+    heldout_per_prompt > 0 the held-out check of every run against its base."""
     from wfm_jax.bench import report, rl_compare
     seeds = list(seeds) if seeds else [seed]
     if steps < 1:
         raise RLBenchError(f"--steps must be >= 1, got {steps}")
     if batch is not None and batch < 1:
         raise RLBenchError(f"--batch must be >= 1, got {batch}")
+    if heldout_per_prompt < 0:
+        raise RLBenchError(f"--heldout-per-prompt must be >= 0, got {heldout_per_prompt}")
     missing = [p for p in recipes.values() if not os.path.exists(os.path.join(REPO_ROOT, p))]
     if missing:
         raise RLBenchError(f"recipe file(s) not found: {', '.join(missing)}")
@@ -241,7 +251,7 @@ def run(out: str, *, steps: int, seed: int, batch: int | None = None, command: s
         seed_dir = os.path.join(workdir, f"seed{s}")
         os.makedirs(seed_dir, exist_ok=True)
         rec = run_recipe(name, recipe, seed=s, steps=steps, batch=use_batch, workdir=seed_dir,
-                         timeout_s=timeout_s)
+                         timeout_s=timeout_s, export=heldout_per_prompt > 0)
         print(f"rl bench: {name} seed {s} {rec['status']} in {rec['wall_s']:.0f} s",
               file=sys.stderr, flush=True)
         return name, s, rec
@@ -254,6 +264,8 @@ def run(out: str, *, steps: int, seed: int, batch: int | None = None, command: s
         with ThreadPoolExecutor(max(1, jobs)) as pool:
             for name, s, rec in pool.map(lambda t: one(*t), todo):
                 per_seed[name][s] = rec
+        heldout = (heldout_checks(recipes, per_seed, heldout_per_prompt)
+                   if heldout_per_prompt > 0 else None)
     finally:
         if not keep:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -265,12 +277,47 @@ def run(out: str, *, steps: int, seed: int, batch: int | None = None, command: s
     levels = rl_compare.default_levels(curves)
     reach = rl_compare.samples_to_reach(curves, levels)
     result.update(seeds=seeds, jobs=jobs, seed_curves=curves, levels=levels, samples_to_reach=reach,
+                  heldout=heldout,
                   seed_runs={n: {str(s): {k: v for k, v in r.items() if k != "log_tail"}
                                  for s, r in by.items()} for n, by in per_seed.items()})
     png = rl_compare.plot_png(curves, os.path.splitext(out)[0] + ".png",
                               f"{REWARD_KEY}: mean +- std over seeds {seeds}, batch {use_batch}")
     result["png"] = png
     md = markdown(result) + "\n" + rl_compare.reach_markdown(reach, levels)
+    if heldout:
+        from wfm_jax.bench import rl_heldout
+        md += "\n" + rl_heldout.report(heldout)
     report.write_json_atomic(result, out)
     report.write_text_atomic(os.path.splitext(out)[0] + ".md", md)
     return result
+
+
+def heldout_checks(recipes: dict, per_seed: dict, per_prompt: int) -> dict:
+    """{"base": the base's held-out scores, "checks": {recipe: {seed: final pipeline's scores
+    and verdict, or the error}}}. Every recipe must start from the same base."""
+    from wfm_jax.bench import rl_heldout
+    from wfm_jax.config.recipe import load_config
+    bases = {os.path.abspath(os.path.join(REPO_ROOT, str(load_config(
+        os.path.join(REPO_ROOT, path)).policy.model_name_or_path))) for path in recipes.values()}
+    if len(bases) != 1:
+        raise RLBenchError(f"the held-out check needs one base for every recipe, got {sorted(bases)}")
+    base_dir = bases.pop()
+    print(f"rl bench: held-out check of the base {base_dir}...", file=sys.stderr, flush=True)
+    try:
+        base = rl_heldout.evaluate(base_dir, per_prompt, cwd=REPO_ROOT)
+    except RuntimeError as e:  # the runs' curves are still worth keeping
+        return {"per_prompt": per_prompt, "base_dir": base_dir, "error": str(e)}
+    checks: dict = {}
+    for name, by_seed in per_seed.items():
+        for s, rec in by_seed.items():
+            final = rl_heldout.final_export(rec["output_dir"]) if rec["status"] == "ok" else None
+            if final is None:
+                checks.setdefault(name, {})[s] = {"error": rec.get("error", "no exported pipeline")}
+                continue
+            try:
+                after = rl_heldout.evaluate(final, per_prompt, cwd=REPO_ROOT)
+            except RuntimeError as e:
+                checks.setdefault(name, {})[s] = {"error": str(e)}
+                continue
+            checks.setdefault(name, {})[s] = {"after": after, **rl_heldout.verdict(base, after)}
+    return {"per_prompt": per_prompt, "base_dir": base_dir, "base": base, "checks": checks}
