@@ -1,6 +1,7 @@
 """The embedded default: DiffusionNFT on the tiny SD3 pipeline pretrained on the shapes world,
 rewarded by how well its images follow the prompt (`shapes_alignment`: colour, shape, count,
-background); no download, the reward rising within a few minutes on 2 CPU cores.
+background); no download, a few minutes on 2 CPU cores (what it learns, measured: issue W and
+docs/benchmark.md's "RL on the shapes world").
 
     python -m wfm_jax.main --config configs/tiny_nft.py
 
