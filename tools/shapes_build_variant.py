@@ -70,24 +70,14 @@ def boost_grammar_words(base: str, boost: float) -> None:
         save_file(tensors, path, metadata={"format": "pt"})
 
 
-def snapped_layout(snap: int):
-    """grammar._layout with box corners and sides on a `snap`-px lattice: the same few
+def snapped_box(snap: int):
+    """grammar._box with the box's corners and side on a `snap`-px lattice: the same few
     positions and sizes relative to the transformer's 4-px patches (an experiment)."""
-    def layout(count, size, rng, max_tries):
-        lo, hi = grammar.HALF_SIDE[count]
-        for _ in range(max_tries):
-            boxes: list[tuple[float, ...]] = []
-            for _ in range(50):
-                side = max(snap, snap * round(2 * size * rng.uniform(lo, hi) / snap))
-                x0, y0 = snap // 2 + snap * rng.integers(0, (size - snap - side) // snap + 1, size=2)
-                box = (float(x0), float(y0), float(x0 + side), float(y0 + side))
-                if not any(box[0] < b[2] + 2 and b[0] < box[2] + 2 and box[1] < b[3] + 2
-                           and b[1] < box[3] + 2 for b in boxes):
-                    boxes.append(box)
-                    if len(boxes) == count:
-                        return boxes
-        raise RuntimeError(f"could not place {count} shapes on {size}x{size} px")
-    return layout
+    def box(half, size, rng):
+        side = max(snap, snap * round(2 * half / snap))
+        x0, y0 = snap // 2 + snap * rng.integers(0, (size - snap - side) // snap + 1, size=2)
+        return (float(x0), float(y0), float(x0 + side), float(y0 + side))
+    return box
 
 
 def empty_captions(data: str, out: str, fraction: float, seed: int) -> str:
@@ -143,7 +133,7 @@ def main(argv=None) -> int:
             lo, hi = span.split("-")
             grammar.HALF_SIDE[int(count)] = (float(lo), float(hi))
     if "snap" in kv:
-        grammar._layout = snapped_layout(int(kv["snap"]))
+        grammar._box = snapped_box(int(kv["snap"]))
     if "boost" in kv:
         boost_grammar_words(base, float(kv["boost"]))
     if "shift" in kv:

@@ -87,6 +87,12 @@ def train_scenes() -> list[Scene]:
 HALF_SIDE = {1: (0.22, 0.34), 2: (0.13, 0.19), 3: (0.11, 0.15)}
 
 
+def _box(half: float, size: int, rng: np.random.Generator) -> tuple[float, ...]:
+    """A square box of half-side `half` anywhere inside the image, 1 px from its edges."""
+    cx, cy = rng.uniform(half + 1, size - half - 1, size=2)
+    return (cx - half, cy - half, cx + half, cy + half)
+
+
 def _layout(count: int, size: int, rng: np.random.Generator, max_tries: int):
     """Boxes (x0, y0, x1, y1) of `count` squares-around-shapes that neither overlap nor touch
     (a gap of 2 px keeps them separate components), inside the image; a layout that runs out of
@@ -95,9 +101,7 @@ def _layout(count: int, size: int, rng: np.random.Generator, max_tries: int):
     for _ in range(max_tries):
         boxes = []
         for _ in range(50):
-            half = size * rng.uniform(lo, hi)
-            cx, cy = rng.uniform(half + 1, size - half - 1, size=2)
-            box = (cx - half, cy - half, cx + half, cy + half)
+            box = _box(size * rng.uniform(lo, hi), size, rng)
             if not any(box[0] < b[2] + 2 and b[0] < box[2] + 2 and box[1] < b[3] + 2
                        and b[1] < box[3] + 2 for b in boxes):
                 boxes.append(box)
