@@ -533,3 +533,12 @@ def test_rl_heldout_evaluate_fails_in_one_line_on_a_missing_pipeline(tmp_path):
     from wfm_jax.bench import rl_heldout
     with pytest.raises(RuntimeError, match="tiny_eval of .*nothing failed"):
         rl_heldout.evaluate(str(tmp_path / "nothing"), 1)
+
+
+def test_rl_heldout_base_is_the_recipes_one_and_must_be_shared(tmp_path):
+    from wfm_jax.bench import rl_curves
+    assert rl_curves.heldout_base(rl_curves.RECIPES).endswith(os.path.join("outputs", "tiny_sd3_shapes"))
+    with pytest.raises(rl_curves.RLBenchError, match="one base for every recipe"):
+        rl_curves.run(str(tmp_path / "rl.json"), steps=2, seed=0, heldout_per_prompt=4,
+                      recipes={"NFT": "configs/tiny_nft.py", "SFT": "configs/tiny_sft.py"})
+    assert not (tmp_path / "rl.json").exists()

@@ -240,6 +240,7 @@ def run(out: str, *, steps: int, seed: int, batch: int | None = None, command: s
     missing = [p for p in recipes.values() if not os.path.exists(os.path.join(REPO_ROOT, p))]
     if missing:
         raise RLBenchError(f"recipe file(s) not found: {', '.join(missing)}")
+    base_dir = heldout_base(recipes) if heldout_per_prompt > 0 else None  # before any run
     use_batch, note = common_batch(recipe_batches(recipes), batch)
     env = environment()
     workdir = tempfile.mkdtemp(prefix="wfm_rl_bench_")
@@ -264,8 +265,8 @@ def run(out: str, *, steps: int, seed: int, batch: int | None = None, command: s
         with ThreadPoolExecutor(max(1, jobs)) as pool:
             for name, s, rec in pool.map(lambda t: one(*t), todo):
                 per_seed[name][s] = rec
-        heldout = (heldout_checks(recipes, per_seed, heldout_per_prompt)
-                   if heldout_per_prompt > 0 else None)
+        heldout = (heldout_checks(base_dir, per_seed, heldout_per_prompt)
+                   if base_dir is not None else None)
     finally:
         if not keep:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -292,16 +293,20 @@ def run(out: str, *, steps: int, seed: int, batch: int | None = None, command: s
     return result
 
 
-def heldout_checks(recipes: dict, per_seed: dict, per_prompt: int) -> dict:
-    """{"base": the base's held-out scores, "checks": {recipe: {seed: final pipeline's scores
-    and verdict, or the error}}}. Every recipe must start from the same base."""
-    from wfm_jax.bench import rl_heldout
+def heldout_base(recipes: dict) -> str:
+    """The pipeline every recipe starts from (the held-out check compares each run with it)."""
     from wfm_jax.config.recipe import load_config
     bases = {os.path.abspath(os.path.join(REPO_ROOT, str(load_config(
         os.path.join(REPO_ROOT, path)).policy.model_name_or_path))) for path in recipes.values()}
     if len(bases) != 1:
         raise RLBenchError(f"the held-out check needs one base for every recipe, got {sorted(bases)}")
-    base_dir = bases.pop()
+    return bases.pop()
+
+
+def heldout_checks(base_dir: str, per_seed: dict, per_prompt: int) -> dict:
+    """{"base": the base's held-out scores, "checks": {recipe: {seed: final pipeline's scores
+    and verdict, or the error}}}."""
+    from wfm_jax.bench import rl_heldout
     print(f"rl bench: held-out check of the base {base_dir}...", file=sys.stderr, flush=True)
     try:
         base = rl_heldout.evaluate(base_dir, per_prompt, cwd=REPO_ROOT)
