@@ -44,4 +44,5 @@ def get_config():
     d.sample.deterministic_sampling = False
     c.validation.enable = True
     c.validation.batch_size = 16
+    c.plan.target = "v5p:2x2x1"  # what it is planned to fit: 4 chips
     return c

@@ -35,4 +35,5 @@ def get_config():
     d.sample.solver = "sde"
     d.sample.deterministic_sampling = False
     c.validation.enable = True
+    c.plan.target = "v5p:2x2x1"  # what it is planned to fit: 4 chips
     return c
