@@ -165,7 +165,9 @@ def _plan(args, config, limit) -> dict:
         out.update({"global_batch": int(t.train_batch_per_replica),
                     "rollout_chunk": layout.rollout_chunk, "micro_batches": layout.micro_batches,
                     "optimize_chunks": layout.optimize_chunks,
-                    "mu_iterations": layout.mu_iterations})
+                    "mu_iterations": layout.mu_iterations,
+                    # the step's prompt conditioning: rows per device of its table (0: per row)
+                    "cond_slots": layout.cond_slots})
         compiled = {"rollout": rollout, "update": update}
         stored = update["batch_bytes"]  # the whole batch's rollout fields, kept for the update
         peak(update, resident + stored, topo is not None)
