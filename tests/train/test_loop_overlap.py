@@ -301,6 +301,16 @@ def test_chunk_conditions_with_two_processes_equal_one(run, pipe_dir, tmp_path):
             for name in want:
                 rows = [want[name][unique.index(p)] for p in prompts[k * chunk:(k + 1) * chunk]]
                 np.testing.assert_array_equal(got[f"{k}/{name}"], np.stack(rows), err_msg=name)
+        # the update's table: this process's 4 devices x their slots; each of its rows' index
+        # into its own device's part names that row's prompt
+        slots, index = meta["slots"], got["cond_index"]
+        assert slots == 1 and len(index) == len(prompts)  # 2 rows a device, 4 repeats a prompt
+        for name in want:
+            table = got[f"table/{name}"]
+            assert len(table) == 4 * slots
+            for i, p in enumerate(prompts):
+                np.testing.assert_array_equal(table[(i // 2) * slots + index[i]],
+                                              want[name][unique.index(p)], err_msg=name)
     assert sorted(every) == sorted(run.batcher.batch_at(0)["prompt"])  # the same global batch
 
 
