@@ -14,4 +14,5 @@ def get_config():
     c.policy.model_name_or_path = "nvidia/Cosmos-Predict2.5-14B"
     c.policy.parallelism.fsdp = 32
     c.policy.parallelism.context = 8
+    c.plan.target = "v5p:8x8x4"  # what it is planned to fit: 256 chips: its mesh is fsdp 32 x context 8
     return c

@@ -48,4 +48,5 @@ def get_config():
     c.validation.enable = True
     c.validation.freq = 100
     c.validation.dataset.holdout_fraction = 0.01
+    c.plan.target = "v5p:2x2x4"  # what it is planned to fit: 16 chips: its mesh is fsdp 8 x context 2
     return c

@@ -52,4 +52,5 @@ def get_config(arg=None):
     c.policy.parallelism.fsdp = -1
     c.validation.enable = True
     c.validation.freq = 50
+    c.plan.target = "v5p:2x2x1"  # what it is planned to fit: 4 chips
     return c

@@ -61,4 +61,5 @@ def get_config(arg=None):
         tp.remote_reward.media_type = "pixels"
         tp.remote_reward.reward_fns = [
             {"name": "jpeg_compressibility", "weight": 1.0, "score_key": ""}]
+    c.plan.target = "v5p:2x2x2"  # what it is planned to fit: 8 chips: one rollout a chip, as cosmos-rl's 8 ranks
     return c

@@ -38,4 +38,9 @@ def get_config():
     c.policy.lora.enable = True
     c.policy.lora.target_modules = COSMOS_LORA_TARGETS
     c.validation.enable = True
+    # FSDP over every chip: the frozen DiT, the Qwen2.5-VL-7B text tower and the VAE are split
+    # over them (data-parallel kept a whole 16.8 GB copy of the text tower + VAE on each chip)
+    c.policy.parallelism.data = 1
+    c.policy.parallelism.fsdp = -1
+    c.plan.target = "v5p:2x2x1"  # what it is planned to fit: 4 chips
     return c

@@ -28,4 +28,5 @@ def get_config():
     d.sample.guidance_scale = 7.0   # Cosmos' CFG form v_c + w (v_c - v_u)
     c.policy.parallelism.data = 1
     c.policy.parallelism.fsdp = -1
+    c.plan.target = "v5p:2x2x2"  # what it is planned to fit: 8 chips: one clip a chip, as on 8 GPUs
     return c

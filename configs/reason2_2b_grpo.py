@@ -48,4 +48,5 @@ def get_config():
     g.rewards = ("single_choice", "format")
     g.reward_weights = (1.0, 1.0)  # released value
     c.policy.vlm.model_max_length = 10240  # released policy.model_max_length: prompt + response
+    c.plan.target = "v5p:2x2x2"  # what it is planned to fit: 8 chips
     return c

@@ -32,4 +32,5 @@ def get_config():
     # planned at 56.6 GiB per device on 8 (4 rows of 4096 tokens + a 512^2 image each): fits an
     # 80 GB GPU; data-parallel without remat needs 427 GiB (docs/sharding_and_memory.md)
     c.policy.vlm.model_max_length = 4096  # released policy.model_max_length
+    c.plan.target = "v5p:2x2x2"  # what it is planned to fit: 8 chips: 4 conversations a chip of the 32
     return c

@@ -27,4 +27,5 @@ def get_config():
     d = c.policy.diffusers
     d.sample.eval_num_steps = 50
     d.sample.guidance_scale = 4.5
+    c.plan.target = "v5p:2x2x2"  # what it is planned to fit: 8 chips: one image a chip, as on 8 GPUs
     return c

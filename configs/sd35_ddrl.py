@@ -38,4 +38,5 @@ def get_config():
     c.validation.freq = 100
     c.validation.batch_size = 16
     c.validation.dataset.holdout_fraction = 0.01
+    c.plan.target = "v5p:2x2x1"  # what it is planned to fit: 4 chips
     return c

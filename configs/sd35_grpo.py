@@ -44,4 +44,9 @@ def get_config():
     d.sample.deterministic_sampling = False
     c.validation.enable = True
     c.validation.batch_size = 16
+    # each block rematerialised: the update runs the CFG pair (cond and uncond), and keeping every
+    # activation of 9 rows a device took 159.8 GB of temporaries on the planner's CPU count
+    # (nothing_saveable: 21.1 GB; docs/recipe_targets.md)
+    c.policy.remat = "nothing_saveable"
+    c.plan.target = "v5p:2x2x1"  # what it is planned to fit: 4 chips
     return c

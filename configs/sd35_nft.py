@@ -26,4 +26,5 @@ def get_config():
     c.policy.lora.enable = True
     c.validation.enable = True
     c.validation.batch_size = 16
+    c.plan.target = "v5p:2x2x1"  # what it is planned to fit: 4 chips
     return c

@@ -24,4 +24,5 @@ def get_config():
     c.policy.parallelism.data = 1
     c.policy.parallelism.fsdp = -1
     c.policy.remat = "dots_with_no_batch_dims_saveable"
+    c.plan.target = "v5p:2x2x2"  # what it is planned to fit: 8 chips: 4 rows a chip of the 32
     return c

@@ -34,4 +34,5 @@ def get_config():
     # cosmos-predict2-5-2b-720-nft: 10 deterministic dpm2 steps without CFG, 40 for evaluation
     c.policy.diffusers.sample.num_steps = 10
     c.validation.enable = True
+    c.plan.target = "v5p:2x2x1"  # what it is planned to fit: 4 chips
     return c

@@ -32,4 +32,5 @@ def get_config():
     # hosts: --config.policy.parallelism.data=HOSTS; longer clips: --config.policy.parallelism.context=2
     c.policy.parallelism.data = 1
     c.policy.parallelism.fsdp = -1
+    c.plan.target = "v5p:2x2x1"  # what it is planned to fit: 4 chips, 2 clips a chip
     return c

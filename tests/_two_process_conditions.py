@@ -1,5 +1,5 @@
 """One of two CPU processes (4 devices each, one fsdp=8 mesh) running the RL loop's
-chunk_conditions on the tiny NFT recipe's first batch.
+chunk_conditions (and rollout_conditions' table) on the tiny NFT recipe's first batch.
 
 `python -m tests._two_process_conditions PROCESS_ID PORT PIPE_DIR OUT_DIR` (XLA_FLAGS set by
 the caller). Writes OUT_DIR/process_<id>.npz: this process's prompts and, per rollout chunk and
@@ -38,11 +38,16 @@ def main(process_id: int, port: int, pipe_dir: str, out_dir: str) -> None:
         conds = run.chunk_conditions(prompts)
         arrays = {f"{k}/{name}": local_rows(v) for k, c in enumerate(conds)
                   for name, v in c.items()}
+        _, kept = run.rollout_conditions(prompts)  # the update's table and each row's index
+        arrays.update({f"table/{name}": local_rows(v) for name, v in kept["prompt_cond"].items()})
+        arrays["cond_index"] = local_rows(kept["cond_index"])
+        slots = run.layout.cond_slots
     finally:
         run.close()
     np.savez(os.path.join(out_dir, f"process_{process_id}.npz"), **arrays)
     with open(os.path.join(out_dir, f"process_{process_id}.json"), "w") as f:
-        json.dump({"prompts": prompts, "chunk": run.rollout_chunk,  # the SFT cache's agreement:
+        json.dump({"prompts": prompts, "chunk": run.rollout_chunk, "slots": slots,
+                   # the SFT cache's agreement:
                    "any": [any_process(process_id == 0), any_process(False)]}, f)
 
 

@@ -16,6 +16,7 @@ from flax import nnx
 from wfm_jax import plan as plan_lib
 from wfm_jax.bench import flops
 from wfm_jax.programs.abstract import abstract_model
+from wfm_jax.programs.rl import cond_slots
 
 TEXT = 77 + 16  # CLIP's 77 tokens + the tiny recipes' max_prompt_length
 KEY_BYTES, ETA_BYTES = 8, 4  # a threefry key, the old-policy decay (replicated scalars)
@@ -77,8 +78,11 @@ def test_plan_counts_match_nft_rollout_and_update(sd3_dir):
     text = TEXT * t_cfg["joint_attention_dim"] + t_cfg["pooled_projection_dim"]
     resident = r["train_state_bytes"] + r["transformer_frozen_bytes"]
     update, rollout = r["programs"]["update"], r["programs"]["rollout"]
-    # update: state, frozen, the whole batch (x0, cond, advantage) per device, key, eta
-    data = 4 * (16 // 2) * (latent + text + 1)
+    # update: state, frozen, the whole batch per device (x0, advantage and the index of each
+    # row's prompt conditioning, 4 bytes each; the conditioning once per distinct prompt of
+    # the device's rows: cond_slots of them), key, eta
+    assert r["cond_slots"] == cond_slots(16, 4, 2) == 2  # 8 rows a device, 2 prompts
+    data = 4 * (16 // 2) * (latent + 1 + 1) + 4 * r["cond_slots"] * text
     assert update["argument_bytes"] == resident + data + KEY_BYTES + ETA_BYTES
     # rollout: what it reads (XLA drops unused arguments): the old policy, the frozen buffers,
     # the VAE's decoder (replicated over data=2), one chunk's noise and cond; the deterministic

@@ -73,6 +73,26 @@ def test_each_prompt_encoded_once_with_the_same_bits(run, monkeypatch):
             np.testing.assert_array_equal(np.asarray(g[name]), np.asarray(w[name]))
 
 
+def test_the_update_keeps_each_devices_prompts_once(run):
+    # 16 rows (4 prompts x 4) over 8 devices of 2 rows: one table row a device, each row's
+    # index into its device's part gives the conditioning its rollout chunk had
+    prompts = list(run.batcher.batch_at(0)["prompt"])
+    chunks, kept = run.rollout_conditions(prompts)
+    layout = run.layout
+    assert (layout.row_shards, layout.cond_slots) == (8, 1)
+    per_row = {k: np.concatenate([np.asarray(c[k]) for c in chunks]) for k in chunks[0]}
+    index = np.asarray(kept["cond_index"])
+    assert kept["cond_index"].sharding == chunks[0][next(iter(per_row))].sharding
+    local = len(prompts) // layout.row_shards
+    for name, table in kept["prompt_cond"].items():
+        table = np.asarray(table)
+        assert table.shape == (layout.row_shards * layout.cond_slots,) + per_row[name].shape[1:]
+        assert table.dtype == per_row[name].dtype  # SD3 declares no storage dtype: float32
+        for r in range(len(prompts)):
+            np.testing.assert_array_equal(table[(r // local) * layout.cond_slots + index[r]],
+                                          per_row[name][r], err_msg=f"{name} row {r}")
+
+
 def test_repeats_of_one_prompt_in_a_chunk():
     # 2 prompts x 4 repeats over 2 processes of 4 rows: each process touches 1 group; a
     # group straddling processes makes both encode it
@@ -281,6 +301,16 @@ def test_chunk_conditions_with_two_processes_equal_one(run, pipe_dir, tmp_path):
             for name in want:
                 rows = [want[name][unique.index(p)] for p in prompts[k * chunk:(k + 1) * chunk]]
                 np.testing.assert_array_equal(got[f"{k}/{name}"], np.stack(rows), err_msg=name)
+        # the update's table: this process's 4 devices x their slots; each of its rows' index
+        # into its own device's part names that row's prompt
+        slots, index = meta["slots"], got["cond_index"]
+        assert slots == 1 and len(index) == len(prompts)  # 2 rows a device, 4 repeats a prompt
+        for name in want:
+            table = got[f"table/{name}"]
+            assert len(table) == 4 * slots
+            for i, p in enumerate(prompts):
+                np.testing.assert_array_equal(table[(i // 2) * slots + index[i]],
+                                              want[name][unique.index(p)], err_msg=name)
     assert sorted(every) == sorted(run.batcher.batch_at(0)["prompt"])  # the same global batch
 
 
@@ -289,13 +319,13 @@ def test_rl_step_failing_before_its_first_dispatch_keeps_the_previous_step(run, 
     from wfm_jax.data.errors import DataError
     events = []
     loop = _recording_loop(run, monkeypatch, events, max_steps=3)
-    conditions = run.chunk_conditions
+    conditions = run.rollout_conditions
 
     def failing(prompts):
         if ("update", 1) in events:
             raise DataError("bad prompt")
         return conditions(prompts)
-    monkeypatch.setattr(run, "chunk_conditions", failing)
+    monkeypatch.setattr(run, "rollout_conditions", failing)
     with pytest.raises(DataError, match="bad prompt"):
         loop(run)
     assert events[-4:] == [("update", 1), ("fetch", 1), ("log", 1), ("save", 1, False)]

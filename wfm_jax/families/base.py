@@ -306,6 +306,15 @@ class PipelineFamily(abc.ABC):
         raise PipelineError(f"the {self.family!r} family declares no conditioning shapes "
                             f"(PipelineFamily.cond_shapes)")
 
+    def cond_storage_dtypes(self, compute_dtype) -> dict[str, Any]:
+        """{conditioning key: the dtype it may be stored in between an RL rollout and its update}
+        for keys the transformer casts to its compute dtype before any other use, so storing
+        them cast changes no bit of the model's output (RL keeps each prompt's conditioning
+        for the update: programs/rl_encode.py). Keys not listed are stored as encoded (float32).
+        Default: none."""
+        del compute_dtype
+        return {}
+
     @abc.abstractmethod
     def cond_from_embedding(self, embedding) -> dict[str, np.ndarray]:
         """A dataset's precomputed text embedding (array or dict of arrays, batch first) -> the

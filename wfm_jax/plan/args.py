@@ -15,9 +15,14 @@ def parse_args(argv):
                                 description="Per-device memory, FLOPs and collective bytes of a "
                                             "recipe's training programs, before any weight is read.")
     p.add_argument("--config", default="configs/sd35_sft.py")
-    p.add_argument("--devices", type=int, default=8)
-    p.add_argument("--device-kind", choices=sorted(DEVICE_MEMORY), default="h100")
-    p.add_argument("--batch-per-device", type=int, default=4)
+    p.add_argument("--devices", type=int, default=None,
+                   help="N virtual CPU devices (default: the recipe's plan.target when it names "
+                        "GPUs, else 8)")
+    p.add_argument("--device-kind", choices=sorted(DEVICE_MEMORY), default=None,
+                   help="whose memory the verdict uses (default: plan.target's GPU, else h100)")
+    p.add_argument("--batch-per-device", type=int, default=None,
+                   help="SFT rows per device (default: planned at the recipe's plan.target, the "
+                        "recipe's train_batch_per_replica over the batch shards; else 4)")
     p.add_argument("--size", type=int, default=None,
                    help="image side in pixels (default: the recipe's inference_size; VLM: one image "
                         "per row, 512)")
@@ -59,6 +64,59 @@ def parse_args(argv):
         if not item.startswith("--config.") or "=" not in item:
             p.error(f"unrecognized argument {item!r}")
         args.set.append(item[len("--config."):])
+    return resolve_target(args)
+
+
+def resolve_target(args):
+    """Where to plan: --topology / --devices as given; with neither, the recipe's plan.target
+    (a TPU topology -> --topology, GPUs -> --devices and --device-kind); else 8 H100s.
+    args.target: what was planned for ("v5p:2x2x1", "h100:8"), args.target_source: "command
+    line", "recipe plan.target" or "default"; args.recipe_batch: SFT's rows per device are the
+    recipe's (planned at its target with no --batch-per-device)."""
+    args.target_source = "command line"
+    if args.topology is None and args.devices is None:
+        from wfm_jax.config.recipe import ConfigError, load_config
+        from wfm_jax.config.schema import parse_target
+        try:
+            config = load_config(args.config, [tuple(kv.split("=", 1)) for kv in args.set])
+            target = parse_target(config.plan.target) if str(config.plan.target) else None
+        except ConfigError as e:
+            raise SystemExit(f"wfm_jax.plan: {e}") from None
+        if target is None:
+            args.target_source = "default"
+        elif target[0] == "tpu":
+            args.topology, args.target_source = target[1], "recipe plan.target"
+        else:
+            args.devices, args.target_source = target[2], "recipe plan.target"
+            args.device_kind = args.device_kind or target[1]
+    args.devices = 8 if args.devices is None else args.devices
+    args.device_kind = args.device_kind or "h100"
+    args.target = (f"{args.topology}" + (f" x {args.num_slices} slices" if args.num_slices > 1 else "")
+                   if args.topology else f"{args.device_kind}:{args.devices}")
+    args.recipe_batch = args.batch_per_device is None and args.target_source == "recipe plan.target"
+    if args.batch_per_device is None and not args.recipe_batch:
+        args.batch_per_device = 4
     return args
 
 
+def recipe_rows_per_device(args, config, mesh) -> int:
+    """SFT's rows per device: --batch-per-device, or (args.recipe_batch) the recipe's global
+    batch over the devices the batch is split over (one line when it does not divide)."""
+    if not getattr(args, "recipe_batch", False):
+        return int(args.batch_per_device)
+    shards = int(mesh.devices.size) // int(mesh.shape["context"])
+    batch = int(config.train.train_batch_per_replica)
+    if batch % shards:
+        raise SystemExit(f"wfm_jax.plan: train_batch_per_replica={batch} does not split over the "
+                         f"{shards} batch shards of {args.target}; give --batch-per-device")
+    return batch // shards
+
+
+
+
+def target_fields(args, config) -> dict:
+    """The report's "target" (what was planned for), "target_source" and the recipe's own
+    "recipe_target" (plan.target, "" when it names none)."""
+    return {"target": getattr(args, "target", None),
+            "target_source": getattr(args, "target_source", None),
+            "recipe_target": str(config.plan.target)}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 
 from wfm_jax.plan import layers as layers_lib
-from wfm_jax.plan.args import GiB, parse_args
+from wfm_jax.plan.args import GiB, parse_args, recipe_rows_per_device, target_fields
 from wfm_jax.plan.compiled import compile_program, finish, memory_limit, peak, plan_mesh, scale_linear
 
 # a VLM step is planned with every row at policy.vlm.model_max_length, the longest batch the
@@ -92,6 +92,7 @@ def _plan(args, config, limit) -> dict:
     aux = state.aux or {}
     out = {
         "config": args.config, "family": family, "algorithm": kind, "model_configs": source,
+        **target_fields(args, config),
         "devices": int(mesh.devices.size),
         "device_kind": topo["chip"] if topo else args.device_kind,
         "device_memory_bytes": int(memory_limit(args, topo)),
@@ -122,8 +123,8 @@ def _plan(args, config, limit) -> dict:
     on_tpu = topo is not None
     if not rl:
         context = mesh.shape["context"]
-        out["batch_per_device"] = args.batch_per_device
-        out["global_batch"] = batch = args.batch_per_device * mesh.devices.size // context
+        out["batch_per_device"] = per_device = recipe_rows_per_device(args, config, mesh)
+        out["global_batch"] = batch = per_device * mesh.devices.size // context
 
     def programs_at(s):
         if not rl:
@@ -164,7 +165,9 @@ def _plan(args, config, limit) -> dict:
         out.update({"global_batch": int(t.train_batch_per_replica),
                     "rollout_chunk": layout.rollout_chunk, "micro_batches": layout.micro_batches,
                     "optimize_chunks": layout.optimize_chunks,
-                    "mu_iterations": layout.mu_iterations})
+                    "mu_iterations": layout.mu_iterations,
+                    # the step's prompt conditioning: rows per device of its table (0: per row)
+                    "cond_slots": layout.cond_slots})
         compiled = {"rollout": rollout, "update": update}
         stored = update["batch_bytes"]  # the whole batch's rollout fields, kept for the update
         peak(update, resident + stored, topo is not None)
@@ -260,6 +263,9 @@ def describe(r: dict) -> str:
                      f"{g(r['activation_bytes']) if r['activation_bytes'] is not None else '?'}; "
                      f"{r['parameters'] / 1e9:.3f} B parameters, {r['text_layers']} decoder layers, "
                      f"{r['vision_blocks']} vision blocks")
+    if r.get("target"):
+        lines.append(f"  planned for {r['target']} ({r['target_source']}; the recipe's plan.target: "
+                     f"{r['recipe_target'] or 'none'})")
     scaled = [p["scale_method"] for p in r["programs"].values() if p.get("scale_method")]
     if scaled:
         lines.append(f"  scaled: {scaled[0]}")

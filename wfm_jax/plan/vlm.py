@@ -28,6 +28,7 @@ def plan_vlm(args, config, limit: int | None = None) -> dict:
     the report stops before compiling (report.plan's early refusal)."""
 
     from wfm_jax.core import mesh as wmesh
+    from wfm_jax.plan.args import recipe_rows_per_device, target_fields
     from wfm_jax.plan.compiled import finish, memory_limit, peak, plan_mesh
     from wfm_jax.programs import vlm_abstract
     from wfm_jax.programs.stats import per_device_bytes
@@ -56,6 +57,7 @@ def plan_vlm(args, config, limit: int | None = None) -> dict:
     ref = per_device_bytes(whole.state.params) if grpo is not None and grpo.kl_beta else 0
     resident = per_device_bytes(whole.state) + per_device_bytes(whole.frozen) + ref
     head = {"config": args.config, "family": str(config.policy.family), "algorithm": algorithm,
+            **target_fields(args, config),
             "devices": int(mesh.devices.size), "parameters": whole.parameters,
             "train_state_bytes": per_device_bytes(whole.state),
             "transformer_frozen_bytes": per_device_bytes(whole.frozen), "encoders_vae_bytes": 0,
@@ -64,9 +66,10 @@ def plan_vlm(args, config, limit: int | None = None) -> dict:
         return {**head, "programs": {}, "peak_program": None, "total_bytes": resident,
                 "fits": False, "failed_programs": [], "resident_exceeds_limit": True}
     if grpo is None:
-        rows = args.batch_per_device * mesh.devices.size // mesh.shape["context"]
+        per_device = recipe_rows_per_device(args, config, mesh)
+        rows = per_device * mesh.devices.size // mesh.shape["context"]
         seq_len = int(args.seq_len or config.policy.vlm.model_max_length)
-        shapes: dict = {"batch_per_device": args.batch_per_device, "global_batch": rows,
+        shapes: dict = {"batch_per_device": per_device, "global_batch": rows,
                         "sequence_length": seq_len}
         builders = {"step": lambda s: [vlm_abstract.sft_step_program(s, rows, seq_len, side)]}
     else:

@@ -122,6 +122,18 @@ def latent_shape(pipe, batch: int, size, frames: int) -> tuple:
         raise setup_lib.SetupError(str(e)) from e
 
 
+def prompt_table(setup: setup_lib.Setup, text: dict, layout: RLLayout) -> dict:
+    """{"prompt_cond", "cond_index"} as programs.rl_encode.rollout_conditions makes them, for the
+    per-row text conditioning shapes `text`: layout.cond_slots rows per batch shard, each key in
+    the family's storage dtype."""
+    dtypes = setup.pipe.cond_storage_dtypes(setup.config.train.compute_dtype)
+    n_table = layout.row_shards * layout.cond_slots
+    n = next(iter(text.values())).shape[0] if text else 0
+    table = {k: jax.ShapeDtypeStruct((n_table,) + tuple(v.shape[1:]), dtypes.get(k, v.dtype),
+                                     sharding=setup.batch_sharding()) for k, v in text.items()}
+    return {"prompt_cond": table, "cond_index": rows(setup, {"i": (n,)}, jnp.int32)["i"]}
+
+
 def _key(setup):
     return jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=setup.state.rng.sharding)
 
@@ -169,10 +181,11 @@ def build(setup: setup_lib.Setup, algorithm: RLAlgorithm | None = None, *,
             cond = rows(setup, text_shapes(setup, layout.rollout_chunk))
             extra = algo.abstract_chunk_inputs(ctx, latents)
             # an algorithm's per-row conditioning (video2world frames) joins the text's
-            cond = {**cond, **{k: jax.ShapeDtypeStruct((layout.rollout_chunk,) + v.shape[1:],
-                                                       jnp.float32,
-                                                       sharding=setup.batch_sharding())
-                               for k, v in extra.pop("cond", {}).items()}}
+            row_cond = {k: jax.ShapeDtypeStruct((layout.rollout_chunk,) + v.shape[1:],
+                                                jnp.float32, sharding=setup.batch_sharding())
+                        for k, v in extra.pop("cond", {}).items()}
+            cache["text_keys"] = tuple(cond)
+            cond = {**cond, **row_cond}
             cache["rollout"] = (abstract(setup.state), abstract(setup.frozen),
                                 abstract(setup.vae_state()), latents, cond, _key(setup),
                                 dict(shared, **extra))
@@ -190,6 +203,9 @@ def build(setup: setup_lib.Setup, algorithm: RLAlgorithm | None = None, *,
             return jax.ShapeDtypeStruct((n,) + tuple(x.shape[1:]), x.dtype, sharding=sharding)
         data = {name: whole(fields[name]) for name in algorithm.train_fields}
         data["cond"] = {k: whole(v) for k, v in cond.items()}
+        if layout.cond_slots:  # the prompts' conditioning once per device (train/rl.py)
+            data.update(prompt_table(setup, {k: data["cond"].pop(k) for k in cache["text_keys"]},
+                                     layout))
         data["advantage"] = rows(setup, {"a": (n,)})["a"]
         return (state, frozen, data, key, jax.ShapeDtypeStruct((), jnp.float32),
                 cache["shared"])

@@ -12,12 +12,14 @@ import functools
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.sharding import PartitionSpec as P
 
 from wfm_jax.algorithms.base import RLAlgorithm
 from wfm_jax.core.mesh import mesh_jit
 from wfm_jax.programs import setup as setup_lib
 from wfm_jax.programs.ema import ema_update
 from wfm_jax.programs.optim import apply_gradients
+from wfm_jax.programs.rl_encode import max_local_groups
 from wfm_jax.programs.setup import make_velocity
 
 
@@ -31,6 +33,9 @@ class RLLayout:
     optimize_chunks: int
     mu_iterations: int
     row_shards: int
+    # rows of the per-step conditioning table per device (its rows' distinct prompts:
+    # programs/rl_encode.py); 0: the conditioning is kept per row
+    cond_slots: int = 0
 
 
 def rl_layout(config, setup: setup_lib.Setup) -> RLLayout:
@@ -50,7 +55,32 @@ def rl_layout(config, setup: setup_lib.Setup) -> RLLayout:
             f"train_batch_per_replica={global_batch} and be a multiple of train_policy.mini_batch="
             f"{t.train_policy.mini_batch} x {dp} data-parallel devices")
     return RLLayout(global_batch // micro, micro // jax.process_count(),
-                    setup_lib.rl_optimize_chunks(config), int(t.train_policy.mu_iterations), dp)
+                    setup_lib.rl_optimize_chunks(config), int(t.train_policy.mu_iterations), dp,
+                    cond_slots(global_batch, int(config.rollout.n_generation), dp))
+
+
+def cond_slots(global_batch: int, n_generation: int, shards: int) -> int:
+    """The most distinct prompts one device's rows hold: the batch is groups of n_generation
+    repeats of a prompt, in order (data.groups.GroupBatcher), each device `global_batch /
+    shards` consecutive rows; never more than those rows."""
+    local = global_batch // shards
+    if n_generation < 1 or global_batch % n_generation:
+        return local
+    return min(local, max_local_groups(global_batch, n_generation, shards))
+
+
+def prompt_cond_lookup(mesh, spec_axes):
+    """(table, index) -> the rows' conditioning, each device taking its rows' entries from its
+    own part of the table (the rows of a micro-batch stay on the device that rolled them out:
+    rl_layout's micro-batches and chunk_layout), so nothing moves between devices."""
+    spec = P(spec_axes)
+
+    def local(table, index):
+        return jax.tree.map(lambda a: jnp.take(a, index, axis=0), table)
+
+    def lookup(table, index):
+        return jax.shard_map(local, mesh=mesh, in_specs=(spec, spec), out_specs=spec)(table, index)
+    return lookup
 
 
 def pixels_to_uint8(pixels):
@@ -86,9 +116,13 @@ def rl_programs(setup: setup_lib.Setup, algo: RLAlgorithm, layout: RLLayout) -> 
     shards = layout.row_shards  # devices the batch rows are split over
     keeps_old = algo.keeps_old
 
+    lookup = prompt_cond_lookup(s.mesh, row_sharding.spec[0])
+
     @on_mesh(donate_argnums=(0,), out_shardings=(s.shardings, rep))
     def update(state, frozen, data, key, eta, shared):
         velocity = make_velocity(graphdef, frozen, family)
+        data = dict(data)
+        table = data.pop("prompt_cond", None)  # the step's prompts, not cut into micro-batches
         ref_params = state.aux.get("ref")
         if ref_params is None:  # LoRA: the reference is the base model, adapters zeroed
             ref_params = jax.tree.map(jnp.zeros_like, state.params)
@@ -97,6 +131,9 @@ def rl_programs(setup: setup_lib.Setup, algo: RLAlgorithm, layout: RLLayout) -> 
             x.reshape((x.shape[0] // n_micro, n_micro) + x.shape[1:]), 0, 1), data)
 
         def grads_of(state, batch, k, old, first):
+            if table is not None:  # each row's prompt conditioning, from the step's table
+                batch = dict(batch)
+                batch["cond"] = {**lookup(table, batch.pop("cond_index")), **batch["cond"]}
             if keeps_old:  # per-row "old" values computed on the first inner epoch, kept after
                 return algo.grads(velocity, state, ref_params, batch, k, old=old, first=first,
                                   **shared)

@@ -5,6 +5,12 @@ text encoders once per repeat. Here the batch's distinct prompts are encoded in 
 own chunk size (the same compiled program as before, padded with the last prompt) and every
 chunk's rows are gathered from them on the device. The encoders treat rows independently, so a
 row's conditioning is the same bits whichever rows share its call (tests/train/test_loop_overlap.py).
+
+What the update keeps of it is one table per step, not a copy per row: each device's part holds
+the distinct prompts of its own rows (`slots` of them, RLLayout.cond_slots), in the dtype the
+family's transformer casts it to first (PipelineFamily.cond_storage_dtypes), and each row an
+index into its device's part (programs/rl.py gathers a micro-batch's rows from it). Cosmos'
+Reason1 embedding is 100,352 wide: per row in float32 it was 30 GB a device of the 2B NFT batch.
 """
 from __future__ import annotations
 
@@ -42,9 +48,28 @@ def _gather_fn(sharding):
     return mesh_jit(gather, mesh=sharding.mesh, out_shardings=sharding)
 
 
+@functools.lru_cache(maxsize=8)
+def _table_fn(sharding, dtypes: tuple):
+    def table(calls, index):
+        every = jax.tree.map(lambda *xs: jnp.concatenate(xs, axis=0), *calls)
+        cast = dict(dtypes)
+        return {k: jnp.take(a, index, axis=0).astype(cast.get(k, a.dtype)) for k, a in every.items()}
+    return mesh_jit(table, mesh=sharding.mesh, out_shardings=sharding)
+
+
 def chunk_conditions(run, prompts: list[str], chunk: int) -> list[dict]:
     """The conditioning of each rollout chunk (rows lo:lo + chunk of this process's `prompts`),
     as run.encode(prompts[lo:lo + chunk]) gives it, from one encoding of each distinct prompt."""
+    return rollout_conditions(run, prompts, chunk)[0]
+
+
+def rollout_conditions(run, prompts: list[str], chunk: int, slots: int = 0,
+                       dtypes: dict | None = None) -> tuple[list[dict], dict]:
+    """(chunk_conditions' list, what the update keeps): with slots > 0 the latter is
+    {"prompt_cond": the table (shards x slots rows, split over the batch axes, each key in
+    `dtypes` cast), "cond_index": (rows,) int32, each row's slot in its device's part}; with 0, {}.
+    The rows of device d are d * local .. (d + 1) * local - 1 of the global batch (local = rows /
+    shards), this process's `prompts` the contiguous slice of them it holds."""
     unique = list(dict.fromkeys(prompts))
     calls = -(-_unique_bound(run, len(prompts), len(unique)) // chunk)
     padded = unique + [unique[-1]] * (calls * chunk - len(unique))
@@ -58,7 +83,44 @@ def chunk_conditions(run, prompts: list[str], chunk: int) -> list[dict]:
     for lo in range(0, len(prompts), chunk):
         index = np.asarray([slot[p] for p in prompts[lo:lo + chunk]], np.int32)
         out.append(gather(encoded, run.setup.global_batch(index)))
-    return out
+    if not slots:
+        return out, {}
+    rows_of = process_rows(sharding, len(prompts) * jax.process_count())
+    table_rows, cond_index = device_slots(prompts, rows_of, len(prompts) * jax.process_count(),
+                                          _shards(sharding), slots)
+    table_index = np.asarray([slot[p] for p in table_rows], np.int32)
+    key = tuple(sorted((k, jnp.dtype(v).name) for k, v in (dtypes or {}).items()))
+    table = _table_fn(sharding, key)(encoded, run.setup.global_batch(table_index))
+    return out, {"prompt_cond": table, "cond_index": run.setup.global_batch(cond_index)}
+
+
+def device_slots(prompts: list[str], rows: np.ndarray, total: int, shards: int,
+                 slots: int) -> tuple[list[str], np.ndarray]:
+    """(the prompt of each table row this process holds: `slots` per device it holds rows of,
+    its distinct prompts in order, padded with the last; each of its rows' slot there).
+    rows: the global row of each of `prompts` (process_rows); total: the global batch."""
+    local = total // shards
+    table, index = [], np.zeros(len(prompts), np.int32)
+    for d in sorted({int(r) // local for r in rows}):
+        mine = [i for i, r in enumerate(rows) if int(r) // local == d]
+        distinct = list(dict.fromkeys(prompts[i] for i in mine))
+        if len(distinct) > slots:
+            raise ValueError(f"device {d}'s {len(mine)} rows hold {len(distinct)} distinct "
+                             f"prompts, more than the {slots} the layout keeps for them (rows must "
+                             f"come in groups of rollout.n_generation repeats of one prompt)")
+        for i in mine:
+            index[i] = distinct.index(prompts[i])
+        table += distinct + [distinct[-1]] * (slots - len(distinct))
+    return table, index
+
+
+def _shards(sharding) -> int:
+    """Devices the batch axis is split over (the leading dim's mesh axes)."""
+    axes = sharding.spec[0] if len(sharding.spec) else None
+    if axes is None:
+        return 1
+    axes = (axes,) if isinstance(axes, str) else axes
+    return int(np.prod([sharding.mesh.shape[a] for a in axes]))
 
 
 def _unique_bound(run, rows: int, unique: int) -> int:

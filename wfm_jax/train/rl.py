@@ -59,7 +59,7 @@ def rollout_batch(run, state, batch: dict, key, timers: Timers, after_dispatch=N
     prompts = list(batch["prompt"])
     chunk = run.rollout_chunk
     stored, handles, pending = [], [], None
-    conds = run.chunk_conditions(prompts)  # each distinct prompt encoded once
+    conds, kept = run.rollout_conditions(prompts)  # each distinct prompt encoded once
     for lo in range(0, len(prompts), chunk):
         rows = prompts[lo:lo + chunk]
         key, k_lat, k_alg = jax.random.split(key, 3)
@@ -67,7 +67,8 @@ def rollout_batch(run, state, batch: dict, key, timers: Timers, after_dispatch=N
         latents = run.initial_latents(k_lat, len(rows))
         inputs = dict(run.chunk_inputs(batch, lo, lo + chunk))
         # an algorithm's per-row conditioning (video2world frames of its data) joins the text's
-        cond = {**cond, **inputs.pop("cond", {})}
+        row_cond = inputs.pop("cond", {})
+        cond = {**cond, **row_cond}
         fields, pixels = run.rollout(state, latents, cond, k_alg, inputs)  # pixels: uint8 already
         media = run.algo.final_latents(fields) if run.rewards.media_type == "latent" else pixels
         if isinstance(media, jax.Array):
@@ -78,11 +79,13 @@ def rollout_batch(run, state, batch: dict, key, timers: Timers, after_dispatch=N
         if pending is not None:
             handles.append(_submit(run, batch, *pending))
         pending = (lo, fields, pixels)
-        stored.append(dict(fields, cond=cond))
+        # the update's conditioning: the prompts' once per step (`kept`), the rest per row
+        stored.append(dict(fields, cond=row_cond if kept else cond))
     handles.append(_submit(run, batch, *pending))
     with timers("reward_wait"):
         results = [h.result() for h in handles]
     out = jax.tree.map(lambda *xs: jnp.concatenate(xs, axis=0), *stored)
+    out.update(kept)
     out["reward"] = np.concatenate([r.total for r in results])
     keep = np.concatenate([r.keep for r in results])
     # a group split over chunks is dropped whole when any of its rewards was dropped

@@ -26,7 +26,7 @@ from wfm_jax.programs import Programs
 from wfm_jax.programs import build as build_programs
 from wfm_jax.programs.encode import TextEncoder, VisualEncoder
 from wfm_jax.programs.rl import RLLayout
-from wfm_jax.programs.rl_encode import chunk_conditions
+from wfm_jax.programs.rl_encode import chunk_conditions, rollout_conditions
 from wfm_jax.programs.setup import batch_shards
 from wfm_jax.train import setup as train_setup
 from wfm_jax.train.metrics import MetricsLogger
@@ -141,6 +141,13 @@ class RLRun:
         """run.encode of each rollout chunk of `prompts`, each distinct prompt encoded once."""
         return chunk_conditions(self, list(prompts), self.rollout_chunk)
 
+    def rollout_conditions(self, prompts) -> tuple[list[dict], dict]:
+        """(chunk_conditions(prompts), the prompts' conditioning the update keeps: one table per
+        step, programs.rl_encode.rollout_conditions)."""
+        compute = self.config.train.compute_dtype
+        return rollout_conditions(self, list(prompts), self.rollout_chunk, self.layout.cond_slots,
+                                  self.setup.pipe.cond_storage_dtypes(compute))
+
     def initial_latents(self, key, n: int, evaluation: bool = False):
         """Noise for n rows: rollouts (training data) have train_frames frames, validation
         samples inference_frames (video families; cosmos-rl's SANA-Video rollout ignored
@@ -174,6 +181,7 @@ class RLRun:
         host copy started); nothing waits for the device here."""
         data = {name: rollout[name] for name in self.algo.train_fields}
         data["cond"] = rollout["cond"]
+        data.update({k: rollout[k] for k in ("prompt_cond", "cond_index") if k in rollout})
         data["advantage"] = self.setup.global_batch(np.asarray(adv, np.float32))
         eta = self.algo.post_update_decay(step)
         state, metrics = self.programs.update(state, self.setup.frozen, data, key,

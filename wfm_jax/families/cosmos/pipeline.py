@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -178,6 +179,11 @@ class CosmosPipeline(WanVideoLatents, PipelineFamily):
         width = (t["crossattn_proj_in_channels"] if t.get("use_crossattn_projection")
                  else t["text_embed_dim"])
         return {"encoder_hidden_states": (batch, text_len, width)}
+
+    def cond_storage_dtypes(self, compute_dtype) -> dict[str, Any]:
+        """The Reason1 embedding (100,352 wide on the released 2B/14B) in the compute dtype: the
+        DiT casts it to that dtype first (CosmosTransformer.__call__: context.astype(dtype))."""
+        return {COND_KEY: jnp.dtype(compute_dtype)}
 
     def latent_shape(self, batch: int, height: int, width: int,
                      frames: int | None = None) -> tuple[int, int, int, int, int]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import html
 import os
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -140,6 +141,11 @@ class WanPipeline(WanVideoLatents, PipelineFamily):
 
     def cond_shapes(self, batch: int, text_len: int) -> dict[str, tuple[int, ...]]:
         return {"encoder_hidden_states": (batch, text_len, self.transformer_config["text_dim"])}
+
+    def cond_storage_dtypes(self, compute_dtype) -> dict[str, Any]:
+        """The UMT5 states in the compute dtype: the DiT casts them to that dtype first
+        (WanTransformer3DModel.__call__: encoder_hidden_states.astype(dtype))."""
+        return {COND_KEY: jnp.dtype(compute_dtype)}
 
     def latent_shape(self, batch: int, height: int, width: int,
                      frames: int | None = None) -> tuple[int, int, int, int, int]:
