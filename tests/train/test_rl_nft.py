@@ -37,6 +37,7 @@ def _argv(tiny_dir, out_dir, *extra):
             f"--config.train.output_dir={out_dir}", "--config.train.train_policy.mini_batch=2",
             "--config.train.train_policy.timesteps_fraction=0.5",
             "--config.train.train_batch_per_replica=16",  # (the recipe: 32, on the shapes world)
+            "--config.train.train_policy.kl_beta=1e-4",  # (the recipe: 0.1, on the shapes world)
             *toy.random_model_overrides(3e-3), *extra]
 
 
