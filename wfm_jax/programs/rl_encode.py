@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from wfm_jax.core.mesh import mesh_jit
+from wfm_jax.programs.setup import batch_shards
 
 
 def max_local_groups(global_batch: int, n_generation: int, processes: int) -> int:
@@ -41,20 +42,14 @@ def process_rows(sharding, n: int) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=8)
-def _gather_fn(sharding):
+def _gather_fn(sharding, dtypes: tuple = ()):
+    """The encoder calls' rows at `index`, each key in `dtypes` ((key, dtype name) pairs) cast."""
+    cast = dict(dtypes)
+
     def gather(calls, index):
         every = jax.tree.map(lambda *xs: jnp.concatenate(xs, axis=0), *calls)
-        return jax.tree.map(lambda a: jnp.take(a, index, axis=0), every)
-    return mesh_jit(gather, mesh=sharding.mesh, out_shardings=sharding)
-
-
-@functools.lru_cache(maxsize=8)
-def _table_fn(sharding, dtypes: tuple):
-    def table(calls, index):
-        every = jax.tree.map(lambda *xs: jnp.concatenate(xs, axis=0), *calls)
-        cast = dict(dtypes)
         return {k: jnp.take(a, index, axis=0).astype(cast.get(k, a.dtype)) for k, a in every.items()}
-    return mesh_jit(table, mesh=sharding.mesh, out_shardings=sharding)
+    return mesh_jit(gather, mesh=sharding.mesh, out_shardings=sharding)
 
 
 def chunk_conditions(run, prompts: list[str], chunk: int) -> list[dict]:
@@ -87,10 +82,10 @@ def rollout_conditions(run, prompts: list[str], chunk: int, slots: int = 0,
         return out, {}
     rows_of = process_rows(sharding, len(prompts) * jax.process_count())
     table_rows, cond_index = device_slots(prompts, rows_of, len(prompts) * jax.process_count(),
-                                          _shards(sharding), slots)
+                                          batch_shards(run.setup), slots)
     table_index = np.asarray([slot[p] for p in table_rows], np.int32)
     key = tuple(sorted((k, jnp.dtype(v).name) for k, v in (dtypes or {}).items()))
-    table = _table_fn(sharding, key)(encoded, run.setup.global_batch(table_index))
+    table = _gather_fn(sharding, key)(encoded, run.setup.global_batch(table_index))
     return out, {"prompt_cond": table, "cond_index": run.setup.global_batch(cond_index)}
 
 
@@ -112,15 +107,6 @@ def device_slots(prompts: list[str], rows: np.ndarray, total: int, shards: int,
             index[i] = distinct.index(prompts[i])
         table += distinct + [distinct[-1]] * (slots - len(distinct))
     return table, index
-
-
-def _shards(sharding) -> int:
-    """Devices the batch axis is split over (the leading dim's mesh axes)."""
-    axes = sharding.spec[0] if len(sharding.spec) else None
-    if axes is None:
-        return 1
-    axes = (axes,) if isinstance(axes, str) else axes
-    return int(np.prod([sharding.mesh.shape[a] for a in axes]))
 
 
 def _unique_bound(run, rows: int, unique: int) -> int:
