@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import difflib
 import math
+import re
 
 import ml_collections
 from ml_collections.config_dict import placeholder
@@ -406,7 +407,6 @@ def _positive(config, keys, allow_zero=False):
 def parse_target(target: str) -> tuple[str, str, int]:
     """plan.target -> ("tpu", topology, chips) or ("gpu", kind, count); ConfigError naming the
     forms it takes."""
-    import re
     t = str(target).strip().lower()
     tpu = re.fullmatch(r"(" + "|".join(TPU_TARGET_KINDS) + r"):(\d+)x(\d+)(?:x(\d+))?", t)
     if tpu:

@@ -112,8 +112,6 @@ def recipe_rows_per_device(args, config, mesh) -> int:
     return batch // shards
 
 
-
-
 def target_fields(args, config) -> dict:
     """The report's "target" (what was planned for), "target_source" and the recipe's own
     "recipe_target" (plan.target, "" when it names none)."""
