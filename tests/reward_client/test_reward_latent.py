@@ -215,8 +215,9 @@ class _StubRun:
         self.rewards, self.rollout_chunk, self._latents = rewards, 1, latents
         self.algo = type("Algo", (), {"final_latents": staticmethod(lambda f: f["x0"])})()
 
-    def chunk_conditions(self, rows):
-        return [{"e": np.zeros((1, 1), np.float32)} for _ in rows]
+    def rollout_conditions(self, rows):
+        # one conditioning per chunk of 1; nothing kept once per step (the layout has no slots)
+        return [{"e": np.zeros((1, 1), np.float32)} for _ in rows], {}
 
     def initial_latents(self, key, n):
         return None
