@@ -87,6 +87,30 @@ def test_loop_bodies_count_once_per_trip_and_the_rest_once():
     assert r["flops_once"] == 2 * 1024 ** 3 and r["flops"] == 8 * 2 * 1024 ** 3
 
 
+def test_the_breakdown_says_which_instructions_bound_the_time():
+    """The loop's matmul, 8 runs at the matmul rate (1024^3 x 2 FLOPs against 6 MiB moved), and
+    the sweep, once at the HBM rate: the two kinds and the top rows add up to the roofline."""
+    r = hlo_cost.analyze(_MODULE.replace("kind=kLoop, calls=%fused_update",
+                                         'kind=kLoop, calls=%fused_update, metadata={op_name='
+                                         '"jit(step)/adam/mul" source_file="/x/wfm_jax/train/'
+                                         'optim.py" source_line=12}'), MM, HBM)
+    b = r["breakdown"]
+    assert 2 * 1024 ** 3 / MM > 3 * 2 * 1024 * 1024 / HBM  # the matmul is compute-bound here
+    assert b["seconds_by_kind"] == pytest.approx({"matmul": 8 * _ITER, "memory": _SWEEP})
+    assert sum(b["share_by_kind"].values()) == pytest.approx(1.0)
+    top = {row["name"]: row for row in b["top"]}
+    assert top["y"]["kind"] == "matmul" and top["y"]["runs"] == 8
+    assert top["y"]["seconds"] == pytest.approx(8 * _ITER)
+    assert top["upd"]["kind"] == "memory" and top["upd"]["op_name"] == "jit(step)/adam/mul"
+    assert top["upd"]["type"] == "f32[67108864]" and top["upd"]["runs"] == 1
+    assert top["upd"]["source"] == "train/optim.py:12"
+    assert {"kind": "memory", "source": "train/optim.py:12", "seconds": pytest.approx(_SWEEP),
+            "share": pytest.approx(_SWEEP / (8 * _ITER + _SWEEP))} in b["top_sources"]
+    # a matmul that moves more than it computes is held back by its bytes
+    slow = hlo_cost.analyze(_MODULE, MM, HBM / 1000)["breakdown"]
+    assert {row["name"]: row["kind"] for row in slow["top"]}["y"] == "matmul_memory_bound"
+
+
 def test_a_large_non_loop_part_is_not_multiplied_by_the_loop():
     """The estimate: optimal_seconds x the HLO's loop factor (1.19 here), where the old FLOP
     ratio (8: every FLOP is in the loop) multiplied the sweep by 8 as well."""

@@ -69,6 +69,14 @@ def _check_program(name, p, r):
     assert p["estimated_mfu"] == pytest.approx(p["flops_per_device"] / (t * 459e12))
     # loop bodies x their trip counts, read off the compiled HLO (test_estimate.py)
     assert p["estimate_method"] == "hlo_loops" and t == pytest.approx(p["optimal_seconds"] * p["loop_scale"])
+    # where the time goes: shares of the roofline that add up, the model's matmuls among the
+    # largest, traced back to this project's source lines (the HLO's stack-frame tables)
+    b = p["hlo"]["breakdown"]
+    shares = b["share_by_kind"]
+    assert sum(shares.values()) == pytest.approx(1.0)
+    assert shares.get("matmul", 0) + shares.get("matmul_memory_bound", 0) > 0
+    assert any(x["source"].startswith("layers/") for x in b["top_sources"]), b["top_sources"]
+    assert "roofline time by kind: " in plan_lib.describe(r)
 
 
 @pytest.mark.slow  # two programs through the TPU compiler: ~1-2 min on 2 loaded cores

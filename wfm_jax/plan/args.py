@@ -58,6 +58,11 @@ def parse_args(argv):
                    help="with --topology: that many slices of it (multi-slice)")
     p.add_argument("--hbm-gib", type=float, default=None,
                    help="per-device memory the fit verdict uses, GiB (default: the device's)")
+    p.add_argument("--no-validation", action="store_true",
+                   help="with --topology: skip the validation program (sample / evaluate), e.g. "
+                        "while tuning the training step")
+    p.add_argument("--hlo-dir", default=None, metavar="DIR",
+                   help="with --topology: write each compiled program's optimized HLO there")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     args, rest = p.parse_known_args(argv)
     for item in rest:  # --config.a.b=v, as wfm_jax.cli.main takes them

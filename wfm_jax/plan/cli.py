@@ -5,6 +5,7 @@ analysis of the compiled programs on N simulated devices, before a single weight
         [--device-kind h100|h200|v5p|v6e] [--batch-per-device 4] [--size 1024] [--frames 81]
         [--remat dots] [--no-scan] [--frozen-dtype float32] [--hbm-gib G] [--json]
     python -m wfm_jax.plan --config X.py --topology v5p:2x2x1 [--num-slices N] [...]
+        [--no-validation] [--hlo-dir DIR]   (tuning: the training programs only; their HLO kept)
     python -m wfm_jax.plan --config configs/sd35_sft.py --topology v5p:2x2x1 --layers 2
         (DiT families: compile K and 2K transformer blocks, scale to the depth: plan/layers.py)
     python -m wfm_jax.plan --config configs/reason2_8b_sft.py [--seq-len 4096] [--size 512]
@@ -13,7 +14,8 @@ analysis of the compiled programs on N simulated devices, before a single weight
 --topology compiles for a TPU topology with libtpu's compiler, no TPU needed (plan/topology.py;
 docs/sharding_and_memory.md): per program compiled or the compiler's error, bytes per device
 against the chip's HBM, the cost model's step time and MFU (estimates: its loop-once seconds x
-the loops' trip counts read off the compiled HLO, plan/hlo_cost.py), the attention kernel.
+the loops' trip counts read off the compiled HLO, plan/hlo_cost.py), the attention kernel, and
+where the time goes (per kind of instruction and per source line: hlo_cost.breakdown).
 
 Compiles the recipe's own programs (the trainers' jits with the recipe's mesh, rules,
 shardings, optimizer, EMA and LoRA): SFT's train step; for NFT / GRPO / DDRL the rollout of one

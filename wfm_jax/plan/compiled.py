@@ -74,10 +74,11 @@ def memory_limit(args, topo) -> float:
     return topo["hbm_bytes"] if topo else DEVICE_MEMORY[args.device_kind]
 
 
-def compile_program(program, progress: bool) -> dict:
+def compile_program(program, progress: bool, hlo_dir: str | None = None) -> dict:
     """program.stats(), or, when the compiler refuses it (on TPU: RESOURCE_EXHAUSTED when its
     temporaries exceed HBM), the failure as a result, so the plan goes on to the next program.
-    progress: a line on stderr per program (a TPU compile of a large model takes minutes)."""
+    progress: a line on stderr per program (a TPU compile of a large model takes minutes).
+    hlo_dir: where a TPU compile's optimized HLO is written, as <program>[_<n>].hlo.txt."""
     import time
 
     import jax
@@ -85,7 +86,14 @@ def compile_program(program, progress: bool) -> dict:
     from wfm_jax.programs.stats import per_device_bytes
     start = time.perf_counter()
     mesh = getattr(program, "mesh", None)
-    reader = topology.hlo_reader(mesh.devices.flat[0]) if mesh is not None else None
+    keep = None
+    if hlo_dir:
+        import os
+        os.makedirs(hlo_dir, exist_ok=True)
+        keep, n = os.path.join(hlo_dir, f"{program.name}.hlo.txt"), 1
+        while os.path.exists(keep):  # the cut models' compiles of one program: each its own
+            keep, n = os.path.join(hlo_dir, f"{program.name}_{n}.hlo.txt"), n + 1
+    reader = topology.hlo_reader(mesh.devices.flat[0], keep) if mesh is not None else None
     try:  # on a TPU topology the HLO's loops are read as it compiles (topology.estimate)
         p = dict(program.stats(analyze_hlo=reader) if reader else program.stats())
     except jax.errors.JaxRuntimeError as e:

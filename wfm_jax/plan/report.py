@@ -138,8 +138,9 @@ def _plan(args, config, limit) -> dict:
 
     def compiled_as(name, progress=on_tpu):  # the full model's figures, compiled or scaled
         if not cut_programs:
-            return compile_program(getattr(programs, name), progress)
-        measured = [compile_program(getattr(c, name), progress) for c in cut_programs]
+            return compile_program(getattr(programs, name), progress, args.hlo_dir)
+        measured = [compile_program(getattr(c, name), progress, args.hlo_dir)
+                    for c in cut_programs]
         p = scale_linear(measured, cut.depths, cut.full, "layers", layers_lib.SCALE_METHOD)
         if cut.info["scan_kept"] is False and p["compiled"]:
             # XLA counts a loop body once: across cut models scanned unlike the model (a run of
@@ -176,7 +177,8 @@ def _plan(args, config, limit) -> dict:
         peak(rollout, resident + stored + rollout["chunk_bytes"], topo is not None)
         step = update
     sampler = programs.evaluate if rl else programs.sample
-    if topo is not None and sampler is not None:  # what a TPU run also compiles: validation
+    if topo is not None and sampler is not None and not args.no_validation:
+        # what a TPU run also compiles: validation
         name = "evaluate" if rl else "sample"
         p = compiled[name] = compiled_as(name, True)
         peak(p, resident + per_device_bytes(programs.abstract_args(name)[3:]), True)
@@ -288,6 +290,8 @@ def describe(r: dict) -> str:
             f"compiled in {p['compile_seconds']} s")
         if p.get("estimate_method"):
             lines.append(f"    {estimate_line(p)}")
+        if breakdown_line(p):
+            lines.append(f"    {breakdown_line(p)}")
     lines.append(fit_line(r))
     return "\n".join(lines)
 
@@ -318,6 +322,22 @@ def estimate_line(p: dict) -> str:
     if p.get("estimate_note"):
         line += f"; note: {p['estimate_note']}"
     return line
+
+
+def breakdown_line(p: dict, top: int = 3) -> str:
+    """Where the roofline puts the program's time (plan/hlo_cost.breakdown): the share of each
+    kind of instruction and the largest few, with the jax op each came from. A program scaled
+    from cut models: the deeper compile's."""
+    hlo = (p.get("scaled_from") or [p])[-1].get("hlo") or {}
+    b = hlo.get("breakdown")
+    if not b:
+        return ""
+    kinds = ", ".join(f"{k} {v:.0%}" for k, v in sorted(b["share_by_kind"].items(),
+                                                          key=lambda kv: -kv[1]))
+    rows = "; ".join(f"{x['opcode']} {x['type'][:40]} ({x['kind']}, {x['runs']} runs, "
+                     f"{x['share']:.1%}{': ' + x['op_name'][-60:] if x['op_name'] else ''})"
+                     for x in b["top"][:top])
+    return f"roofline time by kind: {kinds}; largest: {rows}"
 
 
 def _topology_table(r: dict) -> str:

@@ -139,16 +139,20 @@ def attention_kernel(stats: dict, resolved: str) -> str:
     return resolved if resolved in ("xla", "blockwise") else "xla"
 
 
-def hlo_reader(device) -> Callable[[str], dict] | None:
+def hlo_reader(device, keep: str | None = None) -> Callable[[str], dict] | None:
     """What compile_stats runs on a program's optimized HLO for `device` (one of the program's
     mesh devices): hlo_cost.analyze at the cost model's rates for a TPU device, None elsewhere
-    (CPU and GPU compiles have no cost model to apportion)."""
+    (CPU and GPU compiles have no cost model to apportion). keep: a file the HLO text is also
+    written to (plan --hlo-dir: to read a tuning's effect instruction by instruction)."""
     rates = COST_MODEL_RATES.get(getattr(device, "device_kind", None))
     if getattr(device, "platform", None) != "tpu" or rates is None:
         return None
 
     def read(text: str) -> dict:
         from wfm_jax.plan import hlo_cost
+        if keep:
+            with open(keep, "w") as f:
+                f.write(text)
         try:
             return hlo_cost.analyze(text, *rates)
         except (ValueError, KeyError, IndexError) as e:  # a format it cannot read: said, not fatal

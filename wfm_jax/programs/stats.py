@@ -110,13 +110,27 @@ def compile_stats(fn, *args: Any,
     return out
 
 
+# Pallas kernels that recompute what the model count takes once: JAX's TPU flash attention's
+# backward. Of the 6 matmul units (2 x B x N x T x S x H each) a model-FLOP count gives
+# attention's forward and backward, the forward kernel runs 2 (QK^T, PV); the dK/dV kernel 4
+# (QK^T again, dO V^T, P^T dO, dS^T Q), 3 of them the model's; the dQ kernel 3 (QK^T and
+# dO V^T again, dS K), 1 of them the model's: 9 run for 6 counted.
+PALLAS_MODEL_FRACTION = {"flash_mha_bwd_dkv": 3 / 4, "flash_mha_bwd_dq": 1 / 3}
+
+
 def count_jaxpr_flops(closed_jaxpr) -> float:
     """Matmul + convolution FLOPs of a (closed) jaxpr, walking sub-jaxprs (pjit, remat,
-    custom_vjp, scan x length). An independent check of bench.flops' formulas."""
+    custom_vjp, scan x length). An independent check of bench.flops' formulas. A Pallas
+    kernel counts its body once per grid cell (every branch of a `cond` in it: a kernel that
+    skips blocks at run time, e.g. causal attention, is over-counted), times the model's share
+    of what it computes (PALLAS_MODEL_FRACTION), so the count stays one of model FLOPs."""
     jaxpr = getattr(closed_jaxpr, "jaxpr", closed_jaxpr)
     total = 0.0
     for eqn in jaxpr.eqns:
         name = eqn.primitive.name
+        if name == "pallas_call":
+            total += _pallas_flops(eqn)
+            continue
         if name == "dot_general":
             total += _dot_flops(eqn)
         elif name == "conv_general_dilated":
@@ -124,6 +138,14 @@ def count_jaxpr_flops(closed_jaxpr) -> float:
         inner = sum(count_jaxpr_flops(sub) for sub in _sub_jaxprs(eqn.params))
         total += inner * (eqn.params.get("length", 1) if name == "scan" else 1)
     return total
+
+
+def _pallas_flops(eqn) -> float:
+    grid = eqn.params["grid_mapping"].grid
+    cells = math.prod(int(g) for g in grid) if all(isinstance(g, int) for g in grid) else 1
+    scope = str(eqn.source_info.name_stack)
+    share = next((f for kernel, f in PALLAS_MODEL_FRACTION.items() if kernel in scope), 1.0)
+    return count_jaxpr_flops(eqn.params["jaxpr"]) * cells * share
 
 
 def _sub_jaxprs(params: dict):
