@@ -39,3 +39,17 @@ def test_flash_attention_counts_the_model_flops_of_xla_attention(qkv):
     # the same count as attention written in XLA ops (its softmax has no matmuls)
     xla = count_jaxpr_flops(jax.make_jaxpr(jax.grad(loss(_xla_attention), argnums=(0, 1, 2)))(*qkv))
     assert train == xla
+
+
+def test_a_shard_map_body_counts_once_per_shard():
+    """A shard_map's body holds one shard's shapes; the count is of the whole program."""
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+    mesh = jax.make_mesh((len(jax.devices()),), ("fsdp",))
+    x = jax.device_put(jnp.ones((8 * len(jax.devices()), 16)), NamedSharding(mesh, P("fsdp")))
+    with jax.set_mesh(mesh):
+        split = jax.make_jaxpr(jax.shard_map(lambda a: a @ a.T, mesh=mesh, in_specs=P("fsdp"),
+                                             out_specs=P("fsdp")))(x)
+    whole = jax.make_jaxpr(lambda a: jnp.einsum("bij,bkj->bik", a, a))(
+        x.reshape(len(jax.devices()), 8, 16))
+    assert count_jaxpr_flops(split) == count_jaxpr_flops(whole) == 2 * x.shape[0] * 8 * 16

@@ -120,10 +120,12 @@ PALLAS_MODEL_FRACTION = {"flash_mha_bwd_dkv": 3 / 4, "flash_mha_bwd_dq": 1 / 3}
 
 def count_jaxpr_flops(closed_jaxpr) -> float:
     """Matmul + convolution FLOPs of a (closed) jaxpr, walking sub-jaxprs (pjit, remat,
-    custom_vjp, scan x length). An independent check of bench.flops' formulas. A Pallas
-    kernel counts its body once per grid cell (every branch of a `cond` in it: a kernel that
-    skips blocks at run time, e.g. causal attention, is over-counted), times the model's share
-    of what it computes (PALLAS_MODEL_FRACTION), so the count stays one of model FLOPs."""
+    custom_vjp, scan x length, a shard_map's body x its shards; remat's recompute included).
+    An independent check of bench.flops' formulas. A Pallas kernel counts its body once per
+    grid cell (every branch of a `cond` in it: a kernel that skips blocks at run time, e.g.
+    causal attention, is over-counted), times the model's share of what it computes
+    (PALLAS_MODEL_FRACTION: the flash backward's own recomputation is left out; a remat
+    policy's recompute of the forward kernel, as of a dot, is not)."""
     jaxpr = getattr(closed_jaxpr, "jaxpr", closed_jaxpr)
     total = 0.0
     for eqn in jaxpr.eqns:
@@ -136,8 +138,18 @@ def count_jaxpr_flops(closed_jaxpr) -> float:
         elif name == "conv_general_dilated":
             total += _conv_flops(eqn)
         inner = sum(count_jaxpr_flops(sub) for sub in _sub_jaxprs(eqn.params))
-        total += inner * (eqn.params.get("length", 1) if name == "scan" else 1)
+        total += inner * (eqn.params.get("length", 1) if name == "scan" else 1) * _shards(eqn)
     return total
+
+
+def _shards(eqn) -> int:
+    """How many copies of a shard_map's body run (its body holds one shard's shapes): the
+    product of the mesh axes it makes manual; 1 for any other primitive."""
+    if eqn.primitive.name != "shard_map":
+        return 1
+    shape = dict(getattr(eqn.params.get("mesh"), "shape", {}))
+    manual = eqn.params.get("newly_manual_axes", eqn.params.get("manual_axes", ()))
+    return math.prod(int(shape.get(a, 1)) for a in manual)
 
 
 def _pallas_flops(eqn) -> float:
