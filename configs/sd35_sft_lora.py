@@ -18,8 +18,8 @@ def get_config():
     c.train.optm_warmup_steps = 50
     c.train.ema_decay = 0.99
     c.policy.lora.enable = True
-    # the bf16 base is replicated, the batch split over every device, no remat
+    # the bf16 base is replicated, the batch split over every device; no remat (sd35_sft's)
     c.policy.parallelism.data = -1
     c.policy.parallelism.fsdp = 1
-    c.policy.remat = "everything_saveable"
+    c.policy.scan_layers = True  # sd35_sft unrolls its blocks; measured for the full fine-tune only
     return c
