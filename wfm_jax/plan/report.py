@@ -326,7 +326,7 @@ def estimate_line(p: dict) -> str:
 
 def breakdown_line(p: dict, top: int = 3) -> str:
     """Where the roofline puts the program's time (plan/hlo_cost.breakdown): the share of each
-    kind of instruction and the largest few, with the jax op each came from. A program scaled
+    kind of instruction and the source lines whose instructions take the most. A program scaled
     from cut models: the deeper compile's."""
     hlo = (p.get("scaled_from") or [p])[-1].get("hlo") or {}
     b = hlo.get("breakdown")
@@ -334,10 +334,9 @@ def breakdown_line(p: dict, top: int = 3) -> str:
         return ""
     kinds = ", ".join(f"{k} {v:.0%}" for k, v in sorted(b["share_by_kind"].items(),
                                                           key=lambda kv: -kv[1]))
-    rows = "; ".join(f"{x['opcode']} {x['type'][:40]} ({x['kind']}, {x['runs']} runs, "
-                     f"{x['share']:.1%}{': ' + x['op_name'][-60:] if x['op_name'] else ''})"
-                     for x in b["top"][:top])
-    return f"roofline time by kind: {kinds}; largest: {rows}"
+    rows = "; ".join(f"{x['source']} ({x['kind']}, {x['share']:.1%})"
+                     for x in b.get("top_sources", [])[:top])
+    return f"roofline time by kind: {kinds}; largest source lines: {rows}"
 
 
 def _topology_table(r: dict) -> str:
