@@ -275,3 +275,32 @@ def test_tiny_sd3_scanned_and_unrolled_through_the_plan(tmp_path, capsys):
         assert scanned[name]["hlo"]["flops"] == pytest.approx(unrolled[name]["hlo"]["flops"], rel=1e-6)
     assert scanned["sample"]["estimated_step_seconds"] == pytest.approx(
         unrolled["sample"]["estimated_step_seconds"], rel=0.10)
+
+
+def test_stack_frames_name_the_source_lines_outside_installed_packages():
+    """jax 0.10.2 writes `stack_frame_id=N` in an instruction's metadata and the frames in tables
+    at the top of the module; a frame's parent_frame_id is the parent's id + 1 (0: none). The
+    source is the innermost two frames outside site-packages (a kernel's caller, not its library)."""
+    from wfm_jax.plan.hlo_breakdown import stack_sources
+    tables = """FileNames
+1 "/r/wfm_jax/models/layers/linear.py"
+2 "/r/wfm_jax/models/layers/attention.py"
+3 "/v/site-packages/jax/experimental/pallas/ops/tpu/flash_attention.py"
+FunctionNames
+1 "Linear.__call__"
+2 "Attention.__call__"
+3 "flash_attention"
+FileLocations
+1 {file_name_id=2 function_name_id=2 line=308 end_line=308 column=1 end_column=1}
+2 {file_name_id=1 function_name_id=1 line=50 end_line=50 column=1 end_column=1}
+3 {file_name_id=3 function_name_id=3 line=199 end_line=199 column=1 end_column=1}
+StackFrames
+1 {file_location_id=1 parent_frame_id=0}
+2 {file_location_id=2 parent_frame_id=2}
+3 {file_location_id=3 parent_frame_id=2}
+"""
+    frames = stack_sources(tables + _MODULE)
+    assert frames == {1: "layers/attention.py:308",
+                      2: "layers/linear.py:50 < layers/attention.py:308",
+                      3: "layers/attention.py:308"}
+    assert hlo_cost.parse(tables + _MODULE).frames == frames
