@@ -15,7 +15,7 @@ analysis of the compiled programs on N simulated devices, before a single weight
 docs/sharding_and_memory.md): per program compiled or the compiler's error, bytes per device
 against the chip's HBM, the cost model's step time and MFU (estimates: its loop-once seconds x
 the loops' trip counts read off the compiled HLO, plan/hlo_cost.py), the attention kernel, and
-where the time goes (per kind of instruction and per source line: hlo_cost.breakdown).
+where the time goes (per kind of instruction and per source line: plan/hlo_breakdown.py).
 
 Compiles the recipe's own programs (the trainers' jits with the recipe's mesh, rules,
 shardings, optimizer, EMA and LoRA): SFT's train step; for NFT / GRPO / DDRL the rollout of one

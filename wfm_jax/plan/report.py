@@ -325,7 +325,7 @@ def estimate_line(p: dict) -> str:
 
 
 def breakdown_line(p: dict, top: int = 3) -> str:
-    """Where the roofline puts the program's time (plan/hlo_cost.breakdown): the share of each
+    """Where the roofline puts the program's time (plan/hlo_breakdown.py): the share of each
     kind of instruction and the source lines whose instructions take the most. A program scaled
     from cut models: the deeper compile's."""
     hlo = (p.get("scaled_from") or [p])[-1].get("hlo") or {}
