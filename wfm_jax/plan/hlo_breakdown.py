@@ -52,11 +52,16 @@ def stack_sources(text: str, depth: int = 2) -> dict[int, str]:
             loc = tables["FileLocations"].get(field(row, "file_location_id"), "")
             name = tables["FileNames"].get(field(loc, "file_name_id"), "").strip('"') if loc else ""
             if name and "site-packages" not in name and not name.startswith("<"):
-                chain.append("/".join(name.split("/")[-2:]) + f":{field(loc, 'line')}")
+                chain.append(_where(name, field(loc, "line")))
             here = field(row, "parent_frame_id") - 1
         if chain:
             out[frame] = " < ".join(chain)
     return out
+
+
+def _where(path: str, line: int) -> str:
+    """A source line as the breakdown names it: "dir/file.py:N"."""
+    return "/".join(path.split("/")[-2:]) + f":{line}"
 
 
 _COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute")
@@ -71,7 +76,7 @@ def _origin(ins: Instruction, module: Module) -> tuple[str, str]:
     name, source = _OP_NAME.search(ins.attrs), _SOURCE.search(ins.attrs)
     where = ""
     if source:
-        where = "/".join(source.group(1).split("/")[-2:]) + f":{source.group(2)}"
+        where = _where(source.group(1), int(source.group(2)))
     elif (frame := _FRAME.search(ins.attrs)) is not None:
         where = module.frames.get(int(frame.group(1)), "")
     return (name.group(1) if name else ""), where
@@ -100,17 +105,16 @@ def breakdown(spent: list, total: float, matmul_rate: float, hbm_rate: float, mo
     one tunes against: a memory-bound fusion repeated per block, an un-overlapped gather)."""
     kinds: dict[str, float] = {}
     lines: dict[tuple[str, str], float] = {}  # (kind, source line): seconds
-    for t, ins, _, f, b in spent:
-        k = _kind(ins, f, b, matmul_rate, hbm_rate)
+    read = []  # each instruction's kind and origin, read once
+    for t, ins, s, f, b in spent:
+        k, (op_name, source) = _kind(ins, f, b, matmul_rate, hbm_rate), _origin(ins, module)
         kinds[k] = kinds.get(k, 0.0) + t
-        key = (k, _origin(ins, module)[1] or "?")
-        lines[key] = lines.get(key, 0.0) + t
+        lines[(k, source or "?")] = lines.get((k, source or "?"), 0.0) + t
+        read.append((t, ins, s, f, b, k, op_name, source))
     rows = []
-    for t, ins, s, f, b in sorted(spent, key=lambda x: -x[0])[:top]:
-        op_name, source = _origin(ins, module)
+    for t, ins, s, f, b, k, op_name, source in sorted(read, key=lambda x: -x[0])[:top]:
         rows.append({"name": ins.name, "opcode": ins.opcode,
-                     "type": re.sub(r"\{[^}]*\}", "", ins.type)[:120],
-                     "kind": _kind(ins, f, b, matmul_rate, hbm_rate),
+                     "type": re.sub(r"\{[^}]*\}", "", ins.type)[:120], "kind": k,
                      "runs": round(t / s), "seconds": t, "share": t / total if total else 0.0,
                      "flops": f, "bytes": b, "op_name": op_name[-160:], "source": source})
     share = (lambda v: v / total) if total else (lambda v: 0.0)
