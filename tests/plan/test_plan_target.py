@@ -11,7 +11,7 @@ import pytest
 
 from tests._support.paths import CONFIGS
 from wfm_jax.config.recipe import ConfigError, load_config
-from wfm_jax.config.schema import parse_target
+from wfm_jax.config.targets import parse_target
 from wfm_jax.plan.args import parse_args, recipe_rows_per_device
 
 SHIPPED = sorted(p for p in glob.glob(os.path.join(CONFIGS, "*.py"))

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import copy
 import difflib
-import math
-import re
 
 import ml_collections
 from ml_collections.config_dict import placeholder
 
 from wfm_jax.config.base import ConfigError, get, register_check
+from wfm_jax.config.targets import parse_target
 from wfm_jax.families import FAMILIES
 from wfm_jax.families import cosmos as cosmos_family
 from wfm_jax.families import sana as sana_family
@@ -307,7 +306,7 @@ DEFAULTS = {
     },
     # the hardware the recipe is meant for and planned to fit (python -m wfm_jax.plan --config X
     # plans there when given no --topology / --devices): a TPU topology "v5p:2x2x1" (any of
-    # TPU_TARGET_KINDS, 2-3 dims) or GPUs "h100:8" (GPU_TARGET_KINDS); "" none
+    # config/targets.py's TPU_TARGET_KINDS, 2-3 dims) or GPUs "h100:8" (its GPU_TARGET_KINDS); "" none
     "plan": {"target": ""},
     "distributed": {  # None: from JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID
         "coordinator_address": placeholder(str),
@@ -358,10 +357,6 @@ CHOICES = {
 }
 
 REWARD_FN_KEYS = ("name", "weight", "score_key", "clip_min", "clip_max")
-# plan.target's device kinds: TPU generations libtpu describes (plan/topology.py), GPUs the
-# planner has a memory size for (plan/args.py DEVICE_MEMORY)
-TPU_TARGET_KINDS = ("v4", "v5e", "v5p", "v6e")
-GPU_TARGET_KINDS = ("h100", "h200")
 RL_TYPES = ("nft", "grpo", "ddrl", "wfm_rl")
 
 
@@ -402,23 +397,6 @@ def _positive(config, keys, allow_zero=False):
         value = _required(config, key)
         if value < 0 or (value == 0 and not allow_zero):
             raise ConfigError(f"config key '{key}' must be {'>= 0' if allow_zero else '> 0'}, got {value}")
-
-
-def parse_target(target: str) -> tuple[str, str, int]:
-    """plan.target -> ("tpu", topology, chips) or ("gpu", kind, count); ConfigError naming the
-    forms it takes."""
-    t = str(target).strip().lower()
-    tpu = re.fullmatch(r"(" + "|".join(TPU_TARGET_KINDS) + r"):(\d+)x(\d+)(?:x(\d+))?", t)
-    if tpu:
-        dims = [int(d) for d in tpu.groups()[1:] if d is not None]
-        if all(d > 0 for d in dims):
-            return "tpu", t, int(math.prod(dims))
-    gpu = re.fullmatch(r"(" + "|".join(GPU_TARGET_KINDS) + r"):(\d+)", t)
-    if gpu and int(gpu.group(2)) > 0:
-        return "gpu", gpu.group(1), int(gpu.group(2))
-    raise ConfigError(f"config key 'plan.target' = {target!r} is not a TPU topology "
-                      f"('{TPU_TARGET_KINDS[2]}:2x2x1'; {', '.join(TPU_TARGET_KINDS)}) or GPUs "
-                      f"('h100:8'; {', '.join(GPU_TARGET_KINDS)})")
 
 
 @register_check

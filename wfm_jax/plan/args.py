@@ -81,7 +81,7 @@ def resolve_target(args):
     args.target_source = "command line"
     if args.topology is None and args.devices is None:
         from wfm_jax.config.recipe import ConfigError, load_config
-        from wfm_jax.config.schema import parse_target
+        from wfm_jax.config.targets import parse_target
         try:
             config = load_config(args.config, [tuple(kv.split("=", 1)) for kv in args.set])
             target = parse_target(config.plan.target) if str(config.plan.target) else None
