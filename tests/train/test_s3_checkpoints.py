@@ -147,3 +147,60 @@ def test_final_mode_uploads_the_newest_at_the_end(s3_bucket, tmp_path):
     assert mirror.committed(cfg, s3_bucket, "safetensors") == ["step_10"]
     body = s3lib.client(cfg).get_object(Bucket=s3_bucket, Key="metrics.jsonl")["Body"].read()
     assert body == b'{"step": 10}\n'
+
+
+def test_a_slow_upload_holds_the_local_prune(s3_bucket, tmp_path, monkeypatch):
+    """The uploader behind the loop (a busy host): export_max_keep's prune of step_2 waits for
+    step_2's upload instead of deleting it first, so every export still reaches S3 (CI once
+    lost step_2 this way)."""
+    from wfm_jax.train.export import prune_exports
+    out = tmp_path / "out"
+    real = mirror.upload_tree
+
+    def slow(*args, **kwargs):
+        time.sleep(0.5)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(mirror, "upload_tree", slow)
+    sync = s3_sync.S3Sync(_config(out, s3_bucket))
+    for step in (2, 4, 6):
+        export = out / "safetensors" / f"step_{step}"
+        export.mkdir(parents=True)
+        (export / "model.safetensors").write_bytes(b"w" * step)
+        sync.exported(step)
+        prune_exports(str(out), 2, before_delete=lambda steps: sync.wait_uploaded(
+            "safetensors", [f"step_{n}" for n in steps]))
+    assert sorted(os.listdir(out / "safetensors")) == ["step_4", "step_6"]
+    sync.finish()
+    assert mirror.committed(sync.cfg, s3_bucket, "runs/a/safetensors") == [
+        "step_2", "step_4", "step_6"]
+
+
+def test_a_slow_upload_holds_max_keep(s3_bucket, tmp_path, monkeypatch):
+    """The same for checkpoints: TrainSetup.save waits for the uploads of the steps orbax's
+    max_keep would delete, so with upload_s3="all" every step is committed once."""
+    import types
+
+    import jax.numpy as jnp
+
+    from wfm_jax.train.checkpoint import Checkpointer
+    from wfm_jax.train.setup import TrainSetup
+    out = tmp_path / "out"
+    real, uploaded = mirror.upload_tree, []
+
+    def slow(cfg, local, bucket, base, **kwargs):
+        time.sleep(0.5)
+        uploaded.append(base.rsplit("/", 1)[-1])
+        return real(cfg, local, bucket, base, **kwargs)
+
+    monkeypatch.setattr(mirror, "upload_tree", slow)
+    run = types.SimpleNamespace(
+        checkpointer=Checkpointer(out / "checkpoints", max_keep=1, save_freq=1, async_=False),
+        state={"w": jnp.arange(3.0)}, s3=s3_sync.S3Sync(_config(out, s3_bucket,
+                                                                train__ckpt__max_keep="1")))
+    for step in (1, 2, 3):
+        assert TrainSetup.save(run, step)
+    TrainSetup.close(run)
+    assert uploaded == ["1", "2", "3"]
+    assert sorted(os.listdir(out / "checkpoints")) == ["3"]
+    assert mirror.committed(s3lib.s3_config_from_env(), s3_bucket, "runs/a/checkpoints") == ["3"]

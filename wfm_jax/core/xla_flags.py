@@ -9,10 +9,13 @@ platforms ignore them.
 
 Applied by the entry points (train, generate, bench) before jax starts its backend. A flag
 already in XLA_FLAGS is left as the user set it; WFM_JAX_XLA_DEFAULTS=0 adds none of them.
+The same call keeps jax off the TPU plugin on a host with no TPU (skip_absent_tpu).
 """
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
 from collections.abc import MutableMapping
 
 GPU_DEFAULTS = (
@@ -40,10 +43,28 @@ def with_defaults(xla_flags: str) -> str:
 
 
 def apply(environ: MutableMapping[str, str] = os.environ) -> None:
-    """Set XLA_FLAGS in `environ` to with_defaults(...) unless WFM_JAX_XLA_DEFAULTS=0."""
-    if environ.get("WFM_JAX_XLA_DEFAULTS", "1") == "0":
-        return
-    environ["XLA_FLAGS"] = with_defaults(environ.get("XLA_FLAGS", ""))
+    """Set XLA_FLAGS in `environ` to with_defaults(...) unless WFM_JAX_XLA_DEFAULTS=0; then
+    skip_absent_tpu."""
+    if environ.get("WFM_JAX_XLA_DEFAULTS", "1") != "0":
+        environ["XLA_FLAGS"] = with_defaults(environ.get("XLA_FLAGS", ""))
+    skip_absent_tpu(environ)
+
+
+def skip_absent_tpu(environ: MutableMapping[str, str] = os.environ) -> bool:
+    """libtpu installed (the tpu extra compiles TPU programs anywhere) on a host with neither a
+    TPU chip nor an NVIDIA GPU: jax would still start the TPU plugin, and libtpu prints a screen
+    of warnings before falling back to the CPU, burying a run's one-line errors. Name the CPU
+    instead. A JAX_PLATFORMS the user set is kept; returns whether this set it."""
+    if environ.get("JAX_PLATFORMS") or importlib.util.find_spec("libtpu") is None:
+        return False
+    from jax._src import hardware_utils  # the PCI scan jax's own TPU init uses
+    if hardware_utils.num_available_tpu_chips_and_device_id()[0] or \
+            hardware_utils.has_visible_nvidia_gpu():
+        return False
+    environ["JAX_PLATFORMS"] = "cpu"
+    if environ is os.environ and "jax" in sys.modules:  # jax read the variable on import
+        sys.modules["jax"].config.update("jax_platforms", "cpu")
+    return True
 
 
 def virtual_devices(n: int) -> None:

@@ -212,6 +212,11 @@ class Checkpointer:
     def latest_step(self) -> int | None:
         return self._mgr.latest_step()
 
+    def removed_by_saving(self, step: int) -> list[int]:
+        """The old steps max_keep deletes when `step` is saved."""
+        keep = self._max_keep
+        return sorted(self.all_steps() + [int(step)])[:-keep] if keep else []
+
     def should_save(self, step: int) -> bool:
         return self.save_freq > 0 and step > 0 and step % self.save_freq == 0
 

@@ -93,14 +93,17 @@ def exports_kept(config) -> int | None:
     return int(keep) if keep else None
 
 
-def prune_exports(output_dir: str, keep: int | None) -> list[int]:
+def prune_exports(output_dir: str, keep: int | None,
+                  before_delete: Callable[[list[int]], None] | None = None) -> list[int]:
     """Delete all but the newest `keep` safetensors/step_N dirs (None: keep all); returns the
-    removed steps."""
+    removed steps. `before_delete(steps)` runs first (the S3 uploads of those steps end)."""
     root = os.path.join(output_dir, "safetensors")
     if not keep or not os.path.isdir(root):
         return []
     steps = sorted(int(n[5:]) for n in os.listdir(root) if re.fullmatch(r"step_\d+", n))
     removed = steps[:-keep]
+    if removed and before_delete is not None:
+        before_delete(removed)
     for step in removed:
         shutil.rmtree(step_dir(output_dir, step))
     return removed
@@ -169,11 +172,14 @@ def export_step(setup, step: int) -> str | None:
                                        write=setup.pipe.export_trainable)
     say(f"exported step {step} to {dst}" + (" (LoRA adapter in lora/)" if setup.lora else
                                             " (diffusers pipeline)"))
-    if getattr(setup, "s3", None) is not None:
-        setup.s3.exported(step)
+    s3 = getattr(setup, "s3", None)
+    if s3 is not None:
+        s3.exported(step)
     if jax.process_index() == 0:
         keep = exports_kept(config)
-        removed = prune_exports(config.train.output_dir, keep)
+        removed = prune_exports(config.train.output_dir, keep, before_delete=None if s3 is None
+                                else lambda steps: s3.wait_uploaded("safetensors",
+                                                                    [f"step_{n}" for n in steps]))
         if removed:
             say(f"removed export{'s' if len(removed) > 1 else ''} "
                 f"{', '.join(f'step_{s}' for s in removed)} (train.ckpt.export_max_keep: keep "

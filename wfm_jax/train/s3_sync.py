@@ -8,8 +8,11 @@ Layout under s3://<s3_bucket>/<s3_prefix>/ mirrors output_dir:
 orbax keeps writing locally (atomic rename); a background thread on process 0 uploads each step
 once its directory is final. upload_s3="all": every checkpoint and export; "final": the newest of
 each when the run ends. Committed checkpoints beyond train.ckpt.max_keep are deleted under this
-prefix (marker first); nothing else on S3 is ever deleted. An upload that fails (after boto3's
-retries) stops the run at its next checkpoint with one line; its step is never committed.
+prefix (marker first); nothing else on S3 is ever deleted. A step dir queued for upload is never
+pruned locally before its upload ends: the checkpoint save and the export prune first wait for
+the uploads of the steps they would remove (the loop waits for a slow upload, it loses nothing).
+An upload that fails (after boto3's retries) stops the run at its next checkpoint with one line;
+its step is never committed.
 """
 from __future__ import annotations
 
@@ -114,6 +117,8 @@ class S3Sync:
         self._error: S3UploadError | None = None
         self._stop = threading.Event()
         self._done: set = set()
+        self._pending: set = set()  # queued jobs whose upload has not ended
+        self._settled = threading.Condition()
         self._thread = threading.Thread(target=self._work, name="s3-upload", daemon=True)
         self._thread.start()
 
@@ -121,12 +126,26 @@ class S3Sync:
     def checkpoint_saved(self, step: int) -> None:
         self.check()
         if self.mode == "all":
-            self._jobs.put(("checkpoints", str(step)))
+            self._queue(("checkpoints", str(step)))
 
     def exported(self, step: int) -> None:
         self.check()
         if self.mode == "all":
-            self._jobs.put(("safetensors", f"step_{step}"))
+            self._queue(("safetensors", f"step_{step}"))
+
+    def wait_uploaded(self, kind: str, names) -> None:
+        """Block until the queued uploads of `kind`/`names` have ended (uploaded or failed):
+        call before deleting those local dirs. Names never queued return at once."""
+        wanted = {(kind, str(n)) for n in names}
+        with self._settled:
+            while wanted & self._pending and self._thread.is_alive():
+                self._settled.wait(timeout=1.0)
+        self.check()
+
+    def _queue(self, job: tuple[str, str]) -> None:
+        with self._settled:
+            self._pending.add(job)
+        self._jobs.put(job)
 
     def check(self) -> None:
         if self._error is not None:
@@ -141,7 +160,7 @@ class S3Sync:
                 root = os.path.join(self.output_dir, kind)
                 names = [n for n in os.listdir(root) if pattern(n)] if os.path.isdir(root) else []
                 if names:
-                    self._jobs.put((kind, max(names, key=lambda n: int(n.removeprefix("step_")))))
+                    self._queue((kind, max(names, key=lambda n: int(n.removeprefix("step_")))))
         self._stop.set()  # the checkpointer is closed: a step dir missing now never comes
         self._jobs.put(None)
         self._thread.join()
@@ -154,23 +173,31 @@ class S3Sync:
             job = self._jobs.get()
             if job is None:
                 return
-            if self._error is not None or job in self._done:
-                continue
-            kind, name = job
-            local = os.path.join(self.output_dir, kind, name)
             try:
-                self._upload(kind, name)
-                self._done.add(job)
-            except Exception as e:
-                if isinstance(e, FileNotFoundError) and not os.path.isdir(local):
-                    # pruned locally (max_keep) before its upload, or never finalized
-                    say(f"skipped uploading {kind}/{name}: it is gone from {self.output_dir}")
-                    continue
-                what = f"uploading {kind}/{name} to s3://{self.bucket}/{self.prefix}{kind}/{name}"
-                err = e if isinstance(e, s3lib.S3Error) else s3lib.explain(e, self.cfg, what,
-                                                                            self.bucket)
-                self._error = S3UploadError(f"{err}; it is not committed on S3, the local copy "
-                                            f"in {self.output_dir}/{kind}/{name} is intact")
+                self._run(job)
+            finally:
+                with self._settled:
+                    self._pending.discard(job)
+                    self._settled.notify_all()
+
+    def _run(self, job: tuple[str, str]) -> None:
+        if self._error is not None or job in self._done:
+            return
+        kind, name = job
+        local = os.path.join(self.output_dir, kind, name)
+        try:
+            self._upload(kind, name)
+            self._done.add(job)
+        except Exception as e:
+            if isinstance(e, FileNotFoundError) and not os.path.isdir(local):
+                # never finalized (the run died before the checkpointer renamed it into place)
+                say(f"skipped uploading {kind}/{name}: it is gone from {self.output_dir}")
+                return
+            what = f"uploading {kind}/{name} to s3://{self.bucket}/{self.prefix}{kind}/{name}"
+            err = e if isinstance(e, s3lib.S3Error) else s3lib.explain(e, self.cfg, what,
+                                                                        self.bucket)
+            self._error = S3UploadError(f"{err}; it is not committed on S3, the local copy "
+                                        f"in {self.output_dir}/{kind}/{name} is intact")
 
     def _upload(self, kind: str, name: str) -> None:
         local = os.path.join(self.output_dir, kind, name)

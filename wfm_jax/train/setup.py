@@ -226,6 +226,9 @@ class TrainSetup:
     def save(self, step: int, data_state: dict | None = None, extra: dict | None = None,
              force: bool = False) -> bool:
         """Checkpoint `self.state` at `step` if due (train.ckpt.save_freq) or forced."""
+        due = force or self.checkpointer.should_save(step)
+        if self.s3 is not None and due:  # max_keep must not delete a step before its upload
+            self.s3.wait_uploaded("checkpoints", self.checkpointer.removed_by_saving(step))
         started = self.checkpointer.save(step, self.state, extra=extra, data_state=data_state,
                                          force=force)
         if self.s3 is not None and started:
