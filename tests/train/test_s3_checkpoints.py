@@ -176,9 +176,11 @@ def test_a_slow_upload_holds_the_local_prune(s3_bucket, tmp_path, monkeypatch):
         "step_2", "step_4", "step_6"]
 
 
-def test_a_slow_upload_holds_max_keep(s3_bucket, tmp_path, monkeypatch):
+@pytest.mark.parametrize("async_", [False, True])
+def test_a_slow_upload_holds_max_keep(s3_bucket, tmp_path, monkeypatch, async_):
     """The same for checkpoints: TrainSetup.save waits for the uploads of the steps orbax's
-    max_keep would delete, so with upload_s3="all" every step is committed once."""
+    max_keep would delete (an async save's step counted once it is final), so with
+    upload_s3="all" every step is committed once."""
     import types
 
     import jax.numpy as jnp
@@ -195,7 +197,7 @@ def test_a_slow_upload_holds_max_keep(s3_bucket, tmp_path, monkeypatch):
 
     monkeypatch.setattr(mirror, "upload_tree", slow)
     run = types.SimpleNamespace(
-        checkpointer=Checkpointer(out / "checkpoints", max_keep=1, save_freq=1, async_=False),
+        checkpointer=Checkpointer(out / "checkpoints", max_keep=1, save_freq=1, async_=async_),
         state={"w": jnp.arange(3.0)}, s3=s3_sync.S3Sync(_config(out, s3_bucket,
                                                                 train__ckpt__max_keep="1")))
     for step in (1, 2, 3):

@@ -213,8 +213,11 @@ class Checkpointer:
         return self._mgr.latest_step()
 
     def removed_by_saving(self, step: int) -> list[int]:
-        """The old steps max_keep deletes when `step` is saved."""
+        """The old steps max_keep deletes when `step` is saved. Waits for a background save
+        first (the save itself would), so that the step it writes is counted."""
         keep = self._max_keep
+        if keep:
+            self._mgr.wait_until_finished()
         return sorted(self.all_steps() + [int(step)])[:-keep] if keep else []
 
     def should_save(self, step: int) -> bool:
