@@ -3,6 +3,7 @@ resumed from; the server killed during an upload fails the run with one line and
 committed step; a bucket that does not exist and missing credentials are one line each."""
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -168,8 +169,8 @@ def test_a_slow_upload_holds_the_local_prune(s3_bucket, tmp_path, monkeypatch):
         export.mkdir(parents=True)
         (export / "model.safetensors").write_bytes(b"w" * step)
         sync.exported(step)
-        prune_exports(str(out), 2, before_delete=lambda steps: sync.wait_uploaded(
-            "safetensors", [f"step_{n}" for n in steps]))
+        prune_exports(str(out), 2, before_delete=functools.partial(sync.wait_uploaded,
+                                                                    "safetensors"))
     assert sorted(os.listdir(out / "safetensors")) == ["step_4", "step_6"]
     sync.finish()
     assert mirror.committed(sync.cfg, s3_bucket, "runs/a/safetensors") == [

@@ -19,6 +19,7 @@ from wfm_jax.bench.families import (  # noqa: F401 -- the suites' names too
 from wfm_jax.models.cosmos.transformer import COSMOS25_PREDICT_2B
 from wfm_jax.models.wan.vae import WAN21_LATENTS_MEAN, WAN21_LATENTS_STD
 from wfm_jax.programs.released import SD3_VAE, SD35_MEDIUM
+from wfm_jax.programs.stats import CPU_COMPILE_ONLY
 
 # Optimizer of each train workload (identical in both stacks): AdamW behind global-norm clipping.
 # Full fine-tune: torch's AdamW defaults with a fine-tuning rate; LoRA: the SD3.5 NFT recipe.
@@ -111,7 +112,7 @@ class Suite:
 
     @property
     def compiler_options(self) -> dict | None:
-        return {"xla_backend_optimization_level": 0} if self.fast_compile else None
+        return dict(CPU_COMPILE_ONLY) if self.fast_compile else None
 
 
 SUITES = {

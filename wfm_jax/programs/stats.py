@@ -73,11 +73,7 @@ def collective_bytes(hlo_text: str) -> dict[str, int]:
 # The program is compiled to be measured, never run: on the CPU, LLVM's optimisation of its code
 # is wasted time (XLA assigns the same buffers at every level; level 0 compiles the tiny SD3
 # step about a quarter faster). Other backends have their own compilers: nothing is passed.
-_COMPILE_ONLY = {"xla_backend_optimization_level": 0}
-
-
-def _on_cpu(mesh) -> bool:
-    return all(d.platform == "cpu" for d in mesh.devices.flat)
+CPU_COMPILE_ONLY = {"xla_backend_optimization_level": 0}
 
 
 def compile_stats(fn, *args: Any,
@@ -89,10 +85,12 @@ def compile_stats(fn, *args: Any,
     import jax
 
     from wfm_jax.core import mesh as wmesh
+    from wfm_jax.models.layers.attention import target_device
+    options = CPU_COMPILE_ONLY if target_device(fn.mesh).platform == "cpu" else None
     with jax.set_mesh(fn.mesh), wmesh.use_rules(fn.rules):  # what MeshJit.lower does
         traced = fn.jitted.trace(*args)
         start = time.perf_counter()
-        compiled = traced.lower().compile(_COMPILE_ONLY if _on_cpu(fn.mesh) else None)
+        compiled = traced.lower().compile(options)
         seconds = time.perf_counter() - start
     m = compiled.memory_analysis()
     cost = compiled.cost_analysis()

@@ -245,17 +245,16 @@ class Checkpointer:
                      extra=ocp.args.JsonSave(extra))
         if data_state is not None:
             items["data"] = ProcessJsonSave(data_state)
-        before = self.all_steps()
+        removed = self.removed_by_saving(step)
         started = bool(self._mgr.save(step, args=ocp.args.Composite(**items), force=True))
         if started:
-            self._say_saved(step, before)
+            self._say_saved(step, removed)
         return started
 
-    def _say_saved(self, step: int, before: list[int]) -> None:
+    def _say_saved(self, step: int, removed: list[int]) -> None:
         """One console line: the save and the old steps max_keep removes with it (orbax drops
         them silently, in the background when async)."""
         keep = self._max_keep
-        removed = sorted(before + [step])[:-keep] if keep else []
         how = "saving (in the background)" if self._async else "saved"
         line = f"checkpoint step {step} {how} in {self.directory}/{step}"
         if removed:

@@ -14,6 +14,7 @@ newest train.ckpt.export_max_keep step dirs are kept (None: as max_keep; 0: ever
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -178,8 +179,7 @@ def export_step(setup, step: int) -> str | None:
     if jax.process_index() == 0:
         keep = exports_kept(config)
         removed = prune_exports(config.train.output_dir, keep, before_delete=None if s3 is None
-                                else lambda steps: s3.wait_uploaded("safetensors",
-                                                                    [f"step_{n}" for n in steps]))
+                                else functools.partial(s3.wait_uploaded, "safetensors"))
         if removed:
             say(f"removed export{'s' if len(removed) > 1 else ''} "
                 f"{', '.join(f'step_{s}' for s in removed)} (train.ckpt.export_max_keep: keep "

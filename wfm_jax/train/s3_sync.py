@@ -30,6 +30,8 @@ from wfm_jax.io.storage import mirror
 from wfm_jax.io.storage import s3 as s3lib
 
 _SIDE_FILES = ("config.json", "metrics.jsonl")
+# a step's directory name under each kind (the local and the S3 layout alike)
+_STEP_DIR = {"checkpoints": str, "safetensors": lambda step: f"step_{step}"}
 
 
 class S3UploadError(RuntimeError):
@@ -126,17 +128,18 @@ class S3Sync:
     def checkpoint_saved(self, step: int) -> None:
         self.check()
         if self.mode == "all":
-            self._queue(("checkpoints", str(step)))
+            self._queue(("checkpoints", _STEP_DIR["checkpoints"](step)))
 
     def exported(self, step: int) -> None:
         self.check()
         if self.mode == "all":
-            self._queue(("safetensors", f"step_{step}"))
+            self._queue(("safetensors", _STEP_DIR["safetensors"](step)))
 
-    def wait_uploaded(self, kind: str, names) -> None:
-        """Block until the queued uploads of `kind`/`names` have ended (uploaded or failed):
-        call before deleting those local dirs. Names never queued return at once."""
-        wanted = {(kind, str(n)) for n in names}
+    def wait_uploaded(self, kind: str, steps) -> None:
+        """Block until the queued uploads of `kind` ("checkpoints" or "safetensors") at `steps`
+        have ended (uploaded or failed): call before deleting those local dirs. Steps never
+        queued return at once."""
+        wanted = {(kind, _STEP_DIR[kind](step)) for step in steps}
         with self._settled:
             while wanted & self._pending and self._thread.is_alive():
                 self._settled.wait(timeout=1.0)
