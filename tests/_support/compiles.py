@@ -2,6 +2,10 @@
 tests that check a program is compiled once and reused."""
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
+import pytest
 from jax._src import monitoring
 from jax._src.dispatch import BACKEND_COMPILE_EVENT
 
@@ -30,3 +34,21 @@ class CompileCounter:
     def __exit__(self, *exc):
         monitoring.unregister_event_duration_listener(self._on_compile)
         monitoring.unregister_event_listener(self._on_event)
+
+
+@contextlib.contextmanager
+def compiles_from_step(first: int) -> Iterator[CompileCounter]:
+    """Counts compilations from the start of RL step `first` on (when its batch is read,
+    GroupBatcher.batch_at(first - 1)), for a whole run started inside the block, e.g. by
+    `wfm_jax.cli.main`. Pick `first` after every kind of work (rollout, update, validation,
+    checkpoint, export) has run once: after that nothing may compile."""
+    from wfm_jax.data.groups import GroupBatcher
+    batch_at = GroupBatcher.batch_at
+
+    def counting_batch_at(self, index):
+        counter.counting = index + 1 >= first
+        return batch_at(self, index)
+
+    with CompileCounter() as counter, pytest.MonkeyPatch.context() as patch:
+        patch.setattr(GroupBatcher, "batch_at", counting_batch_at)
+        yield counter

@@ -4,8 +4,9 @@ Trainer-level wiring against float64 numpy on a toy velocity network: the stored
 steps (train_on with a random -1 entry), the training-time recomputed 2ab mean, the policy / KL /
 data loss of a stored step (rollout sigma and noise, or drawn ones), data_on_first_only, the
 reference copy. The importance ratio is exactly 1 at the first inner epoch. End to end: the tiny
-recipe (generated shapes dataset) raises the JPEG reward; a LoRA variant with every switch runs;
-a run killed and resumed ends with the uninterrupted run's metrics and train state, bit for bit.
+recipe (generated shapes dataset; exp_reward off) raises a brightness reward and compiles nothing
+once every kind of work ran; a LoRA variant with every switch runs; a run killed and resumed ends
+with the uninterrupted run's metrics and train state, bit for bit.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import pytest
 
 from tests import _rl_toy as toy
 from tests._resume import assert_resumed_run_matches, kill_and_resume, persistent_compile_cache
+from tests._support.compiles import compiles_from_step
 from wfm_jax.algorithms.advantages import ddrl_advantages
 from wfm_jax.algorithms.ddrl import draw_data_sigma
 from wfm_jax.algorithms.ddrl.algorithm import DDRL
@@ -258,20 +260,39 @@ def compile_cache(tmp_path_factory):
 
 
 def _argv(dirs, out_dir, *extra):
-    # mini_batch 2 per device x the 8 test devices = the whole batch of 16 in one micro-batch
+    # mini_batch 2 per device x the 8 test devices = the whole batch of 16 in one micro-batch.
+    # exp_reward off (cosmos-rl's default; the tiny recipe has it on): with A -> -exp(-A) every
+    # advantage is negative (mean about -1.65), the update pushes the policy off all its own
+    # samples, and the brightness reward fell on 2 of 3 seeds (-0.8, +41, -5.5 standard errors on
+    # seeds 0, 1, 2; with data_beta 0 too: -0.7 / -5.1 on seeds 0 / 2). Off, it rose on every seed
+    # tried: +6.1, +29.0, +14.6 and +28.4 standard errors on seeds 0, 1, 2, 3 (2026-11-27).
     return ["--config", RECIPE, f"--config.policy.model_name_or_path={dirs[0]}",
             f"--config.train.train_policy.dataset.local_dir={dirs[1]}",
             f"--config.train.output_dir={out_dir}", "--config.train.train_policy.mini_batch=2",
+            "--config.train.train_policy.exp_reward=False",
             *toy.random_model_overrides(5e-3, prompts=False), *extra]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def brightness():
+    with toy.brightness_reward() as name:
+        yield name
+
+
 @pytest.fixture(scope="module")
-def ddrl_run(tiny_dirs, compile_cache, tmp_path_factory):
-    """The whole tiny recipe, uninterrupted; every 4th step checkpointed and kept."""
+def ddrl_run_compiles(tiny_dirs, compile_cache, tmp_path_factory):
+    """The whole tiny recipe, uninterrupted; every 4th step checkpointed (and exported) and
+    kept; the programs compiled from step 12 on."""
     out = tmp_path_factory.mktemp("ddrl")
-    assert wmain.main(_argv(tiny_dirs, out, "--config.train.ckpt.save_freq=4",
-                            "--config.train.ckpt.max_keep=5")) == 0
-    return out
+    with compiles_from_step(toy.EVERY_KIND_RAN) as compiles:
+        assert wmain.main(_argv(tiny_dirs, out, "--config.train.ckpt.save_freq=4",
+                                "--config.train.ckpt.max_keep=5")) == 0
+    return out, compiles.names
+
+
+@pytest.fixture(scope="module")
+def ddrl_run(ddrl_run_compiles):
+    return ddrl_run_compiles[0]
 
 
 @pytest.mark.slow
@@ -281,9 +302,17 @@ def test_tiny_ddrl_reward_rises(ddrl_run):
     toy.assert_reward_rises(m)
     for step in m.values():
         assert step["train/first_epoch_ratio_abs_dev"] == 0.0  # exactly, every batch
-        assert step["rollout/advantage_max"] < 0  # exp_reward: A -> -exp(-A)
+        # per-group standardised (exp_reward off): each group has rows above and below its mean
+        assert step["rollout/advantage_min"] < 0 < step["rollout/advantage_max"]
         assert step["train/data_loss"] > 0 and np.isfinite(step["train/loss"])
     assert "val/reward_mean" in m[10] and "val/reward_mean" in m[20]
+
+
+@pytest.mark.slow
+def test_nothing_compiles_once_every_kind_of_work_ran(ddrl_run_compiles):
+    """On the 8-way FSDP mesh, steps 12-20 (validation at 20, checkpoints and exports at 12, 16,
+    20; the data items' VAE encodes every step) compile nothing; see tests/_support/compiles.py."""
+    assert ddrl_run_compiles[1] == []
 
 
 @pytest.mark.slow
