@@ -52,3 +52,5 @@ def compiles_from_step(first: int) -> Iterator[CompileCounter]:
     with CompileCounter() as counter, pytest.MonkeyPatch.context() as patch:
         patch.setattr(GroupBatcher, "batch_at", counting_batch_at)
         yield counter
+    # an empty count means something only if the run got that far
+    assert counter.counting, f"the run never read step {first}'s batch: nothing was counted"

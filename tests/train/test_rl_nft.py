@@ -1,10 +1,11 @@
 """DiffusionNFT end to end on the tiny pipeline (issue E acceptance).
 
 One 20-step run of configs/tiny_nft.py through the reference reward server on loopback (the
-remote path) must raise a mean-brightness reward and compile nothing once every kind of work ran; a local-reward run of the same recipe,
-killed after step 3 and resumed from its step-2 checkpoint, must log exactly the same metrics for
-steps 1..3 and hold the same step-3 state bit for bit (local == remote, resume bit-identical); a
-LoRA run's export must load in diffusers and give the JAX model's velocity. Bad input stops with one line before compiling.
+remote path) must raise a mean-brightness reward and compile nothing once every kind of work
+ran; a local-reward run of the same recipe, killed after step 3 and resumed from its step-2
+checkpoint, must log exactly the same metrics for steps 1..3 and hold the same step-3 state bit
+for bit (local == remote, resume bit-identical); a LoRA run's export must load in diffusers and
+give the JAX model's velocity. Bad input stops with one line before compiling.
 """
 from __future__ import annotations
 
