@@ -4,8 +4,8 @@ an 8-device FSDP mesh, a checkpoint and an export at steps 2 and 4: once step 2 
 kind of work once, steps 3 and 4 must compile nothing (XLA backend compilations counted through
 jax.monitoring, and hits of a persistent compilation cache, as tests/_resume.py turns on: a
 program fetched from such a cache was still built again). The RL recipes' checks ride on their
-20-step reward-rise runs, also on an 8-device FSDP mesh (test_nothing_compiles_once_every_kind_
-of_work_ran in tests/train/test_rl_{nft,grpo,ddrl}.py)."""
+20-step reward-rise runs, also on an 8-device FSDP mesh: each of
+tests/train/test_rl_{nft,grpo,ddrl}.py has test_nothing_compiles_once_every_kind_of_work_ran."""
 from __future__ import annotations
 
 import os
