@@ -4,8 +4,9 @@ Trainer-level wiring against float64 numpy on a toy velocity network: the stored
 log-probs of an SDE rollout with CFG, the training-time recomputed mean / log-prob / PPO loss /
 closed-form KL of a stored step, the gradient with the unconditional branch detached, the Fast
 window with the CPS step. The importance ratio is exactly 1 at the first inner epoch. End to end:
-the tiny recipe raises a brightness reward and compiles nothing once every kind of work ran; the Fast variant with two inner epochs and LoRA runs; a
-run killed and resumed ends with the uninterrupted run's metrics and train state, bit for bit.
+the tiny recipe raises a brightness reward and compiles nothing once every kind of work ran; the
+Fast variant with two inner epochs and LoRA runs; a run killed and resumed ends with the
+uninterrupted run's metrics and train state, bit for bit.
 """
 from __future__ import annotations
 
