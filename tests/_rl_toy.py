@@ -73,6 +73,16 @@ EVERY_KIND_RAN = 12
 BRIGHTNESS = "test_rl_brightness"
 
 
+def main_counting_late_compiles(argv: list[str]) -> list[str]:
+    """Run `wfm_jax.cli.main(argv)` (it must succeed); the programs compiled from step
+    EVERY_KIND_RAN on, which must be none (tests/_support/compiles.py)."""
+    from tests._support.compiles import compiles_from_step
+    from wfm_jax.cli import main as wmain
+    with compiles_from_step(EVERY_KIND_RAN) as compiles:
+        assert wmain.main(argv) == 0
+    return compiles.names
+
+
 @contextlib.contextmanager
 def brightness_reward(name: str = BRIGHTNESS) -> Iterator[str]:
     """Mean pixel brightness in [0, 1], registered as reward `name` while the block runs (the

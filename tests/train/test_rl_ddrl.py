@@ -20,7 +20,6 @@ import pytest
 
 from tests import _rl_toy as toy
 from tests._resume import assert_resumed_run_matches, kill_and_resume, persistent_compile_cache
-from tests._support.compiles import compiles_from_step
 from wfm_jax.algorithms.advantages import ddrl_advantages
 from wfm_jax.algorithms.ddrl import draw_data_sigma
 from wfm_jax.algorithms.ddrl.algorithm import DDRL
@@ -284,10 +283,8 @@ def ddrl_run_compiles(tiny_dirs, compile_cache, tmp_path_factory):
     """The whole tiny recipe, uninterrupted; every 4th step checkpointed (and exported) and
     kept; the programs compiled from step 12 on."""
     out = tmp_path_factory.mktemp("ddrl")
-    with compiles_from_step(toy.EVERY_KIND_RAN) as compiles:
-        assert wmain.main(_argv(tiny_dirs, out, "--config.train.ckpt.save_freq=4",
-                                "--config.train.ckpt.max_keep=5")) == 0
-    return out, compiles.names
+    return out, toy.main_counting_late_compiles(_argv(tiny_dirs, out, "--config.train.ckpt.save_freq=4",
+                                                       "--config.train.ckpt.max_keep=5"))
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,6 @@ import pytest
 
 from tests import _rl_toy as toy
 from tests._resume import assert_resumed_run_matches, kill_and_resume, persistent_compile_cache
-from tests._support.compiles import compiles_from_step
 from wfm_jax.algorithms.grpo.algorithm import GRPO
 from wfm_jax.cli import main as wmain
 from wfm_jax.config.schema import default_config
@@ -260,10 +259,8 @@ def grpo_run_compiles(tiny_dir, compile_cache, tmp_path_factory):
     """The whole tiny recipe, uninterrupted; every 4th step checkpointed (and exported) and
     kept; the programs compiled from step 12 on."""
     out = tmp_path_factory.mktemp("grpo")
-    with compiles_from_step(toy.EVERY_KIND_RAN) as compiles:
-        assert wmain.main(_argv(tiny_dir, out, "--config.train.ckpt.save_freq=4",
-                                "--config.train.ckpt.max_keep=5")) == 0
-    return out, compiles.names
+    return out, toy.main_counting_late_compiles(_argv(tiny_dir, out, "--config.train.ckpt.save_freq=4",
+                                                       "--config.train.ckpt.max_keep=5"))
 
 
 @pytest.fixture(scope="module")

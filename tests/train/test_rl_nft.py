@@ -18,7 +18,6 @@ import pytest
 
 from tests import _rl_toy as toy
 from tests._resume import assert_resumed_run_matches, kill_and_resume, persistent_compile_cache
-from tests._support.compiles import compiles_from_step
 from tests._support.paths import REPO_ROOT
 from wfm_jax.cli import main as wmain
 
@@ -72,17 +71,15 @@ def remote_run_compiles(tiny_dir, compile_cache, tmp_path_factory):
     from reward_client.protocol import ENQUEUE_PATH, PULL_PATH
     from reward_client.server import create_app
     out = tmp_path_factory.mktemp("nft_remote")
-    with BackgroundServer(create_app(TOKEN)) as srv, compiles_from_step(toy.EVERY_KIND_RAN) as compiles:
-        rc = wmain.main(_argv(tiny_dir, out, "--config.train.train_policy.use_remote_reward=True",
-                              f"--config.train.train_policy.remote_reward.enqueue_url="
-                              f"{srv.url}{ENQUEUE_PATH}",
-                              f"--config.train.train_policy.remote_reward.fetch_url="
-                              f"{srv.url}{PULL_PATH}",
-                              f"--config.train.train_policy.remote_reward.token={TOKEN}",
-                              # every third step kept: the resume test compares step 3's state
-                              "--config.train.ckpt.save_freq=3", "--config.train.ckpt.max_keep=7"))
-    assert rc == 0
-    return out, compiles.names
+    with BackgroundServer(create_app(TOKEN)) as srv:
+        late = toy.main_counting_late_compiles(_argv(
+            tiny_dir, out, "--config.train.train_policy.use_remote_reward=True",
+            f"--config.train.train_policy.remote_reward.enqueue_url={srv.url}{ENQUEUE_PATH}",
+            f"--config.train.train_policy.remote_reward.fetch_url={srv.url}{PULL_PATH}",
+            f"--config.train.train_policy.remote_reward.token={TOKEN}",
+            # every third step kept: the resume test compares step 3's state
+            "--config.train.ckpt.save_freq=3", "--config.train.ckpt.max_keep=7"))
+    return out, late
 
 
 @pytest.fixture(scope="module")
