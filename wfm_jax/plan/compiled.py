@@ -134,6 +134,50 @@ def peak(p: dict, resident: int, code_in_hbm: bool) -> None:
                        + (p["generated_code_bytes"] if code_in_hbm else 0))
 
 
+_SUMMED = ("argument_bytes", "output_bytes", "alias_bytes", "generated_code_bytes", "flops",
+           "xla_flops_per_device", "optimal_seconds", "xla_bytes_accessed", "compile_seconds")
+
+
+def join_tail(body: dict, tail: dict, handoff_bytes: int) -> dict:
+    """The figures of one program that runs `body` and then `tail` on its output (the sampler or
+    rollout, then its VAE decode) from their two compiles (compile_program's results).
+    handoff_bytes: per device, what the body hands the tail (the latents), an output of the
+    whole that the tail takes as an argument. Summed: arguments (less the handoff), outputs,
+    code, FLOPs, cost-model seconds, collectives, kernels; temporaries: the larger, as the
+    body's are dead when the tail runs and both programs' outputs are outputs of the whole.
+    The HLO's loop factor is the cost-weighted one of both; its breakdown is the body's.
+    A refused compile makes the whole refused (its figures, the tail's temporaries if both)."""
+    if not (body["compiled"] and tail["compiled"]):
+        failed = dict(body if not body["compiled"] else tail)
+        failed["compile_seconds"] = round(body["compile_seconds"] + tail["compile_seconds"], 1)
+        return failed
+    out = dict(body)
+    for key in _SUMMED:
+        out[key] = body[key] + tail[key]
+    out["argument_bytes"] -= handoff_bytes
+    out["compile_seconds"] = round(out["compile_seconds"], 1)
+    out["temp_bytes"] = max(body["temp_bytes"], tail["temp_bytes"])
+    out["collective_bytes"] = {k: v + tail["collective_bytes"].get(k, 0)
+                               for k, v in body["collective_bytes"].items()}
+    out["custom_calls"] = {k: v + tail["custom_calls"].get(k, 0)
+                           for k, v in body["custom_calls"].items()}
+    hb, ht = body.get("hlo"), tail.get("hlo")
+    if hb and ht and hb.get("loop_factor") and ht.get("loop_factor"):
+        sb, st = body["optimal_seconds"], tail["optimal_seconds"]
+        rb, rt = hb["roofline_seconds_once"], ht["roofline_seconds_once"]
+
+        def loops(h, weight):  # each loop's share of the joined roofline's loop-once time
+            return [dict(x, share=x["share"] * weight) for x in h.get("loops", [])]
+        out["hlo"] = dict(
+            hb, loop_factor=(sb * hb["loop_factor"] + st * ht["loop_factor"]) / (sb + st)
+            if sb + st > 0 else 1.0,
+            loops=loops(hb, rb / (rb + rt)) + loops(ht, rt / (rb + rt)) if rb + rt > 0 else [],
+            unknown_loops=hb["unknown_loops"] + ht["unknown_loops"],
+            **{k: hb[k] + ht[k] for k in ("roofline_seconds_once", "roofline_seconds",
+                                          "flops_once", "flops")})
+    return out
+
+
 # what scale_linear extrapolates: bytes per device (int) and XLA / jaxpr figures (float)
 _LINEAR_BYTES = ("argument_bytes", "output_bytes", "alias_bytes", "temp_bytes",
                  "generated_code_bytes")

@@ -28,6 +28,10 @@ SCALE_METHOD = ("two compiles with K and 2K transformer blocks (each kind of blo
                 "K; the resident state (params, optimizer, EMA, RL copies, frozen) is the full "
                 "abstract model's, not scaled")
 
+JOIN_METHOD = ("the VAE decode that ends the sampler and the rollout compiled once and joined to "
+               "each cut model's program up to it (plan.compiled.join_tail: bytes, FLOPs and "
+               "seconds summed, temporaries the larger)")
+
 
 @dataclasses.dataclass(frozen=True)
 class Cut:

@@ -7,7 +7,7 @@ import os
 
 from wfm_jax.plan import layers as layers_lib
 from wfm_jax.plan.args import GiB, parse_args, recipe_rows_per_device, target_fields
-from wfm_jax.plan.compiled import compile_program, finish, memory_limit, peak, plan_mesh, scale_linear
+from wfm_jax.plan.compiled import compile_program, finish, join_tail, memory_limit, peak, plan_mesh, scale_linear
 
 # a VLM step is planned with every row at policy.vlm.model_max_length, the longest batch the
 # trainer can make (it pads each batch to its longest row): a run that passes cannot run out of
@@ -139,9 +139,23 @@ def _plan(args, config, limit) -> dict:
     def compiled_as(name, progress=on_tpu):  # the full model's figures, compiled or scaled
         if not cut_programs:
             return compile_program(getattr(programs, name), progress, args.hlo_dir)
-        measured = [compile_program(getattr(c, name), progress, args.hlo_dir)
-                    for c in cut_programs]
-        p = scale_linear(measured, cut.depths, cut.full, "layers", layers_lib.SCALE_METHOD)
+        split = cut_programs[0].split.get(name)
+        if split is None:
+            measured = [compile_program(getattr(c, name), progress, args.hlo_dir)
+                        for c in cut_programs]
+            p = scale_linear(measured, cut.depths, cut.full, "layers", layers_lib.SCALE_METHOD)
+        else:  # the decode does not depend on the depth: compiled once, joined to each cut model
+            bodies = [compile_program(c.split[name][0], progress, args.hlo_dir)
+                      for c in cut_programs]
+            decode = compile_program(split[1], progress, args.hlo_dir)
+            handoff = per_device_bytes(split[1].abstract_args()[1])
+            p = scale_linear([join_tail(b, decode, handoff) for b in bodies], cut.depths, cut.full,
+                             "layers", layers_lib.SCALE_METHOD + "; " + layers_lib.JOIN_METHOD)
+            p["compile_seconds"] = round(sum(b["compile_seconds"] for b in bodies)
+                                         + decode["compile_seconds"], 1)
+            p["decode"] = {k: decode.get(k) for k in ("compiled", "compile_seconds", "temp_bytes",
+                                                      "argument_bytes", "output_bytes",
+                                                      "optimal_seconds", "flops", "error")}
         if cut.info["scan_kept"] is False and p["compiled"]:
             # XLA counts a loop body once: across cut models scanned unlike the model (a run of
             # one block is unrolled) its figures do not extrapolate (each compile's: scaled_from)

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from wfm_jax.algorithms.base import RLAlgorithm
 from wfm_jax.programs import setup as setup_lib
 from wfm_jax.programs.rl import RLLayout, rl_layout, rl_programs
-from wfm_jax.programs.sample import sample_program
+from wfm_jax.programs.sample import decode_program, sample_program
 from wfm_jax.programs.sft import sft_step
 from wfm_jax.programs.stats import CompileStats, compile_stats
 
@@ -67,6 +67,10 @@ class Programs:
     evaluate: Program | None = None
     sample: Program | None = None
     layout: RLLayout | None = None
+    # name -> (the program up to its VAE decode, the decode alone): the planner compiles cut
+    # models of the first and the second once (plan.compiled.join_tail), as it does not depend
+    # on the transformer's depth
+    split: dict[str, tuple[Program, Program]] = dataclasses.field(default_factory=dict)
 
     def abstract_args(self, name: str) -> tuple:
         program = {"sft_step": self.sft_step, "rollout": self.rollout, "update": self.update,
@@ -158,6 +162,14 @@ def build(setup: setup_lib.Setup, algorithm: RLAlgorithm | None = None, *,
         return (abstract(setup.state), abstract(setup.frozen), abstract(setup.vae_state()),
                 latents, cond, uncond)
 
+    def sampler_split(name: str, n: int) -> dict:
+        if sampler is None:
+            return {}
+        return {name: (Program(f"{name}_body", sample_program(setup, decode=False),
+                               lambda: sample_args(n)),
+                       Program("decode", decode_program(setup), lambda: (
+                           abstract(setup.vae_state()), sample_args(n)[3])))}
+
     if algorithm is None:
         def sft_args():
             x = rows(setup, {"x": latent_shape(setup.pipe, batch, size, frames)})["x"]
@@ -165,7 +177,8 @@ def build(setup: setup_lib.Setup, algorithm: RLAlgorithm | None = None, *,
             return (abstract(setup.state), abstract(setup.frozen), x,
                     rows(setup, text_shapes(setup, batch)), ids)
         return Programs(sft_step=Program("sft_step", sft_step(setup), sft_args),
-                        sample=sampler and Program("sample", sampler, lambda: sample_args(batch)))
+                        sample=sampler and Program("sample", sampler, lambda: sample_args(batch)),
+                        split=sampler_split("sample", batch))
 
     layout = rl_layout(setup.config, setup)
     fns = rl_programs(setup, algorithm, layout)
@@ -210,7 +223,16 @@ def build(setup: setup_lib.Setup, algorithm: RLAlgorithm | None = None, *,
         return (state, frozen, data, key, jax.ShapeDtypeStruct((), jnp.float32),
                 cache["shared"])
 
+    def final_latents():  # what the rollout decodes (the algorithm's last latents of a row)
+        fields = jax.eval_shape(fns["rollout_body"].jitted, *rollout_args())
+        shape = jax.eval_shape(algorithm.final_latents, fields).shape
+        return abstract(setup.vae_state()), rows(setup, {"x": shape})["x"]
+
     evaluate = sampler and Program("evaluate", sampler, lambda: sample_args(layout.rollout_chunk))
+    split = {"rollout": (Program("rollout_body", fns["rollout_body"], rollout_args),
+                         Program("decode_uint8", decode_program(setup, to_uint8=True),
+                                 final_latents)),
+             **sampler_split("evaluate", layout.rollout_chunk)}
     return Programs(rollout=Program("rollout", fns["rollout"], rollout_args),
                     update=Program("update", fns["update"], update_args),
-                    evaluate=evaluate, sample=evaluate, layout=layout)
+                    evaluate=evaluate, sample=evaluate, layout=layout, split=split)

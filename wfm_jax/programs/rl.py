@@ -91,7 +91,7 @@ def pixels_to_uint8(pixels):
 
 def rl_programs(setup: setup_lib.Setup, algo: RLAlgorithm, layout: RLLayout) -> dict:
     """{"rollout", "update"}: the jitted programs of `algo` on `setup` (its evaluation is
-    programs.sample.sample_program).
+    programs.sample.sample_program), and "rollout_body": the rollout without its decode.
 
     rollout(state, frozen, vae_state, latents, cond, key, inputs) -> (fields, uint8 pixels)
     update(state, frozen, data, key, eta, shared) -> (state, metrics)   (state donated)
@@ -110,6 +110,11 @@ def rl_programs(setup: setup_lib.Setup, algo: RLAlgorithm, layout: RLLayout) -> 
     def rollout(state, frozen, vae_state, latents, cond, key, inputs):
         fields = algo.rollout(make_velocity(graphdef, frozen, family), state, latents, cond, key, **inputs)
         return fields, pixels_to_uint8(decode(vae_state, algo.final_latents(fields)))
+
+    @on_mesh(out_shardings=row_sharding)
+    def rollout_body(state, frozen, vae_state, latents, cond, key, inputs):
+        # the rollout up to its decode (programs.sample.decode_program): the planner's cut models
+        return algo.rollout(make_velocity(graphdef, frozen, family), state, latents, cond, key, **inputs)
 
     n_micro, n_epochs = layout.micro_batches, layout.mu_iterations
     n_chunks = layout.optimize_chunks  # optimizer updates per inner epoch
@@ -228,7 +233,7 @@ def rl_programs(setup: setup_lib.Setup, algo: RLAlgorithm, layout: RLLayout) -> 
             metrics["first_epoch_ratio_abs_dev"] = per_epoch["ratio_abs_dev"][0]
         return state, metrics
 
-    return {"rollout": rollout, "update": update}
+    return {"rollout": rollout, "update": update, "rollout_body": rollout_body}
 
 
 def shard_local_permutation(key, rows: int, shards: int):

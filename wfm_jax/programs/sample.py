@@ -15,6 +15,7 @@ from flax import nnx
 
 from wfm_jax.core.mesh import mesh_jit, mesh_of
 from wfm_jax.programs.encode import TextEncoder
+from wfm_jax.programs.rl import pixels_to_uint8
 from wfm_jax.programs.setup import Setup, make_velocity
 from wfm_jax.sampling.dpm_solver import dpm_solver_flow_schedule
 from wfm_jax.sampling.samplers import sample
@@ -117,12 +118,13 @@ def video_condition(pipe, family, vae_def, vae_state, video, num_conditional_fra
     return run(vae_state, jnp.asarray(video), latents)
 
 
-def sample_program(setup: Setup):
+def sample_program(setup: Setup, decode: bool = True):
     """jit((state, frozen, vae_state, latents, cond, uncond) -> (latents, pixels in [0, 1])):
     the family's deterministic sampler (as its diffusers pipeline samples: SD3 Euler; Wan and
     Cosmos UniPC; SANA DPM-Solver++, on the family's own noise range) with
     policy.diffusers.sample.eval_num_steps steps and guidance_scale, on the evaluation weights
-    (the EMA when kept). uncond None: no CFG."""
+    (the EMA when kept). uncond None: no CFG. decode False: the latents only (vae_state unused;
+    the planner compiles the decode once, apart: decode_program)."""
     cfg = setup.config.policy.diffusers.sample
     family, graphdef = setup.pipe.shell(), setup.graphdef
     vae_def = nnx.graphdef(setup.pipe.vae)
@@ -132,14 +134,31 @@ def sample_program(setup: Setup):
     guidance = float(cfg.guidance_scale)
     rows = setup.batch_sharding()
 
-    @mesh_jit(mesh=setup.mesh, rules=setup.rules, out_shardings=(rows, rows))
+    @mesh_jit(mesh=setup.mesh, rules=setup.rules, out_shardings=(rows, rows) if decode else rows)
     def evaluate(state, frozen, vae_state, latents, cond, uncond):
         params = state.params if state.ema is None else state.ema
         velocity = make_velocity(graphdef, frozen, family)
         out = sample(lambda x, t, c: velocity(params, x, t, c), latents, sigmas,
                      method=method, cond=cond, uncond=uncond, cfg_scale=guidance,
                      timesteps=timesteps, guide=family.guide)
+        if not decode:
+            return out.latents
         # the latents too: rewards of media_type "latent" score them
         return out.latents, family.decode_with(nnx.merge(vae_def, vae_state), out.latents)
 
     return evaluate
+
+
+def decode_program(setup: Setup, to_uint8: bool = False):
+    """jit((vae_state, latents) -> pixels in [0, 1], or uint8 with to_uint8): the VAE decode
+    that ends the sampler and the RL rollout, on its own. It does not depend on the
+    transformer, so the planner compiles it once beside cut models of the rest."""
+    family, vae_def = setup.pipe.shell(), nnx.graphdef(setup.pipe.vae)
+    rows = setup.batch_sharding()
+
+    @mesh_jit(mesh=setup.mesh, rules=setup.rules, out_shardings=rows)
+    def decode(vae_state, latents):
+        pixels = family.decode_with(nnx.merge(vae_def, vae_state), latents)
+        return pixels_to_uint8(pixels) if to_uint8 else pixels
+
+    return decode
