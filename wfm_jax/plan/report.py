@@ -136,6 +136,8 @@ def _plan(args, config, limit) -> dict:
                     if cut else None)
     programs = cut_programs[0] if cut_programs else programs_at(setup)
 
+    decodes: dict[str, dict] = {}
+
     def compiled_as(name, progress=on_tpu):  # the full model's figures, compiled or scaled
         if not cut_programs:
             return compile_program(getattr(programs, name), progress, args.hlo_dir)
@@ -147,15 +149,20 @@ def _plan(args, config, limit) -> dict:
         else:  # the decode does not depend on the depth: compiled once, joined to each cut model
             bodies = [compile_program(c.split[name][0], progress, args.hlo_dir)
                       for c in cut_programs]
-            decode = compile_program(split[1], progress, args.hlo_dir)
+            key = _signature(split[1])
+            reused = key in decodes  # the rollout's and the evaluation's decode: one program
+            if not reused:
+                decodes[key] = compile_program(split[1], progress, args.hlo_dir)
+            decode = decodes[key]
             handoff = per_device_bytes(split[1].abstract_args()[1])
             p = scale_linear([join_tail(b, decode, handoff) for b in bodies], cut.depths, cut.full,
                              "layers", layers_lib.SCALE_METHOD + "; " + layers_lib.JOIN_METHOD)
             p["compile_seconds"] = round(sum(b["compile_seconds"] for b in bodies)
-                                         + decode["compile_seconds"], 1)
+                                         + (0 if reused else decode["compile_seconds"]), 1)
             p["decode"] = {k: decode.get(k) for k in ("compiled", "compile_seconds", "temp_bytes",
                                                       "argument_bytes", "output_bytes",
                                                       "optimal_seconds", "flops", "error")}
+            p["decode"]["shared_with_an_earlier_program"] = reused
         if cut.info["scan_kept"] is False and p["compiled"]:
             # XLA counts a loop body once: across cut models scanned unlike the model (a run of
             # one block is unrolled) its figures do not extrapolate (each compile's: scaled_from)
@@ -202,6 +209,14 @@ def _plan(args, config, limit) -> dict:
         rollout["chunks_per_step"] = chunks
         rollout["estimated_seconds_per_step"] = rollout["estimated_step_seconds"] * chunks
     return out
+
+
+def _signature(program) -> str:
+    """A program's name and its arguments' shapes, dtypes and shardings: two programs built
+    alike with the same signature compile to the same executable."""
+    import jax
+    return program.name + repr(jax.tree.map(lambda x: (x.shape, str(x.dtype), str(x.sharding)),
+                                            program.abstract_args()))
 
 
 def _depth(family, t_cfg: dict) -> int | None:

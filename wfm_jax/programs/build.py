@@ -167,7 +167,7 @@ def build(setup: setup_lib.Setup, algorithm: RLAlgorithm | None = None, *,
             return {}
         return {name: (Program(f"{name}_body", sample_program(setup, decode=False),
                                lambda: sample_args(n)),
-                       Program("decode", decode_program(setup), lambda: (
+                       Program("decode_uint8", decode_program(setup, to_uint8=True), lambda: (
                            abstract(setup.vae_state()), sample_args(n)[3])))}
 
     if algorithm is None:

@@ -23,7 +23,6 @@ import numpy as np
 from reward_client.protocol import prompt_extras
 from wfm_jax.algorithms.advantages import clip_advantages, zero_std_ratio
 from wfm_jax.train import preempt, rl_setup
-from wfm_jax.train.image_grid import to_uint8
 from wfm_jax.train.metrics import Timers, check_finite
 from wfm_jax.train.reward_media import reward_media
 from wfm_jax.train.validation_out import write_validation
@@ -171,7 +170,7 @@ def validate(run, state, step: int) -> dict:
 
 
 def _score_validation(run, batch: dict, rows: list, final, pixels) -> tuple:
-    imgs = to_uint8(np.asarray(jax.device_get(pixels)))
+    imgs = np.asarray(jax.device_get(pixels))  # uint8 already (programs.sample)
     media, media_type = reward_media(run.rewards.media_type, imgs, final)
     return batch, rows, imgs, run.rewards.submit(media, rows, media_type=media_type)
 

@@ -167,7 +167,7 @@ class RLRun:
         return self.algo.chunk_inputs(self, batch, lo, hi)
 
     def evaluate(self, state, latents, cond):
-        """-> (final latents, pixels in [0, 1])."""
+        """-> (final latents, uint8 pixels)."""
         return self.programs.evaluate(state, self.setup.frozen, self.setup.vae_state(), latents,
                                       cond, self._uncond(latents.shape[0]))
 
