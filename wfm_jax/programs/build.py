@@ -206,9 +206,13 @@ def build(setup: setup_lib.Setup, algorithm: RLAlgorithm | None = None, *,
         return cache["rollout"]
 
     def update_args():
+        if "update" not in cache:
+            cache["update"] = _update_args()
+        return cache["update"]
+
+    def _update_args():
         state, frozen, vae_state, latents, cond, key, inputs = rollout_args()
-        fields = jax.eval_shape(lambda *a: fns["rollout"].jitted(*a)[0], state, frozen,
-                                vae_state, latents, cond, key, inputs)
+        fields = rollout_fields()
         n = int(setup.config.train.train_batch_per_replica)
         sharding = setup.batch_sharding()
 
@@ -223,9 +227,13 @@ def build(setup: setup_lib.Setup, algorithm: RLAlgorithm | None = None, *,
         return (state, frozen, data, key, jax.ShapeDtypeStruct((), jnp.float32),
                 cache["shared"])
 
+    def rollout_fields():  # the rollout's fields as shapes (a trace of the rollout: once)
+        if "fields" not in cache:
+            cache["fields"] = jax.eval_shape(fns["rollout_body"].jitted, *rollout_args())
+        return cache["fields"]
+
     def final_latents():  # what the rollout decodes (the algorithm's last latents of a row)
-        fields = jax.eval_shape(fns["rollout_body"].jitted, *rollout_args())
-        shape = jax.eval_shape(algorithm.final_latents, fields).shape
+        shape = jax.eval_shape(algorithm.final_latents, rollout_fields()).shape
         return abstract(setup.vae_state()), rows(setup, {"x": shape})["x"]
 
     evaluate = sampler and Program("evaluate", sampler, lambda: sample_args(layout.rollout_chunk))
