@@ -2,7 +2,9 @@
 VAE decode (programs.build's `split`) plus the decode compiled once, against the whole program
 compiled as the trainer runs it: the tiny SD3's SFT sampler and NFT rollout and evaluation on 8
 CPU devices. Arguments, outputs and FLOPs are the whole's; temporaries within 0.1% (measured:
-under 0.01%, the larger of the two parts' as the body's buffers are dead when the decode runs)."""
+under 0.01%, the larger of the two parts' as the body's buffers are dead when the decode runs).
+The planner's use on a TPU topology (one decode for the rollout and the evaluation):
+tests/plan/test_layers.py."""
 from __future__ import annotations
 
 import jax
@@ -12,7 +14,7 @@ from tests.plan._tiny_sd3 import tiny_sd3_plan_argv
 from wfm_jax.algorithms.registry import algorithm_named
 from wfm_jax.config.recipe import load_config
 from wfm_jax.core import mesh as wmesh
-from wfm_jax.plan import cli, layers
+from wfm_jax.plan import cli
 from wfm_jax.plan.compiled import compile_program, join_tail, plan_mesh
 from wfm_jax.programs import abstract_setup, build
 from wfm_jax.programs.stats import per_device_bytes
@@ -61,29 +63,3 @@ def test_a_refused_part_refuses_the_whole():
     assert joined["compiled"] is False and joined["required_bytes"] == 99
     assert joined["compile_seconds"] == 5.0
 
-
-@pytest.mark.slow  # six small libtpu compiles of the tiny SD3 NFT programs (~30 s on 2 cores)
-def test_nft_plan_on_v5p_compiles_one_decode_for_rollout_and_evaluation(tmp_path):
-    """--layers on a TPU topology: the rollout's and the evaluation's decode are the same
-    program (uint8 pixels of a rollout chunk), compiled once; each program keeps the report's
-    keys, and its compile seconds count the decode once in the plan."""
-    pytest.importorskip("libtpu", reason="libtpu (the TPU compiler) is not installed")
-    from wfm_jax import plan as plan_lib
-    argv = tiny_sd3_plan_argv(str(tmp_path / "tiny_sd3"), 4)
-    argv[1] = "configs/tiny_nft.py"
-    r = plan_lib.plan(plan_lib.parse_args([*argv, "--topology", "v5p:2x2x1", "--layers", "1",
-                                           "--config.train.train_batch_per_replica=64"]))
-    progs = r["programs"]
-    assert set(progs) == {"rollout", "update", "evaluate"} and r["fits"]
-    rollout, evaluate = progs["rollout"]["decode"], progs["evaluate"]["decode"]
-    assert rollout["compiled"] and not rollout["shared_with_an_earlier_program"]
-    assert evaluate["shared_with_an_earlier_program"] and evaluate["temp_bytes"] == rollout["temp_bytes"]
-    for name in ("rollout", "evaluate"):
-        p = progs[name]
-        assert p["attention_kernel"] == "pallas" and p["estimated_step_seconds"] > 0, name
-        # the joined compiles: body + decode; the decode's seconds in the plan once
-        assert all(m["temp_bytes"] >= rollout["temp_bytes"] for m in p["scaled_from"]), name
-        assert p["scale_method"].endswith(layers.JOIN_METHOD), name
-    assert r["compile_seconds"] == pytest.approx(
-        sum(p["compile_seconds"] for p in progs.values()), abs=0.2)
-    assert progs["evaluate"]["compile_seconds"] < sum(m["compile_seconds"] for m in progs["evaluate"]["scaled_from"])

@@ -158,19 +158,23 @@ def test_scaled_plan_against_the_full_compile(tmp_path):
     assert scaled12["xla_flops_per_device"] == pytest.approx(full12["xla_flops_per_device"], rel=0.02)
 
 
-@pytest.mark.slow  # four small libtpu compiles of the tiny SD3 programs (~1.5 min on 2 loaded cores)
+@pytest.mark.slow  # seven small libtpu compiles of the tiny SD3 NFT programs (~30-70 s on 2 cores)
 def test_scaled_plan_for_a_tpu_topology_keeps_the_report_keys(tmp_path, capsys):
-    """--layers with --topology: the keys of the unscaled plan, each scaled program's estimate
-    from its two compiles' loop-corrected ones, the scaled figures in the text form too."""
+    """--layers with --topology, on the tiny NFT recipe: the keys of the unscaled plan, each
+    scaled program's estimate from its two compiles' loop-corrected ones, the scaled figures in
+    the text form too. The rollout's and the evaluation's VAE decode are one program (uint8
+    pixels of a rollout chunk), compiled once and joined to each cut model (plan.compiled.join_tail);
+    the plan's compile seconds count it once."""
     pytest.importorskip("libtpu", reason="libtpu (the TPU compiler) is not installed")
     from tests.plan._tiny_sd3 import tiny_sd3_plan_argv
     from wfm_jax import plan as plan_lib
-    argv = [*tiny_sd3_plan_argv(str(tmp_path / "tiny_sd3"), 4), "--topology", "v5p:2x2x1",
-            "--layers", "1"]
+    argv = tiny_sd3_plan_argv(str(tmp_path / "tiny_sd3"), 4)
+    argv[1] = "configs/tiny_nft.py"
+    argv += ["--topology", "v5p:2x2x1", "--layers", "1", "--config.train.train_batch_per_replica=64"]
     assert plan_lib.main([*argv, "--json"]) == 0
     r = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert r["layers"] == 4 and r["layer_scaling"]["compiled"][1]["blocks"] == ["joint", "last"]
-    assert set(r["programs"]) == {"step", "sample"}
+    assert set(r["programs"]) == {"rollout", "update", "evaluate"}
     for p in r["programs"].values():
         for key in ("compiled", "bytes_per_device", "hbm_bytes", "fits", "flops_per_device",
                     "estimated_step_seconds", "estimated_mfu", "attention_kernel"):
@@ -182,6 +186,17 @@ def test_scaled_plan_for_a_tpu_topology_keeps_the_report_keys(tmp_path, capsys):
         t = a["estimated_step_seconds"] + (b["estimated_step_seconds"] - a["estimated_step_seconds"]) * x
         assert p["estimated_step_seconds"] == pytest.approx(t)
         assert p["estimated_mfu"] == pytest.approx(p["flops_per_device"] / (t * 459e12))
+    progs = r["programs"]
+    rollout, evaluate = progs["rollout"]["decode"], progs["evaluate"]["decode"]
+    assert rollout["compiled"] and not rollout["shared_with_an_earlier_program"]
+    assert evaluate["shared_with_an_earlier_program"] and evaluate["temp_bytes"] == rollout["temp_bytes"]
+    for name in ("rollout", "evaluate"):
+        assert progs[name]["attention_kernel"] == "pallas", name
+        assert progs[name]["scale_method"].endswith(layers.JOIN_METHOD), name
+        assert all(m["temp_bytes"] >= rollout["temp_bytes"] for m in progs[name]["scaled_from"])
+    assert r["compile_seconds"] == pytest.approx(sum(p["compile_seconds"] for p in progs.values()), abs=0.2)
+    assert progs["evaluate"]["compile_seconds"] < sum(m["compile_seconds"]
+                                                      for m in progs["evaluate"]["scaled_from"])
     text = plan_lib.describe(r)
     assert "scaled: two compiles with K and 2K transformer blocks" in text
     assert "layers: compiled 1: 1 last; 2: 1 joint + 1 last; extrapolated to 3 joint + 1 last" in text
