@@ -2,8 +2,8 @@
 import jax.numpy as jnp
 import numpy as np
 
+from wfm_jax.io.media import to_uint8
 from wfm_jax.programs.rl import pixels_to_uint8
-from wfm_jax.train.image_grid import to_uint8
 
 
 def test_device_uint8_matches_the_host_conversion():

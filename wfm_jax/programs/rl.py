@@ -84,7 +84,7 @@ def prompt_cond_lookup(mesh, spec_axes):
 
 
 def pixels_to_uint8(pixels):
-    """[0, 1] float pixels -> uint8 on the device, rounded as image_grid.to_uint8 does: the
+    """[0, 1] float pixels -> uint8 on the device, rounded as io.media.to_uint8 does: the
     blocking fetch of each rollout chunk's images moves 4x fewer bytes."""
     return jnp.round(jnp.clip(pixels.astype(jnp.float32), 0.0, 1.0) * 255).astype(jnp.uint8)
 

@@ -13,11 +13,6 @@ from PIL import Image, ImageDraw, ImageFont
 LINE_H = 12  # pixels per caption line (PIL's default bitmap font)
 
 
-def to_uint8(images) -> np.ndarray:
-    """Float pixels in [0, 1] -> uint8 (rounded like diffusers' numpy_to_pil)."""
-    return np.round(np.clip(np.asarray(images, np.float32), 0.0, 1.0) * 255).astype(np.uint8)
-
-
 def captioned_grid(images: np.ndarray, captions: Sequence[str], *, min_cell: int = 128,
                    caption_lines: int = 3) -> Image.Image:
     """(B, H, W, 3) uint8 -> one PIL image, images upscaled to at least `min_cell` pixels wide
