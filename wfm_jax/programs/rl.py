@@ -106,15 +106,16 @@ def rl_programs(setup: setup_lib.Setup, algo: RLAlgorithm, layout: RLLayout) -> 
     row_sharding, rep = s.batch_sharding(), setup_lib.replicated(s.mesh)
     on_mesh = functools.partial(mesh_jit, mesh=s.mesh, rules=s.rules)
 
+    def fields_of(state, frozen, vae_state, latents, cond, key, inputs):
+        return algo.rollout(make_velocity(graphdef, frozen, family), state, latents, cond, key, **inputs)
+
     @on_mesh(out_shardings=(row_sharding, row_sharding))
     def rollout(state, frozen, vae_state, latents, cond, key, inputs):
-        fields = algo.rollout(make_velocity(graphdef, frozen, family), state, latents, cond, key, **inputs)
+        fields = fields_of(state, frozen, vae_state, latents, cond, key, inputs)
         return fields, pixels_to_uint8(decode(vae_state, algo.final_latents(fields)))
 
-    @on_mesh(out_shardings=row_sharding)
-    def rollout_body(state, frozen, vae_state, latents, cond, key, inputs):
-        # the rollout up to its decode (programs.sample.decode_program): the planner's cut models
-        return algo.rollout(make_velocity(graphdef, frozen, family), state, latents, cond, key, **inputs)
+    # the rollout up to its decode (programs.sample.decode_program): the planner's cut models
+    rollout_body = on_mesh(out_shardings=row_sharding)(fields_of)
 
     n_micro, n_epochs = layout.micro_batches, layout.mu_iterations
     n_chunks = layout.optimize_chunks  # optimizer updates per inner epoch
