@@ -14,17 +14,28 @@ _BUCKETS = itertools.count()
 
 use_test_flags()  # LLVM -O1: see tests/_support/xla.py
 
-# The longest files (worker seconds, 2 idle cores, session 18's suite: 100-190 s each) run first.
-# `--dist loadfile` hands whole files to the two workers in collection order, so a long file
-# collected late runs on alone at the end while the other worker has nothing left to take.
+# The longest files first (worker seconds on 2 idle cores, session 21's suite: 90-250 s each).
+# `--dist loadfile` hands whole files to the two workers in queue order, so a long file queued
+# late runs on alone at the end while the other worker has nothing left to take.
 LONGEST_FIRST = (
-    "tests/train/test_cosmos_train.py", "tests/train/test_vlm_sft_learns.py",
-    "tests/families/test_family_sharded.py", "tests/plan/test_layers.py",
-    "tests/plan/test_plan_vlm.py", "tests/train/test_rl_ddrl.py", "tests/train/test_rl_nft.py",
-    "tests/train/test_sana_train.py", "tests/train/test_rl_grpo.py",
-    "tests/families/wan/test_wan_e2e.py", "tests/bench/test_bench.py",
-    "tests/models/layers/test_scan_layers.py",
+    "tests/train/test_vlm_sft_learns.py", "tests/train/test_cosmos_train.py",
+    "tests/plan/test_layers.py", "tests/families/test_family_sharded.py",
+    "tests/plan/test_plan_vlm.py", "tests/train/test_sana_train.py", "tests/train/test_rl_ddrl.py",
+    "tests/train/test_rl_nft.py", "tests/families/wan/test_wan_e2e.py",
+    "tests/train/test_rl_grpo.py", "tests/models/layers/test_scan_layers.py",
+    "tests/train/test_sft_train.py", "tests/models/layers/test_context_parallel.py",
+    "tests/programs/test_vlm_grpo.py", "tests/bench/test_bench.py",
+    "tests/models/layers/test_remat_memory.py", "tests/plan/test_plan_recipes.py",
+    "tests/plan/test_estimate.py",
 )
+
+
+def pytest_configure(config):
+    """Keep the queue in collection order: xdist otherwise re-sorts the files by their number of
+    tests (`--loadscope-reorder`, its default), which put the one-test 4-minute learning run last
+    (session 21: it started 33 minutes into a 38-minute suite)."""
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,7 +1,7 @@
 """plan.compiled.join_tail: the sampler and the RL rollout planned as the program up to their
 VAE decode (programs.build's `split`) plus the decode compiled once, against the whole program
-compiled as the trainer runs it: the tiny SD3's SFT sampler and NFT rollout and evaluation on 8
-CPU devices. Arguments, outputs and FLOPs are the whole's; temporaries within 0.1% (measured:
+compiled as the trainer runs it: the tiny SD3's NFT rollout and evaluation on 8 CPU devices (the
+evaluation is the SFT sampler's program: programs.build makes both with one `sampler_split`). Arguments, outputs and FLOPs are the whole's; temporaries within 0.1% (measured:
 under 0.01%, the larger of the two parts' as the body's buffers are dead when the decode runs).
 The planner's use on a TPU topology (one decode for the rollout and the evaluation):
 tests/plan/test_layers.py."""
@@ -16,17 +16,16 @@ from wfm_jax.config.recipe import load_config
 from wfm_jax.core import mesh as wmesh
 from wfm_jax.plan import cli
 from wfm_jax.plan.compiled import compile_program, join_tail, plan_mesh
+from wfm_jax.plan.report import program_signature
 from wfm_jax.programs import abstract_setup, build
 from wfm_jax.programs.stats import per_device_bytes
 
 
-def _programs(argv: list[str], recipe: str):
-    args = cli.parse_args([*argv[:1], recipe, *argv[2:], "--devices", "8",
+def _programs(argv: list[str]):
+    args = cli.parse_args([*argv[:1], "configs/tiny_nft.py", *argv[2:], "--devices", "8",
                            "--config.train.train_batch_per_replica=64"])
     config = load_config(args.config, [tuple(kv.split("=", 1)) for kv in args.set])
     mesh, _ = plan_mesh(args, config)
-    if "nft" not in recipe:
-        return build(abstract_setup(config, mesh, wmesh.active_rules()), batch=8)
     algo = algorithm_named("nft")
     algo_config = algo.Config.from_recipe(config)
     setup = abstract_setup(config, mesh, wmesh.active_rules(),
@@ -34,15 +33,18 @@ def _programs(argv: list[str], recipe: str):
     return build(setup, algo(algo_config, setup.pipe.shell()))
 
 
-@pytest.mark.parametrize("recipe", ["configs/tiny_sft.py", "configs/tiny_nft.py"])
-def test_body_joined_to_its_decode_is_the_whole_program(recipe, tmp_path):
+def test_body_joined_to_its_decode_is_the_whole_program(tmp_path):
     if jax.device_count() < 8:
         pytest.skip("needs XLA_FLAGS=--xla_force_host_platform_device_count=8")
-    programs = _programs(tiny_sd3_plan_argv(str(tmp_path / "tiny_sd3"), 2), recipe)
-    assert set(programs.split) == ({"rollout", "evaluate"} if "nft" in recipe else {"sample"})
+    programs = _programs(tiny_sd3_plan_argv(str(tmp_path / "tiny_sd3"), 2))
+    assert set(programs.split) == {"rollout", "evaluate"}
+    decodes: dict = {}  # one compile per decode signature, as the planner does
     for name, (body, decode) in programs.split.items():
         whole = compile_program(getattr(programs, name), False)
-        parts = [compile_program(body, False), compile_program(decode, False)]
+        key = program_signature(decode)
+        if key not in decodes:
+            decodes[key] = compile_program(decode, False)
+        parts = [compile_program(body, False), decodes[key]]
         joined = join_tail(*parts, per_device_bytes(decode.abstract_args()[1]))
         assert joined["compiled"] and joined["argument_bytes"] == whole["argument_bytes"], name
         # (a tuple result's index table: a few bytes per output)
@@ -53,6 +55,7 @@ def test_body_joined_to_its_decode_is_the_whole_program(recipe, tmp_path):
         assert joined["temp_bytes"] == pytest.approx(whole["temp_bytes"], rel=1e-3), name
         assert joined["compile_seconds"] == pytest.approx(
             parts[0]["compile_seconds"] + parts[1]["compile_seconds"], abs=0.11)
+    assert len(decodes) == 1  # the rollout's and the evaluation's decode: one program
 
 
 def test_a_refused_part_refuses_the_whole():

@@ -149,7 +149,7 @@ def _plan(args, config, limit) -> dict:
         else:  # the decode does not depend on the depth: compiled once, joined to each cut model
             bodies = [compile_program(c.split[name][0], progress, args.hlo_dir)
                       for c in cut_programs]
-            key = _signature(split[1])
+            key = program_signature(split[1])
             reused = key in decodes  # the rollout's and the evaluation's decode: one program
             if not reused:
                 decodes[key] = compile_program(split[1], progress, args.hlo_dir)
@@ -211,7 +211,7 @@ def _plan(args, config, limit) -> dict:
     return out
 
 
-def _signature(program) -> str:
+def program_signature(program) -> str:
     """A program's name and its arguments' shapes, dtypes and shardings: two programs built
     alike with the same signature compile to the same executable."""
     import jax
