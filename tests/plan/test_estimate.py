@@ -177,6 +177,41 @@ def v5p():
     return mesh, topo
 
 
+def test_flash_attention_backward_kernels_are_costed_on_v5p(v5p):
+    """jax's flash attention declares the cost of its forward kernel only, so XLA's FLOPs and
+    seconds hold nothing of the backward's two kernels (dK/dV, dQ: 14 FLOPs per batch x head x
+    query x key x head dim, against the forward's 4). The HLO reading counts them from their
+    operands (padded to the kernel's 128-row blocks) and the estimate adds their matmul time."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from wfm_jax.core.mesh import MeshJit
+    from wfm_jax.models.layers.pallas_attention import pallas_tpu_attention
+    from wfm_jax.programs.stats import compile_stats
+    mesh, topo = v5p
+    b, t, s, n, h = 2, 200, 300, 2, 64  # queries pad to 256, keys to 384 (a padded segment)
+
+    def grads(q, k, v):
+        return jax.grad(lambda *a: jnp.sum(pallas_tpu_attention(*a).astype(jnp.float32) ** 2),
+                        argnums=(0, 1, 2))(q, k, v)
+    chip = jax.make_mesh((1,), ("data",), axis_types=(jax.sharding.AxisType.Auto,),
+                         devices=mesh.devices.flat[:1])
+    args = [jax.ShapeDtypeStruct((b, m, n, h), jnp.bfloat16, sharding=NamedSharding(chip, P()))
+            for m in (t, s, s)]
+    stats = compile_stats(MeshJit(grads, chip), *args, analyze_hlo=topology.hlo_reader(chip.devices.flat[0]))
+    hlo = stats["hlo"]
+    backward = 14 * b * n * 256 * 384 * h
+    assert hlo["kernel_flops"] == backward and hlo["undeclared_kernels"] == 0
+    assert hlo["kernel_seconds"] == pytest.approx(backward / MM)
+    assert stats["xla_flops_per_device"] < backward / 3  # the forward's 4 and little else
+    e = topology.estimate(stats, 1, topo["peak_flops_per_device"])
+    assert e["kernel_seconds"] == hlo["kernel_seconds"]
+    assert e["estimated_step_seconds"] == pytest.approx(
+        stats["optimal_seconds"] * e["loop_scale"] + hlo["kernel_seconds"])
+
+
 def _stack_estimates(mesh, topo, layers: int, width: int, rows: int, sweep: int, backward: bool):
     """A stack of `layers` tanh(x @ w) layers (bf16, rows split over 4 v5p chips) beside an
     elementwise sweep over `sweep` f32 (the non-loop part), compiled scanned and unrolled:
@@ -262,7 +297,8 @@ def test_tiny_sd3_scanned_and_unrolled_through_the_plan(tmp_path, capsys):
         assert r["estimate_method"] == topology.ESTIMATE_METHOD
         for name, p in r["programs"].items():
             assert p["estimate_method"] == "hlo_loops", name
-            assert p["estimated_step_seconds"] == pytest.approx(p["optimal_seconds"] * p["loop_scale"])
+            assert p["estimated_step_seconds"] == pytest.approx(
+                p["optimal_seconds"] * p["loop_scale"] + p.get("kernel_seconds", 0.0))
             assert p["hlo"]["unknown_loops"] == 0 and "estimate_note" not in p
         assert "by hlo_loops" in plan_lib.describe(r)
         plans[bool(extra)] = r["programs"]

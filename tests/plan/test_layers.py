@@ -187,6 +187,12 @@ def test_scaled_plan_for_a_tpu_topology_keeps_the_report_keys(tmp_path, capsys):
         assert p["estimated_step_seconds"] == pytest.approx(t)
         assert p["estimated_mfu"] == pytest.approx(p["flops_per_device"] / (t * 459e12))
     progs = r["programs"]
+    # the update's flash attention backward kernels (no declared cost): their time per compile,
+    # extrapolated as the rest is, and inside the estimate above
+    (a, b), x = progs["update"]["scaled_from"], progs["update"]["scale_factor"]
+    assert 0 < a["kernel_seconds"] < b["kernel_seconds"] < a["estimated_step_seconds"]
+    assert progs["update"]["kernel_seconds"] == pytest.approx(
+        a["kernel_seconds"] + (b["kernel_seconds"] - a["kernel_seconds"]) * x)
     rollout, evaluate = progs["rollout"]["decode"], progs["evaluate"]["decode"]
     assert rollout["compiled"] and not rollout["shared_with_an_earlier_program"]
     assert evaluate["shared_with_an_earlier_program"] and evaluate["temp_bytes"] == rollout["temp_bytes"]

@@ -344,6 +344,9 @@ def estimate_line(p: dict) -> str:
                  f"in loop bodies)" if loops else "no loops)"))
     elif method == "flop_ratio":
         line += f" (cost model x {p['loop_scale']:.3g} = jaxpr FLOPs / XLA FLOPs)"
+    if p.get("kernel_seconds"):
+        line += (f"; {p['kernel_seconds']:.4g} s of it flash attention's backward kernels, "
+                 f"which declare no cost: their matmuls at the cost model's rate")
     if p.get("scaled_from"):
         line += "; per compile: " + ", ".join(
             f"{m.get('layers', m.get('vision_blocks'))}: {m['estimated_step_seconds']:.4g} s"

@@ -40,11 +40,14 @@ ESTIMATE_METHOD = (
     "once, x loop_scale from the compiled HLO (plan/hlo_cost.py): each loop's trip count (from "
     "its condition) and its body's share of the program's time, weighing every instruction on "
     "a roofline at the cost model's own matmul and HBM rates; loop bodies count once per trip, "
-    "the rest of the program (optimizer update, embeddings, loss) once. An estimate, not a "
+    "the rest of the program (optimizer update, embeddings, loss) once; plus the matmuls of "
+    "the Pallas kernels that declare no cost (flash attention's backward: kernel_seconds), at "
+    "the matmul rate. An estimate, not a "
     "measurement. MFU = FLOPs per device / (estimated seconds x the device's peak bf16 FLOP/s)")
 # estimate_method per program: how its estimated_step_seconds was made
 METHODS = {
-    "hlo_loops": "optimal_seconds x loop_scale, loop_scale from the compiled HLO's loops",
+    "hlo_loops": ("optimal_seconds x loop_scale, loop_scale from the compiled HLO's loops, "
+                  "+ kernel_seconds where the program runs undeclared Pallas kernels"),
     "flop_ratio": ("optimal_seconds x (jaxpr FLOPs / XLA FLOPs), the whole program scaled: "
                    "used only where the HLO was not read; over-states a program whose non-loop "
                    "part is large"),
@@ -190,7 +193,16 @@ def estimate(stats: dict, devices: int, peak_flops: float) -> dict:
         scale, out["estimate_method"] = (max(1.0, flops_dev / xla) if xla else 1.0), "flop_ratio"
         if hlo.get("error"):
             out["estimate_note"] = f"the HLO was not read ({hlo['error']})"
-    t = seconds * scale
+    # the Pallas kernels that declare no cost (flash attention's backward): their matmuls at
+    # the cost model's rate, which gives them nothing (hlo_cost.UNDECLARED_KERNELS)
+    kernel = hlo.get("kernel_seconds") or 0.0
+    t = seconds * scale + kernel
+    if kernel:
+        out["kernel_seconds"] = kernel
+    if hlo.get("undeclared_kernels"):
+        out["estimate_note"] = (f"{hlo['undeclared_kernels']} Pallas kernel call(s) that declare "
+                                f"no cost and are not in the planner's table counted by the bytes "
+                                f"they move: an under-estimate")
     out.update({"estimated_step_seconds": t,
                 "estimated_mfu": flops_dev / (t * peak_flops) if flops_dev else None,
                 "loop_scale": scale})
@@ -203,9 +215,12 @@ def _scaled_estimate(stats: dict, devices: int, peak_flops: float) -> dict:
     for m, e in zip(parts, each):  # each compile's own estimate, beside its raw figures
         m["estimated_step_seconds"], m["loop_scale"] = e["estimated_step_seconds"], e["loop_scale"]
         m["estimate_method"] = e["estimate_method"]
+        if e.get("kernel_seconds"):
+            m["kernel_seconds"] = e["kernel_seconds"]
     flops_dev = stats["flops"] / devices
     ta, tb = (e["estimated_step_seconds"] for e in each)
     t = None if ta is None or tb is None else ta + (tb - ta) * stats["scale_factor"]
+    ka, kb = (e.get("kernel_seconds", 0.0) for e in each)
     notes = [e["estimate_note"] for e in each if e.get("estimate_note")]
     if t is None or t <= 0:
         return {"flops_per_device": flops_dev, "estimated_step_seconds": None,
@@ -218,6 +233,8 @@ def _scaled_estimate(stats: dict, devices: int, peak_flops: float) -> dict:
            # by how much the extrapolated XLA seconds were scaled (each compile's own: scaled_from)
            "loop_scale": t / seconds if seconds > 0 else None,
            "estimate_method": "+".join(methods) + ", each compile's, extrapolated"}
+    if ka or kb:  # the undeclared kernels' part of t, extrapolated alike
+        out["kernel_seconds"] = ka + (kb - ka) * stats["scale_factor"]
     if notes:
         out["estimate_note"] = notes[-1]
     return out
