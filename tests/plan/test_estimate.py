@@ -166,6 +166,34 @@ ENTRY %main (a: bf16[4,1024,64,1], b: bf16[24,64,64,1]) -> bf16[4,1024,24,64] {
     assert hlo_cost.matmul_flops(conv, module) == 2 * 4 * 1024 * 24 * 64 * 64
 
 
+def _kernel_module(name: str, config: str) -> str:
+    return f"""HloModule jit_k, entry_computation_layout={{()->()}}
+
+ENTRY %main (p0: f32[2,2,256,64], p1: f32[2,2,384,64]) -> f32[2,2,256,64] {{
+  %p0 = f32[2,2,256,64]{{3,2,1,0}} parameter(0)
+  %p1 = f32[2,2,384,64]{{3,2,1,0}} parameter(1)
+  ROOT %{name} = f32[2,2,256,64]{{3,2,1,0}} custom-call(%p0, %p1), custom_call_target="tpu_custom_call", backend_config={config}
+}}
+"""
+
+
+def test_undeclared_kernels_by_name_and_the_rest_said():
+    """A flash backward kernel's FLOPs from its Q and K operands; a kernel that declares its cost
+    is left to it; an unknown undeclared kernel is counted, and the estimate says it is low."""
+    body = '{"custom_call_config":{"body":"TUzv"}}'
+    dq = hlo_cost.analyze(_kernel_module("flash_mha_bwd_dq_block_q_major_128.1", body), MM, HBM)
+    assert dq["kernel_flops"] == 6 * 2 * 2 * 256 * 384 * 64 and dq["undeclared_kernels"] == 0
+    assert dq["kernel_seconds"] == pytest.approx(dq["kernel_flops"] / MM)
+    declared = '{"custom_call_config":{"body":"TUzv","cost_estimate":{"flops":100}}}'
+    assert hlo_cost.analyze(_kernel_module("flash_mha_bwd_dq.2", declared), MM, HBM)[
+        "kernel_flops"] == 0
+    other = hlo_cost.analyze(_kernel_module("my_kernel.1", body), MM, HBM)
+    assert other["kernel_flops"] == 0 and other["undeclared_kernels"] == 1
+    stats = {"flops": 4e9, "optimal_seconds": 1e-3, "xla_flops_per_device": 1e9, "hlo": other}
+    e = topology.estimate(stats, 1, 459e12)
+    assert "1 Pallas kernel call(s) that declare no cost" in e["estimate_note"]
+
+
 @pytest.fixture(scope="module")
 def v5p():
     pytest.importorskip("libtpu", reason="libtpu (the TPU compiler) is not installed: "

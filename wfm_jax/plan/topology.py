@@ -200,9 +200,9 @@ def estimate(stats: dict, devices: int, peak_flops: float) -> dict:
     if kernel:
         out["kernel_seconds"] = kernel
     if hlo.get("undeclared_kernels"):
-        out["estimate_note"] = (f"{hlo['undeclared_kernels']} Pallas kernel call(s) that declare "
-                                f"no cost and are not in the planner's table counted by the bytes "
-                                f"they move: an under-estimate")
+        said = (f"{hlo['undeclared_kernels']} Pallas kernel call(s) that declare no cost and are "
+                f"not in the planner's table counted by the bytes they move: an under-estimate")
+        out["estimate_note"] = "; ".join(filter(None, (out.get("estimate_note"), said)))
     out.update({"estimated_step_seconds": t,
                 "estimated_mfu": flops_dev / (t * peak_flops) if flops_dev else None,
                 "loop_scale": scale})
