@@ -228,7 +228,8 @@ def test_flash_attention_backward_kernels_are_costed_on_v5p(v5p):
                          devices=mesh.devices.flat[:1])
     args = [jax.ShapeDtypeStruct((b, m, n, h), jnp.bfloat16, sharding=NamedSharding(chip, P()))
             for m in (t, s, s)]
-    stats = compile_stats(MeshJit(grads, chip), *args, analyze_hlo=topology.hlo_reader(chip.devices.flat[0]))
+    stats = compile_stats(MeshJit(grads, chip), *args,
+                          analyze_hlo=topology.hlo_reader(chip.devices.flat[0]))
     hlo = stats["hlo"]
     backward = 14 * b * n * 256 * 384 * h
     assert hlo["kernel_flops"] == backward and hlo["undeclared_kernels"] == 0

@@ -1,8 +1,9 @@
 """plan.compiled.join_tail: the sampler and the RL rollout planned as the program up to their
 VAE decode (programs.build's `split`) plus the decode compiled once, against the whole program
 compiled as the trainer runs it: the tiny SD3's NFT rollout and evaluation on 8 CPU devices (the
-evaluation is the SFT sampler's program: programs.build makes both with one `sampler_split`). Arguments, outputs and FLOPs are the whole's; temporaries within 0.1% (measured:
-under 0.01%, the larger of the two parts' as the body's buffers are dead when the decode runs).
+evaluation is the SFT sampler's program: programs.build makes both with one `sampler_split`).
+Arguments, outputs and FLOPs are the whole's; temporaries within 0.1% (measured: under 0.01%,
+the larger of the two parts' as the body's buffers are dead when the decode runs).
 The planner's use on a TPU topology (one decode for the rollout and the evaluation):
 tests/plan/test_layers.py."""
 from __future__ import annotations
