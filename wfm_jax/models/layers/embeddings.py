@@ -61,10 +61,15 @@ def sincos_2d_pos_embed(dim: int, grid_h: int, grid_w: int, *, base_size: int,
         return (np.arange(n, dtype=np.float32) / np.float32(n / base_size)
                 / np.float32(interpolation_scale))
 
-    ww, hh = np.meshgrid(axis(grid_w), axis(grid_h), indexing="xy")  # both (grid_h, grid_w)
-    emb = np.concatenate([_sincos_1d(dim // 2, ww.reshape(-1)), _sincos_1d(dim // 2, hh.reshape(-1))],
-                         axis=1)
-    return emb.astype(np.float32)
+    # separable: a row's half depends on h alone, a column's on w alone, so each axis's sin/cos
+    # is computed once and broadcast (SD3.5's 384 x 384 table: ~5 s -> well under 1 s)
+    half = dim // 2
+    cols = _sincos_1d(half, axis(grid_w)).astype(np.float32)  # (grid_w, half)
+    rows = _sincos_1d(half, axis(grid_h)).astype(np.float32)  # (grid_h, half)
+    emb = np.empty((grid_h, grid_w, dim), np.float32)
+    emb[..., :half] = cols[None]
+    emb[..., half:] = rows[:, None]
+    return emb.reshape(grid_h * grid_w, dim)
 
 
 class PatchEmbed(nnx.Module):
