@@ -173,7 +173,7 @@ def join_tail(body: dict, tail: dict, handoff_bytes: int) -> dict:
             if sb + st > 0 else 1.0,
             loops=loops(hb, rb / (rb + rt)) + loops(ht, rt / (rb + rt)) if rb + rt > 0 else [],
             unknown_loops=hb["unknown_loops"] + ht["unknown_loops"],
-            **{k: hb.get(k, 0) + ht.get(k, 0) for k in (
+            **{k: hb[k] + ht[k] for k in (
                 "roofline_seconds_once", "roofline_seconds", "flops_once", "flops",
                 "kernel_flops", "kernel_seconds", "undeclared_kernels")})
     return out

@@ -44,6 +44,8 @@ _ARRAY = re.compile(r"\b([a-z][a-z0-9]*)\[([0-9,]*)\]")
 # an array with its layout: minor-to-major dims and the first tile, {2,1,0:T(8,128)(2,1)S(1)}
 _LAID_OUT = re.compile(r"\b([a-z][a-z0-9]*)\[([0-9,]*)\](?:\{([0-9,]*)(?::T\(([0-9,]+)\))?[^}]*\})?")
 _HEADER = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s*\(.*->.*\{\s*$")
+# the FLOPs a Pallas kernel declares (its cost_estimate, in the custom call's backend config)
+_DECLARED_FLOPS = re.compile(r'\\?"flops\\?"\s*:\s*\\?"?(\d+)')
 _CALLS = re.compile(r"\b(calls|body|condition|to_apply)=%?([\w.\-]+)")
 _BRANCHES = re.compile(r"\bbranch_computations=\{([^}]*)\}")
 # no data moved or computed at run time (bookkeeping, or counted at the matching -start)
@@ -347,7 +349,7 @@ def instruction_cost(ins: Instruction, module: Module) -> tuple[float, float]:
                                          r'AssumeGatherIndicesInBound)"', ins.attrs):
         return 0.0, 0.0  # a buffer reserved, an assertion: nothing moved
     if op == "custom-call":  # a Pallas kernel: the cost it declares, when it declares one
-        flops = re.search(r'\\?"flops\\?"\s*:\s*\\?"?(\d+)', ins.attrs)
+        flops = _DECLARED_FLOPS.search(ins.attrs)
         accessed = re.search(r'\\?"bytes_accessed\\?"\s*:\s*\\?"?(\d+)', ins.attrs)
         return (float(flops.group(1)) if flops else 0.0,
                 float(accessed.group(1)) if accessed else moved)
@@ -372,7 +374,6 @@ def instruction_cost(ins: Instruction, module: Module) -> tuple[float, float]:
 # dK/dV recomputes Q K^T and computes P^T dO, dO V^T and dS^T Q (4 matmuls of 2 FLOPs a MAC);
 # dQ recomputes Q K^T and computes dO V^T and dS K (3). Operands 0 and 1 are Q and K.
 UNDECLARED_KERNELS = {"flash_mha_bwd_dkv": 8, "flash_mha_bwd_dq": 6}
-_DECLARES_FLOPS = re.compile(r'\\?"flops\\?"\s*:')
 
 
 def undeclared_kernel_flops(ins: Instruction, module: Module) -> float | None:
@@ -380,7 +381,7 @@ def undeclared_kernel_flops(ins: Instruction, module: Module) -> float | None:
     its Q and K shapes ([batch, heads, tokens, head_dim], per device); 0.0 for a kernel it does
     not know; None for anything else (not a kernel, or one that declares its cost)."""
     if ins.opcode != "custom-call" or 'custom_call_target="tpu_custom_call"' not in ins.attrs \
-            or _DECLARES_FLOPS.search(ins.attrs):
+            or _DECLARED_FLOPS.search(ins.attrs):
         return None
     per = next((f for kernel, f in UNDECLARED_KERNELS.items() if kernel in ins.name), None)
     q, k = (_dims(module.named[o].type) if o in module.named else [] for o in ins.operands[:2])
