@@ -12,7 +12,7 @@ from tests._support.xla import use_test_flags
 
 _BUCKETS = itertools.count()
 
-use_test_flags()  # LLVM -O1: see tests/_support/xla.py
+use_test_flags()  # LLVM -O1, the older CPU emitters: see tests/_support/xla.py
 
 # The longest files first (worker seconds on 2 idle cores, session 21's suite: 90-250 s each).
 # `--dist loadfile` hands whole files to the two workers in queue order, so a long file queued
