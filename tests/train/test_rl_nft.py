@@ -143,7 +143,10 @@ def test_lora_export_loads_in_diffusers(tiny_dir, tmp_path):
                                   ("train.output_dir", str(out)), ("policy.lora.enable", "True"),
                                   ("train.max_steps", "2"), ("train.ckpt.save_freq", "2"),
                                   ("validation.enable", "False"), ("train.optm_lr", "3e-2"),
-                                  ("train.train_policy.mini_batch", "2")])
+                                  ("train.train_policy.mini_batch", "2"),
+                                  # the export is what is checked: the reward-rise runs' size
+                                  ("train.train_batch_per_replica", "16"),
+                                  ("policy.diffusers.inference_size", "(16, 16)")])
     run = rl_setup.build(config)
     try:
         rl._loop(run)
