@@ -19,11 +19,7 @@ from wfm_jax.core.abstract import abstract_module
 from wfm_jax.models.layers.embeddings import Buffer
 from wfm_jax.models.layers.remat import check_remat
 from wfm_jax.models.sd3.transformer import SD3Transformer
-
-# LLVM's optimisation level changes no buffer XLA assigns (same temp bytes at 0 and default) and
-# the program is never run: level 0 compiles about a quarter faster.
-_COMPILE_ONLY = {"xla_backend_optimization_level": 0}
-
+from wfm_jax.programs.stats import CPU_COMPILE_ONLY
 
 SIX_BLOCKS = {**SD35_MEDIUM, "num_layers": 6, "dual_attention_layers": [0, 1, 2]}
 
@@ -49,8 +45,9 @@ def step_temp_bytes(remat: str, batch: int = 2, latent: int = 64, text: int = 33
 
     f32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
     x = f32(batch, 16, latent, latent)
+    # compiled to be measured, never run: the planner's CPU options (same buffers at every level)
     compiled = jax.jit(grads).lower(params, rest, x, x, f32(batch, text, 4096),
-                                    f32(batch, 2048), f32(batch)).compile(_COMPILE_ONLY)
+                                    f32(batch, 2048), f32(batch)).compile(CPU_COMPILE_ONLY)
     return compiled.memory_analysis().temp_size_in_bytes
 
 
