@@ -192,6 +192,24 @@ def test_sd3_through_load_pipeline_is_sd3pipeline_load(tiny_dir):
     assert shell.static_key() == a.static_key() and a.transformer is not None
 
 
+@pytest.mark.parametrize("clip_length", [None, 16])
+def test_sd3_cond_shapes_are_what_its_encoders_give(tiny_dir, tmp_path, clip_length):
+    """The planner compiles on cond_shapes: the prompt embedding is as long as the CLIP
+    tokenizer pads (the released 77, or the shapes world's 16) plus T5's tokens."""
+    from wfm_jax.families import tiny
+    from wfm_jax.families.sd3.pipeline import SD3Pipeline
+    from wfm_jax.programs.encode import TextEncoder
+    directory = tiny_dir
+    if clip_length is not None:
+        directory = str(tmp_path / "short_clip")
+        tiny.write_pipeline(directory, 0, clip_max_length=clip_length)
+    pipe = SD3Pipeline.load(directory)
+    encoded = TextEncoder(pipe, 8)(pipe.tokenize(["a photo of the cat"] * 2, 8))
+    want = {k: tuple(v.shape) for k, v in encoded.items()}
+    assert pipe.cond_shapes(2, 8) == pipe.shell().cond_shapes(2, 8) == want
+    assert want["prompt_embeds"][1] == (clip_length or 77) + 8
+
+
 # ----------------------------------------------------------------------------- generic 5-D paths
 
 def test_visual_encoder_takes_clips(fake_family):

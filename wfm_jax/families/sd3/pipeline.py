@@ -26,6 +26,7 @@ from wfm_jax.models.vae.autoencoder_kl import scale_latents, unscale_latents, va
 
 PIPELINE_CLASS = "StableDiffusion3Pipeline"
 COND_KEYS = ("prompt_embeds", "pooled_projections")
+RELEASED_CLIP_LENGTH = 77  # the CLIP tokenizers of every released SD3 / SD3.5 pipeline
 _TEXT = ("text_encoder", "text_encoder_2", "text_encoder_3")
 _TOKENIZERS = ("tokenizer", "tokenizer_2", "tokenizer_3")
 
@@ -144,9 +145,16 @@ class SD3Pipeline(PipelineFamily):
         return vae_scale_factor(self.vae_config)
 
     def cond_shapes(self, batch: int, text_len: int) -> dict[str, tuple[int, ...]]:
-        t = self.transformer_config  # CLIP's 77 tokens joined to T5's
-        return {"prompt_embeds": (batch, 77 + text_len, t["joint_attention_dim"]),
+        t = self.transformer_config  # CLIP's tokens joined to T5's
+        return {"prompt_embeds": (batch, self.clip_length() + text_len, t["joint_attention_dim"]),
                 "pooled_projections": (batch, t["pooled_projection_dim"])}
+
+    def clip_length(self) -> int:
+        """Tokens of the CLIP part of prompt_embeds: what `tokenize` pads CLIP prompts to (the
+        CLIP tokenizer's model_max_length; the shapes world's pipeline keeps 16), else the
+        released SD3's 77 where no tokenizer is loaded."""
+        tok = self.tokenizers[0] if self.tokenizers else None
+        return int(tok.model_max_length) if tok is not None else RELEASED_CLIP_LENGTH
 
     def latent_shape(self, batch: int, height: int, width: int,
                      frames: int | None = None) -> tuple[int, int, int, int]:
