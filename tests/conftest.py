@@ -13,6 +13,9 @@ from tests._support.xla import use_test_flags
 _BUCKETS = itertools.count()
 
 use_test_flags()  # LLVM -O1, the older CPU emitters: see tests/_support/xla.py
+# every plan the tests make compiles what it reports (and writes nothing under ~/.cache): the
+# plan cache's own tests give it a directory (tests/plan/test_stats_cache.py)
+os.environ.setdefault("WFM_JAX_PLAN_CACHE", "off")
 
 # The longest files first (worker seconds on 2 idle cores, session 21's suite: 90-250 s each).
 # `--dist loadfile` hands whole files to the two workers in queue order, so a long file queued

@@ -126,13 +126,13 @@ def test_a_program_out_of_memory_is_a_result_and_the_others_are_planned(sd3_dir,
     compile would raise it; compiled on CPU devices to stay fast): that program is reported
     not compiled and not fitting, with the bytes from the message; the rollout is planned."""
     from wfm_jax.programs.build import Program
-    real = Program.stats
+    real = Program.lowering
 
-    def stats(self, *args):
+    def lowering(self, *args):  # inside compile_program's guard, as the compile is
         if self.name == "update":
             raise jax.errors.JaxRuntimeError(OOM)
         return real(self, *args)
-    monkeypatch.setattr(Program, "stats", stats)
+    monkeypatch.setattr(Program, "lowering", lowering)
     r = _main_json(["--devices", "2", "--device-kind", "v5p",
                     *_tiny("configs/tiny_nft.py", sd3_dir,
                            "--config.train.train_batch_per_replica=8",

@@ -63,6 +63,11 @@ def parse_args(argv):
                         "while tuning the training step")
     p.add_argument("--hlo-dir", default=None, metavar="DIR",
                    help="with --topology: write each compiled program's optimized HLO there")
+    p.add_argument("--cache-dir", default=None, metavar="DIR",
+                   help="where compiled programs' figures are kept and reused (default: "
+                        "$WFM_JAX_PLAN_CACHE, else ~/.cache/wfm_jax/plan; plan/stats_cache.py)")
+    p.add_argument("--no-cache", action="store_true",
+                   help="compile every program, neither reading nor writing the cache")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     args, rest = p.parse_known_args(argv)
     for item in rest:  # --config.a.b=v, as wfm_jax.cli.main takes them

@@ -74,16 +74,20 @@ def memory_limit(args, topo) -> float:
     return topo["hbm_bytes"] if topo else DEVICE_MEMORY[args.device_kind]
 
 
-def compile_program(program, progress: bool, hlo_dir: str | None = None) -> dict:
-    """program.stats(), or, when the compiler refuses it (on TPU: RESOURCE_EXHAUSTED when its
-    temporaries exceed HBM), the failure as a result, so the plan goes on to the next program.
+def compile_program(program, progress: bool, hlo_dir: str | None = None, cache=None) -> dict:
+    """program's compile_lowered() result, or, when the compiler refuses it (on TPU:
+    RESOURCE_EXHAUSTED when its temporaries exceed HBM), the failure as a result, so the plan
+    goes on to the next program.
     progress: a line on stderr per program (a TPU compile of a large model takes minutes).
-    hlo_dir: where a TPU compile's optimized HLO is written, as <program>[_<n>].hlo.txt."""
+    hlo_dir: where a TPU compile's optimized HLO is written, as <program>[_<n>].hlo.txt (always
+    compiled then: a cached result has no HLO text).
+    cache: a plan.stats_cache.StatsCache; a hit is the stored result with "cached": True (its
+    compile_seconds: the compile that produced it), and nothing is compiled."""
     import time
 
     import jax
 
-    from wfm_jax.programs.stats import per_device_bytes
+    from wfm_jax.programs.stats import compile_lowered, per_device_bytes
     start = time.perf_counter()
     mesh = getattr(program, "mesh", None)
     keep = None
@@ -94,8 +98,17 @@ def compile_program(program, progress: bool, hlo_dir: str | None = None) -> dict
         while os.path.exists(keep):  # the cut models' compiles of one program: each its own
             keep, n = os.path.join(hlo_dir, f"{program.name}_{n}.hlo.txt"), n + 1
     reader = topology.hlo_reader(mesh.devices.flat[0], keep) if mesh is not None else None
+    key = None
     try:  # on a TPU topology the HLO's loops are read as it compiles (topology.estimate)
-        p = dict(program.stats(analyze_hlo=reader) if reader else program.stats())
+        lowering = program.lowering()
+        if cache is not None:
+            key = cache.key(lowering, reader is not None)
+            hit = None if keep else cache.get(key)
+            if hit is not None:
+                progress and say(f"wfm_jax.plan: {program.name}: from the plan cache "
+                                 f"({cache.directory}; its compile took {hit['compile_seconds']} s)")
+                return dict(hit, cached=True)
+        p = dict(compile_lowered(lowering, reader))
     except jax.errors.JaxRuntimeError as e:
         p = topology.compile_failure(e)
         progress and say(f"wfm_jax.plan: {program.name}: not compiled after "
@@ -105,7 +118,8 @@ def compile_program(program, progress: bool, hlo_dir: str | None = None) -> dict
                   "temp_bytes": p.get("required_bytes"), "output_bytes": None,
                   "alias_bytes": None, "generated_code_bytes": None, "flops": None,
                   "xla_flops_per_device": None, "collective_bytes": None})
-        return p
+        # a refusal for memory is the compiler's verdict on this program: kept; other errors not
+        return _stored(cache if p["fits"] is False else None, key, p)
     p["compiled"] = True
     if progress:
         say(f"wfm_jax.plan: {program.name}: compiled in {p['compile_seconds']} s: temp "
@@ -116,6 +130,13 @@ def compile_program(program, progress: bool, hlo_dir: str | None = None) -> dict
             + (f" (loop bodies once; x{p['hlo']['loop_factor']:.3g} with their trips)"
                if p.get("hlo", {}).get("loop_factor") else "")
             + f", kernels {p['custom_calls']}")
+    return _stored(cache, key, p)
+
+
+def _stored(cache, key: str | None, p: dict) -> dict:
+    p["cached"] = False
+    if cache is not None and key is not None:
+        cache.put(key, {k: v for k, v in p.items() if k != "cached"})
     return p
 
 

@@ -8,6 +8,7 @@ import os
 from wfm_jax.plan import layers as layers_lib
 from wfm_jax.plan.args import GiB, parse_args, recipe_rows_per_device, target_fields
 from wfm_jax.plan.compiled import compile_program, finish, join_tail, memory_limit, peak, plan_mesh, scale_linear
+from wfm_jax.plan.stats_cache import cache_for
 
 # a VLM step is planned with every row at policy.vlm.model_max_length, the longest batch the
 # trainer can make (it pads each batch to its longest row): a run that passes cannot run out of
@@ -137,22 +138,23 @@ def _plan(args, config, limit) -> dict:
     programs = cut_programs[0] if cut_programs else programs_at(setup)
 
     decodes: dict[str, dict] = {}
+    cache = cache_for(args)
 
     def compiled_as(name, progress=on_tpu):  # the full model's figures, compiled or scaled
         if not cut_programs:
-            return compile_program(getattr(programs, name), progress, args.hlo_dir)
+            return compile_program(getattr(programs, name), progress, args.hlo_dir, cache)
         split = cut_programs[0].split.get(name)
         if split is None:
-            measured = [compile_program(getattr(c, name), progress, args.hlo_dir)
+            measured = [compile_program(getattr(c, name), progress, args.hlo_dir, cache)
                         for c in cut_programs]
             p = scale_linear(measured, cut.depths, cut.full, "layers", layers_lib.SCALE_METHOD)
         else:  # the decode does not depend on the depth: compiled once, joined to each cut model
-            bodies = [compile_program(c.split[name][0], progress, args.hlo_dir)
+            bodies = [compile_program(c.split[name][0], progress, args.hlo_dir, cache)
                       for c in cut_programs]
             key = program_signature(split[1])
             reused = key in decodes  # the rollout's and the evaluation's decode: one program
             if not reused:
-                decodes[key] = compile_program(split[1], progress, args.hlo_dir)
+                decodes[key] = compile_program(split[1], progress, args.hlo_dir, cache)
             decode = decodes[key]
             handoff = per_device_bytes(split[1].abstract_args()[1])
             p = scale_linear([join_tail(b, decode, handoff) for b in bodies], cut.depths, cut.full,

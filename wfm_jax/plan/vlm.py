@@ -145,8 +145,10 @@ def _compile_all(args, builders: dict, setup_at, whole, full: dict, on_tpu: bool
     """{program name: compile_program's result}, each at full depth or, with --vision-blocks K,
     scaled from K and 2K vision blocks (the decode loop has no vision tower: one compile)."""
     from wfm_jax.plan.compiled import compile_program, scale_linear
+    from wfm_jax.plan.stats_cache import cache_for
     from wfm_jax.programs import vlm_abstract
     from wfm_jax.programs.stats import per_device_bytes
+    cache = cache_for(args)
     depth = int(full["vision_config"]["depth"])
     k = args.vision_blocks
     scaled = bool(k) and 2 * k < depth
@@ -160,9 +162,9 @@ def _compile_all(args, builders: dict, setup_at, whole, full: dict, on_tpu: bool
     for build in builders.values():
         for i, program in enumerate(build(whole)):
             if not scaled or program.name == "rollout_decode":
-                p = compile_program(program, on_tpu)
+                p = compile_program(program, on_tpu, cache=cache)
             else:
-                measured = [compile_program(build(s)[i], on_tpu) for s in cut]
+                measured = [compile_program(build(s)[i], on_tpu, cache=cache) for s in cut]
                 p = scale_linear(measured, (k, 2 * k), depth, "vision_blocks", SCALE_METHOD)
             # what it holds beyond the resident state: its own inputs (batch, prompts, cache);
             # the train steps take (state, frozen, batch, ...), the others (params, frozen, ...)

@@ -16,7 +16,7 @@ from wfm_jax.programs import setup as setup_lib
 from wfm_jax.programs.rl import RLLayout, rl_layout, rl_programs
 from wfm_jax.programs.sample import decode_program, sample_program
 from wfm_jax.programs.sft import sft_step
-from wfm_jax.programs.stats import CompileStats, compile_stats
+from wfm_jax.programs.stats import CompileStats, Lowering, compile_stats, lower_program
 
 
 class Program:
@@ -49,6 +49,10 @@ class Program:
 
     def lower(self, *args) -> jax.stages.Lowered:
         return self.fn.lower(*(args or self.abstract_args()))
+
+    def lowering(self, *args) -> Lowering:
+        """Traced and lowered on `args` (default: abstract_args()), for compile_lowered."""
+        return lower_program(self.fn, *(args or self.abstract_args()))
 
     def stats(self, *args, analyze_hlo=None) -> CompileStats:
         """Compile on `args` (default: abstract_args()) and read XLA's analysis (analyze_hlo:

@@ -7,7 +7,7 @@ import math
 import re
 import time
 from collections.abc import Callable
-from typing import Any, TypedDict
+from typing import Any, NamedTuple, TypedDict
 
 _COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 # bytes per element of HLO's primitive types (4-bit types rounded up: a bound is enough here);
@@ -76,12 +76,21 @@ def collective_bytes(hlo_text: str) -> dict[str, int]:
 CPU_COMPILE_ONLY = {"xla_backend_optimization_level": 0}
 
 
-def compile_stats(fn, *args: Any,
-                  analyze_hlo: Callable[[str], dict] | None = None) -> CompileStatsHlo:
-    """Trace, lower and compile a MeshJit on (abstract) args as its first call would: XLA's
-    memory and cost analysis of the program, its matmul FLOPs and collective bytes.
-    analyze_hlo: a reader of the optimized HLO text whose result is added under "hlo" (the
-    planner's loop accounting, plan/hlo_cost.py: the text itself is not kept)."""
+class Lowering(NamedTuple):
+    """A program traced and lowered for its first call's shapes, not yet compiled: `text` (the
+    lowered module) names what the compiler will be given (the planner's cache keys on it)."""
+    traced: Any
+    lowered: Any
+    options: dict | None  # the compiler options compile() is given (CPU_COMPILE_ONLY or None)
+    mesh: Any
+
+    @property
+    def text(self) -> str:
+        return self.lowered.as_text()
+
+
+def lower_program(fn, *args: Any) -> Lowering:
+    """Trace and lower a MeshJit on (abstract) args as its first call would."""
     import jax
 
     from wfm_jax.core import mesh as wmesh
@@ -89,8 +98,20 @@ def compile_stats(fn, *args: Any,
     options = CPU_COMPILE_ONLY if target_device(fn.mesh).platform == "cpu" else None
     with jax.set_mesh(fn.mesh), wmesh.use_rules(fn.rules):  # what MeshJit.lower does
         traced = fn.jitted.trace(*args)
+        return Lowering(traced, traced.lower(), options, fn.mesh)
+
+
+def compile_lowered(lowering: Lowering,
+                    analyze_hlo: Callable[[str], dict] | None = None) -> CompileStatsHlo:
+    """Compile a lowered program and read XLA's memory and cost analysis of it, its matmul
+    FLOPs and collective bytes. analyze_hlo: a reader of the optimized HLO text whose result is
+    added under "hlo" (the planner's loop accounting, plan/hlo_cost.py: the text itself is not
+    kept)."""
+    import jax
+
+    with jax.set_mesh(lowering.mesh):
         start = time.perf_counter()
-        compiled = traced.lower().compile(options)
+        compiled = lowering.lowered.compile(lowering.options)
         seconds = time.perf_counter() - start
     m = compiled.memory_analysis()
     cost = compiled.cost_analysis()
@@ -105,7 +126,7 @@ def compile_stats(fn, *args: Any,
         # matmul + conv FLOPs of the whole program (all devices; scans x their length, remat's
         # recompute included); XLA's cost analysis counts a loop body once, so it is given
         # alongside, per device, as XLA reports it
-        "flops": count_jaxpr_flops(traced.jaxpr),
+        "flops": count_jaxpr_flops(lowering.traced.jaxpr),
         "xla_flops_per_device": float(cost.get("flops", 0.0)),
         "collective_bytes": collective_bytes(hlo),
         "generated_code_bytes": int(m.generated_code_size_in_bytes),
@@ -116,6 +137,13 @@ def compile_stats(fn, *args: Any,
     if analyze_hlo is not None:
         out["hlo"] = analyze_hlo(hlo)
     return out
+
+
+def compile_stats(fn, *args: Any,
+                  analyze_hlo: Callable[[str], dict] | None = None) -> CompileStatsHlo:
+    """Trace, lower and compile a MeshJit on (abstract) args as its first call would, and read
+    XLA's analysis of the program (compile_lowered)."""
+    return compile_lowered(lower_program(fn, *args), analyze_hlo)
 
 
 # Pallas kernels that recompute what the model count takes once: JAX's TPU flash attention's
