@@ -170,9 +170,18 @@ def test_scaled_plan_for_a_tpu_topology_keeps_the_report_keys(tmp_path, capsys):
     from wfm_jax import plan as plan_lib
     argv = tiny_sd3_plan_argv(str(tmp_path / "tiny_sd3"), 4)
     argv[1] = "configs/tiny_nft.py"
-    argv += ["--topology", "v5p:2x2x1", "--layers", "1", "--config.train.train_batch_per_replica=64"]
+    argv += ["--topology", "v5p:2x2x1", "--layers", "1", "--config.train.train_batch_per_replica=64",
+             "--cache-dir", str(tmp_path / "plan_cache")]
     assert plan_lib.main([*argv, "--json"]) == 0
     r = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    # planned again: every TPU compile's figures (the HLO's loops included) from the plan cache
+    assert plan_lib.main([*argv, "--json"]) == 0
+    again = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert all(p["cached"] for p in again["programs"].values())
+    assert not any(p["cached"] for p in r["programs"].values())
+    for p in (*r["programs"].values(), *again["programs"].values()):
+        p.pop("cached")
+    assert again == r
     assert r["layers"] == 4 and r["layer_scaling"]["compiled"][1]["blocks"] == ["joint", "last"]
     assert set(r["programs"]) == {"rollout", "update", "evaluate"}
     for p in r["programs"].values():
