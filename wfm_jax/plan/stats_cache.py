@@ -75,15 +75,18 @@ class StatsCache:
 
     def __init__(self, directory: str):
         self.directory = directory
-        self.hits = self.misses = 0
 
     def key(self, lowering, analyzed: bool) -> str:
         """The hash of what the compiled program's analysis depends on (module docstring).
         analyzed: whether the optimized HLO was read (plan/topology.hlo_reader)."""
-        device = lowering.mesh.devices.flat[0]
+        devices = list(lowering.mesh.devices.flat)
+        device = devices[0]
+        # which devices, in mesh order (where the collectives run on the topology)
+        placement = [(d.id, getattr(d, "coords", None), getattr(d, "slice_index", None))
+                     for d in devices]
         parts = [f"format {FORMAT}", _versions(), _readers_digest(),
                  f"{device.platform} {getattr(device, 'device_kind', '')}",
-                 f"mesh {dict(lowering.mesh.shape)}",
+                 f"mesh {dict(lowering.mesh.shape)}", f"devices {placement}",
                  f"options {sorted((lowering.options or {}).items())}",
                  f"XLA_FLAGS {os.environ.get('XLA_FLAGS', '')}",
                  f"LIBTPU_INIT_ARGS {os.environ.get('LIBTPU_INIT_ARGS', '')}",
@@ -106,11 +109,7 @@ class StatsCache:
             result = entry["result"] if entry.get("format") == FORMAT else None
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             result = None
-        if isinstance(result, dict):
-            self.hits += 1
-            return result
-        self.misses += 1
-        return None
+        return result if isinstance(result, dict) else None
 
     def put(self, key: str, result: dict) -> None:
         """Store `result` whole or not at all (written to a temporary, renamed into place). A
@@ -125,5 +124,6 @@ class StatsCache:
             except BaseException:
                 os.unlink(tmp)
                 raise
-        except (OSError, TypeError, ValueError):
-            pass
+        except (OSError, TypeError, ValueError) as e:  # said, not fatal: the figures are printed
+            import sys
+            print(f"wfm_jax.plan: not kept in the plan cache {self.directory}: {e}", file=sys.stderr)
