@@ -112,3 +112,13 @@ def test_the_key_follows_the_flags_and_the_target(monkeypatch):
     assert len(keys) == 8
     again = lower_program(mesh_jit(lambda a: a @ a, mesh=make_mesh(devices=jax.devices()[:1])), x)
     assert cache.key(again, False) in keys  # the same program on the same target: the same key
+
+
+def test_a_cache_that_cannot_be_written_is_said_and_the_plan_goes_on(sd3_dir, tmp_path, capsys):
+    blocked = tmp_path / "a_file"
+    blocked.write_text("not a directory")
+    r, compiled = _plan(sd3_dir, "--cache-dir", str(blocked), "--no-validation")
+    assert r["programs"]["step"]["compiled"] and len(compiled) == 1
+    err = capsys.readouterr().err
+    assert f"wfm_jax.plan: not kept in the plan cache {blocked}: " in err
+    assert blocked.read_text() == "not a directory"
