@@ -4,9 +4,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import tempfile
 
 from wfm_jax.bench.timing import FIGURES, finite
+from wfm_jax.io.atomic import write_text_atomic
 
 SCHEMA_VERSION = 1
 
@@ -142,29 +142,12 @@ def _memory_note(result: dict) -> str:
 # ----------------------------------------------------------------------------- files
 
 def write_json_atomic(obj, path: str) -> None:
-    _write_atomic(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
-
-
-def write_text_atomic(path: str, text: str) -> None:
-    _write_atomic(path, text)
-
-
-def _write_atomic(path: str, text: str) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".bench-", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+    write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
 
 
 def write(result: dict, json_path: str) -> str:
     """results.json and results.md beside it (both atomically); returns the markdown."""
     md = markdown(result)
     write_json_atomic(result, json_path)
-    _write_atomic(os.path.splitext(json_path)[0] + ".md", md)
+    write_text_atomic(os.path.splitext(json_path)[0] + ".md", md)
     return md

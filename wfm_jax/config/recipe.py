@@ -12,7 +12,6 @@ import importlib.util
 import json
 import os
 import sys
-import tempfile
 from collections.abc import Sequence
 from typing import Any
 
@@ -39,6 +38,7 @@ from wfm_jax.config.base import (  # noqa: F401  (re-exported: the loader's publ
     unknown_key_message,
 )
 from wfm_jax.config.cosmos_toml import ignored_note, read_recipe
+from wfm_jax.io.atomic import write_text_atomic
 
 # --------------------------------------------------------------------------- recipe files
 
@@ -237,18 +237,7 @@ def save_resolved(config: ConfigDict, path: str) -> str:
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     text = json.dumps(redacted(to_plain(config)), indent=2, sort_keys=False) + "\n"
-    fd, tmp = tempfile.mkstemp(prefix=".config.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path
+    return write_text_atomic(path, text, fsync=True)
 
 
 def load_resolved(path: str, check: bool = True) -> ConfigDict:

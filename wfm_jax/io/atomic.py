@@ -1,9 +1,11 @@
-"""Write a directory all-or-nothing: build it under a temporary sibling, then rename into place."""
+"""Write a directory or a file all-or-nothing: build it under a temporary sibling, then rename into
+place."""
 from __future__ import annotations
 
 import contextlib
 import os
 import shutil
+import tempfile
 import uuid
 from collections.abc import Iterator
 
@@ -36,6 +38,26 @@ def atomic_directory(dst: str) -> Iterator[str]:
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.remove(old)
+
+
+def write_text_atomic(path: str, text: str, *, fsync: bool = False) -> str:
+    """Write `text` to `path` whole or not at all: a temporary sibling (`.NAME.tmp-*`), renamed
+    over `path`; on error the temporary is removed. fsync: flush it to disk before the rename
+    (what a resumed run reads back). The parent directory must exist. Returns `path`."""
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.tmp-")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            if fsync:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
 
 
 def remove_stale_temporaries(dst: str) -> list[str]:

@@ -22,7 +22,8 @@ import functools
 import hashlib
 import json
 import os
-import tempfile
+
+from wfm_jax.io.atomic import write_text_atomic
 
 CACHE_ENV = "WFM_JAX_PLAN_CACHE"
 OFF = ("", "off", "0", "none")
@@ -116,14 +117,7 @@ class StatsCache:
         cache that cannot be written is no reason to fail the plan."""
         try:
             os.makedirs(self.directory, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".tmp-", suffix=".json")
-            try:
-                with os.fdopen(fd, "w") as f:
-                    json.dump({"format": FORMAT, "result": result}, f)
-                os.replace(tmp, self._path(key))
-            except BaseException:
-                os.unlink(tmp)
-                raise
+            write_text_atomic(self._path(key), json.dumps({"format": FORMAT, "result": result}))
         except (OSError, TypeError, ValueError) as e:  # said, not fatal: the figures are printed
             import sys
             print(f"wfm_jax.plan: not kept in the plan cache {self.directory}: {e}", file=sys.stderr)
