@@ -30,16 +30,20 @@ class RecipeBenchError(ValueError):
 
 def random_maker(tree: Any):
     """seed -> arrays of the ShapeDtypeStructs in `tree`, on their shardings, made by one
-    compiled program (one per tree, not one per leaf): floats uniform in [0.1, 1) (positive,
-    so sigmas and scales stay in range), integers and booleans zero, PRNG keys split from the
-    seed. Leaves that are not ShapeDtypeStructs pass through."""
+    compiled program (one per tree, not one per leaf): floats in [0.1, 1) (positive, so sigmas
+    and scales stay in range), integers and booleans zero, PRNG keys split from the seed. Leaves
+    that are not ShapeDtypeStructs pass through.
+
+    The floats are an integer hash of (seed, leaf, element index), not jax.random: threefry per
+    leaf made this program slower to compile than the step it feeds (23 s for a tiny Wan state
+    on CPU). Timing needs values that are neither zero nor alike, not a statistical generator."""
     leaves, treedef = jax.tree.flatten(tree)
     slots = [i for i, leaf in enumerate(leaves) if isinstance(leaf, jax.ShapeDtypeStruct)]
     specs = [leaves[i] for i in slots]
 
     def make(seed):
-        keys = jax.random.split(jax.random.key(seed), max(len(specs), 1))
-        return [_draw(spec, keys[j]) for j, spec in enumerate(specs)]
+        key = jax.random.key(seed)
+        return [_draw(spec, seed, j, key) for j, spec in enumerate(specs)]
 
     shardings = [getattr(spec, "sharding", None) for spec in specs]
     program = jax.jit(make, out_shardings=shardings)
@@ -52,41 +56,72 @@ def random_maker(tree: Any):
     return draw
 
 
-def _draw(spec: jax.ShapeDtypeStruct, key):
+def _draw(spec: jax.ShapeDtypeStruct, seed, leaf: int, key):
     shape, dtype = spec.shape, spec.dtype
     if jnp.issubdtype(dtype, jax.dtypes.prng_key):
         size = int(np.prod(shape))
+        key = jax.random.fold_in(key, leaf)
         return jax.random.split(key, max(size, 1))[:size].reshape(shape)
     if jnp.issubdtype(dtype, jnp.floating):
-        return jax.random.uniform(key, shape, jnp.float32, 0.1, 1.0).astype(dtype)
+        unit = hash_uniform(shape, seed.astype(jnp.uint32) * np.uint32(0x9E3779B1)
+                            + np.uint32((leaf * 0x85EBCA77) & 0xFFFFFFFF))
+        return (0.1 + 0.9 * unit).astype(dtype)
     return jnp.zeros(shape, dtype)
 
 
-def time_program(program, repeats: int, warmup: int = 1) -> dict:
+def hash_uniform(shape: tuple[int, ...], salt) -> jax.Array:
+    """float32 in [0, 1) from a 32-bit mix (murmur3's finaliser) of each element's row-major
+    index plus `salt`: a handful of element-wise integer ops, so cheap to compile at any size
+    and sharded as the output is (the index is built from per-axis iotas)."""
+    index = jnp.zeros(shape, jnp.uint32)
+    stride = 1
+    for axis in reversed(range(len(shape))):
+        iota = jax.lax.broadcasted_iota(jnp.uint32, shape, axis)
+        index = index + iota * np.uint32(stride & 0xFFFFFFFF)
+        stride *= shape[axis]
+    h = index + salt
+    h = (h ^ (h >> 16)) * np.uint32(0x85EBCA6B)
+    h = (h ^ (h >> 13)) * np.uint32(0xC2B2AE35)
+    h = h ^ (h >> 16)
+    return (h >> 8).astype(jnp.float32) * np.float32(2.0 ** -24)
+
+
+def time_program(program, repeats: int, warmup: int = 1, name: str = "program") -> dict:
     """Compile `program` on its abstract arguments, then time `repeats` calls on fresh random
     arguments after `warmup` untimed ones: {compile_seconds, step_time_s, step_times_s, flops,
-    xla_flops_per_device}."""
+    xla_flops_per_device}. A progress line after the compile and each call (stderr), so a run
+    killed at its time limit still says how far it got."""
+    from wfm_jax.bench.timing import progress
     from wfm_jax.core import mesh as wmesh
     from wfm_jax.programs.stats import count_jaxpr_flops
     abstract = program.abstract_args()
     fn = program.fn
+    progress(f"{name}: compiling")
     with jax.set_mesh(fn.mesh), wmesh.use_rules(fn.rules):
         traced = fn.jitted.trace(*abstract)
         start = time.perf_counter()
         compiled = traced.lower().compile()
         compile_s = time.perf_counter() - start
+    progress(f"{name}: compiled in {compile_s:.1f} s")
     flops = float(count_jaxpr_flops(traced.jaxpr))
     cost = compiled.cost_analysis()
     cost = (cost[0] if isinstance(cost, (list, tuple)) else cost) or {}
     draw = random_maker(abstract)
     times = []
     for i in range(warmup + repeats):
+        start = time.perf_counter()
         args = draw(i)
         jax.block_until_ready(args)
+        if i == 0:
+            progress(f"{name}: FLOPs counted; random arguments drawn in "
+                     f"{time.perf_counter() - start:.1f} s")
         start = time.perf_counter()
         jax.block_until_ready(compiled(*args))
+        elapsed = time.perf_counter() - start
         if i >= warmup:
-            times.append(time.perf_counter() - start)
+            times.append(elapsed)
+        progress(f"{name}: call {i + 1} of {warmup + repeats} "
+                 f"({'timed' if i >= warmup else 'warm-up'}) {elapsed * 1e3:.1f} ms")
         del args
     return {"compile_seconds": round(compile_s, 2), "step_time_s": statistics.median(times),
             "step_times_s": times, "flops": flops,
@@ -139,7 +174,7 @@ def run(config, *, devices: int | None, batch_per_device: int, repeats: int, war
                 "update": (programs.update, batch)}
     records = {}
     for name, (program, samples) in todo.items():
-        rec = time_program(program, repeats, warmup)
+        rec = time_program(program, repeats, warmup, name)
         rec["samples_per_call"] = int(samples)
         rec["samples_per_s"] = samples / rec["step_time_s"]
         rec["tflops_per_s"] = rec["flops"] / rec["step_time_s"] / 1e12
