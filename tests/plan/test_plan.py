@@ -21,3 +21,23 @@ def test_frozen_components_bytes_per_device():
     # T5-XXL's encoder alone is 4.76 B parameters: ~19 GB in fp32 on every device
     assert 22e9 < replicated_fp32 < 23.5e9, replicated_fp32
     assert sharded_bf16 < replicated_fp32 / 12, sharded_bf16
+
+
+def test_json_mode_keeps_stdout_for_the_json(monkeypatch, capsys):
+    """--json: what the planner says on the way (a tiny asset built on first use, through the
+    console) goes to stderr, so stdout parses as the report alone."""
+    import json
+
+    from wfm_jax.core.console import say
+    from wfm_jax.plan import cli, report
+
+    def fake_plan(args):
+        say("building the tiny random pipeline at /x (it does not exist yet)")
+        return {"config": args.config, "fits": True}
+
+    monkeypatch.setattr(report, "plan", fake_plan)
+    monkeypatch.setattr(cli, "virtual_devices", lambda n: None)
+    assert cli.main(["--config", "configs/tiny_sft.py", "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out) == {"config": "configs/tiny_sft.py", "fits": True}
+    assert "building the tiny random pipeline" in err

@@ -34,6 +34,7 @@ before issue 21.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 
@@ -53,7 +54,10 @@ def main(argv=None) -> int:
     from wfm_jax.config.recipe import ConfigError
     from wfm_jax.plan.report import describe, plan
     try:
-        r = plan(args)
+        # --json: stdout is the JSON alone; what the planner says on the way (a tiny asset built
+        # on first use) goes to stderr
+        with contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext():
+            r = plan(args)
     except ConfigError as e:  # a bad recipe or override: one line, as main says it
         raise SystemExit(f"wfm_jax.plan: {e}") from None
     print(json.dumps(r) if args.json else describe(r))
