@@ -13,6 +13,9 @@ set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
+# the parts' random weights, drawn and converted once per lease instead of once per part (~40 s
+# each for SD3.5-M; docs/bench_notes.md, "gpu 2026-11-28 H200")
+export WFM_JAX_BENCH_WEIGHTS=${WFM_JAX_BENCH_WEIGHTS:-/tmp/wfm_jax_bench_weights}
 if compgen -G ".whl/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl || exit 3

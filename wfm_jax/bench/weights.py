@@ -8,14 +8,18 @@ layers, which would make the outputs (and the loss) trivially equal.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import math
+import os
+import shutil
 import time
 
 import numpy as np
 
 _CLASSES = {"transformer": "SD3Transformer2DModel", "vae": "AutoencoderKL"}
 POOL = 1 << 24
+WEIGHTS_CACHE_ENV = "WFM_JAX_BENCH_WEIGHTS"  # a directory: converted weights kept across processes
 
 
 def class_name(kind: str) -> str:
@@ -100,13 +104,21 @@ def jax_module(kind: str, config: dict, *, dtype, param_dtype, seed: int = 0, **
     model = nnx.eval_shape(lambda: spec.make_model(config, dtype=dtype, param_dtype=param_dtype,
                                                    rngs=nnx.Rngs(0), **options))
     from wfm_jax.bench.timing import progress
-    start = time.perf_counter()
-    state = random_state_dict(kind, config, seed)
-    progress(f"{kind}: random state dict in {time.perf_counter() - start:.1f} s")
-    start = time.perf_counter()
-    flat = convert_to_jax(spec.build_table(config), {k: (lambda v=v: v) for k, v in state.items()},
-                          flat_shapes(model))
-    progress(f"{kind}: converted in {time.perf_counter() - start:.1f} s")
+    shapes = flat_shapes(model)
+    where = _cache_dir(kind, config, seed, shapes)
+    flat = _load_converted(where) if where else None
+    if flat is not None:
+        progress(f"{kind}: converted weights read from {where}")
+    else:
+        start = time.perf_counter()
+        state = random_state_dict(kind, config, seed)
+        progress(f"{kind}: random state dict in {time.perf_counter() - start:.1f} s")
+        start = time.perf_counter()
+        flat = convert_to_jax(spec.build_table(config),
+                              {k: (lambda v=v: v) for k, v in state.items()}, shapes)
+        progress(f"{kind}: converted in {time.perf_counter() - start:.1f} s")
+        if where:
+            _store_converted(where, flat)
     start = time.perf_counter()
     device = jax.local_devices()[0]
     variables = {path_str(p): v for p, v in nnx.state(model, nnx.Variable).flat_state()}
@@ -117,6 +129,50 @@ def jax_module(kind: str, config: dict, *, dtype, param_dtype, seed: int = 0, **
     if variables:  # nothing but table-mapped parameters may exist: fail rather than time garbage
         raise ValueError(f"{class_name(kind)}: variables without weights: {sorted(variables)[:8]}")
     return model
+
+
+def _cache_dir(kind: str, config: dict, seed: int, shapes: dict[str, tuple]) -> str | None:
+    """Where $WFM_JAX_BENCH_WEIGHTS keeps this module's converted weights (None: unset). A GPU
+    lease runs each part in its own process, and SD3.5-M's 2.2e9 random values cost each of them
+    35-40 s to draw and convert before anything is timed (2026-11-28); read back from the page
+    cache they cost seconds. Keyed by everything the values depend on."""
+    root = os.environ.get(WEIGHTS_CACHE_ENV)
+    if not root:
+        return None
+    key = json.dumps([class_name(kind), config, seed, POOL, sorted(shapes.items())],
+                     sort_keys=True, default=list)
+    return os.path.join(root, f"{class_name(kind)}-{hashlib.sha256(key.encode()).hexdigest()[:16]}")
+
+
+def _load_converted(where: str) -> dict[str, np.ndarray] | None:
+    try:
+        with open(os.path.join(where, "index.json")) as f:
+            index = json.load(f)
+        return {path: np.load(os.path.join(where, name), mmap_mode="r")
+                for path, name in index.items()}
+    except (OSError, ValueError):  # absent, or not written whole: draw again
+        return None
+
+
+def _store_converted(where: str, flat: dict[str, np.ndarray]) -> None:
+    """One .npy per array and an index, written beside `where` and renamed into place, so a
+    reader sees all of it or none. A cache that cannot be written is one line; the run goes on."""
+    from wfm_jax.bench.timing import progress
+    tmp = f"{where}.tmp-{os.getpid()}"
+    try:
+        os.makedirs(tmp, exist_ok=True)
+        index = {}
+        for i, (path, value) in enumerate(sorted(flat.items())):
+            index[path] = f"{i}.npy"
+            np.save(os.path.join(tmp, index[path]), np.asarray(value))
+        with open(os.path.join(tmp, "index.json"), "w") as f:
+            json.dump(index, f)
+        if os.path.isdir(where) and not os.path.isfile(os.path.join(where, "index.json")):
+            shutil.rmtree(where)  # incomplete (not made by the rename below): replace it
+        os.replace(tmp, where)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        progress(f"weights cache not written at {where}: {e}")
 
 
 def lora_a(paths_and_fan_in: dict[str, int], rank: int, seed: int = 3) -> dict[str, np.ndarray]:
