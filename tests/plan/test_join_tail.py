@@ -67,3 +67,36 @@ def test_a_refused_part_refuses_the_whole():
     assert joined["compiled"] is False and joined["required_bytes"] == 99
     assert joined["compile_seconds"] == 5.0
 
+
+
+def test_split_decode_plans_the_model_itself_with_its_decode_apart(tmp_path, capsys):
+    """--split-decode: no cut models (the model's own depth, nothing scaled), the rollout as its
+    body and its decode joined; the figures are the whole rollout's as the plain plan compiles
+    it (FLOPs equal, bytes within the join's few bytes), and the update is compiled as it is."""
+    import json
+
+    if jax.device_count() < 8:
+        pytest.skip("needs XLA_FLAGS=--xla_force_host_platform_device_count=8")
+    argv = tiny_sd3_plan_argv(str(tmp_path / "tiny_sd3"), 2)
+    argv = [*argv[:1], "configs/tiny_nft.py", *argv[2:], "--devices", "8", "--no-cache", "--json",
+            "--config.train.train_batch_per_replica=64"]
+    reports = []
+    for extra in ([], ["--split-decode"]):
+        assert cli.main([*argv, *extra]) == 0
+        reports.append(json.loads(capsys.readouterr().out))
+    plain, split = (r["programs"] for r in reports)
+    assert "decode" not in plain["rollout"] and "scaled_from" not in split["rollout"]
+    assert split["rollout"]["decode"]["compiled"] and "split_method" in split["rollout"]
+    assert split["rollout"]["flops"] == plain["rollout"]["flops"] > 0
+    for key in ("argument_bytes", "output_bytes"):
+        assert abs(split["rollout"][key] - plain["rollout"][key]) <= 64, key
+    assert split["rollout"]["temp_bytes"] == pytest.approx(plain["rollout"]["temp_bytes"], rel=1e-3)
+    assert "decode" not in split["update"]
+    assert split["update"]["temp_bytes"] == plain["update"]["temp_bytes"]
+    assert reports[1]["layers"] == reports[0]["layers"] == 2 and reports[1]["layer_scaling"] is None
+
+
+def test_split_decode_with_layers_is_one_line(capsys):
+    with pytest.raises(SystemExit):
+        cli.parse_args(["--config", "configs/tiny_nft.py", "--layers", "1", "--split-decode"])
+    assert "--layers K already compiles the decode once" in capsys.readouterr().err

@@ -41,10 +41,16 @@ def parse_args(argv):
                         "FLOPs and the estimates linearly to the model's depth (the resident state "
                         "is the whole model's). K >= 1, 2K <= the depth (2K = the depth: the model "
                         "itself). Blocks of each kind in proportion (SD3.5's dual-attention, plain "
-                        "and last: the report's layer_scaling). A scanned run compiles once "
-                        "whatever its length, so the time saved is in unrolled blocks; with scans, "
-                        "a K whose cut models scan too (layer_scaling.scan_kept_from_k) keeps the "
-                        "figures near a full compile's (docs/sharding_and_memory.md)")
+                        "and last: the report's layer_scaling). Unrolled blocks save the most time; "
+                        "a scanned step compiles faster cut too (Wan2.1's update: 49 + 55 s at 2 "
+                        "and 4 blocks, 149 s at 30); with scans, a K whose cut models scan too "
+                        "(layer_scaling.scan_kept_from_k) keeps the figures near a full compile's "
+                        "(docs/sharding_and_memory.md)")
+    p.add_argument("--split-decode", action="store_true",
+                   help="compile the model itself, but the sampler and the RL rollout as two "
+                        "programs each: the part up to the VAE decode, and the decode, compiled "
+                        "once for both and joined (as --layers does): exact figures for the "
+                        "model itself without compiling the decode twice")
     p.add_argument("--remat", default=None, help="a policy.remat name (default: the recipe's)")
     p.add_argument("--no-scan", action="store_true", help="unroll the blocks (no lax.scan)")
     p.add_argument("--frozen-dtype", default=None,
@@ -74,6 +80,9 @@ def parse_args(argv):
         if not item.startswith("--config.") or "=" not in item:
             p.error(f"unrecognized argument {item!r}")
         args.set.append(item[len("--config."):])
+    if args.split_decode and args.layers is not None:
+        p.error("--split-decode is for the model at its own depth; --layers K already compiles "
+                "the decode once")
     return resolve_target(args)
 
 

@@ -3,8 +3,9 @@ transformer configs of two cut models, with K and 2K blocks, whose compiles repo
 linearly to the model's depth (compiled.scale_linear), as vlm.py's --vision-blocks does for the
 vision tower. Unrolled blocks are compiled one by one, so a cut model compiles faster (SD3.5-M's
 unrolled step on the TPU compiler: 67 s + 82 s at 2 and 4 blocks, 273 s at 24); a scanned run is
-compiled once whatever its length, so there the cut models save little (scanned: 135 s + 128 s
-at 5 and 10 blocks, 221 s at 24), and where they do not keep the scans their figures are rough
+compiled once whatever its length, so there the cut models save less (SD3.5-M's scanned step:
+135 s + 128 s at 5 and 10 blocks, 221 s at 24; Wan2.1's scanned update: 49 s + 55 s at 2 and 4,
+149 s at 30), and where they do not keep the scans their figures are rough
 (docs/sharding_and_memory.md).
 
 Blocks of a kind (`PipelineFamily.block_kinds`: SD3.5's dual-attention "joint+dual", plain

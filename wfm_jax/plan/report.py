@@ -140,9 +140,32 @@ def _plan(args, config, limit) -> dict:
     decodes: dict[str, dict] = {}
     cache = cache_for(args)
 
+    def joined(bodies, split, progress):
+        """Each body joined to the split's decode, compiled once per run of the planner (the
+        rollout's and the evaluation's decode are one program), and what the decode was."""
+        key = program_signature(split[1])
+        reused = key in decodes
+        if not reused:
+            decodes[key] = compile_program(split[1], progress, args.hlo_dir, cache)
+        decode = decodes[key]
+        handoff = per_device_bytes(split[1].abstract_args()[1])
+        seconds = round(sum(b["compile_seconds"] for b in bodies)
+                        + (0 if reused else decode["compile_seconds"]), 1)
+        about = {k: decode.get(k) for k in ("compiled", "compile_seconds", "temp_bytes",
+                                            "argument_bytes", "output_bytes", "optimal_seconds",
+                                            "flops", "error")}
+        about["shared_with_an_earlier_program"] = reused
+        return [join_tail(b, decode, handoff) for b in bodies], seconds, about
+
     def compiled_as(name, progress=on_tpu):  # the full model's figures, compiled or scaled
         if not cut_programs:
-            return compile_program(getattr(programs, name), progress, args.hlo_dir, cache)
+            split = programs.split.get(name) if getattr(args, "split_decode", False) else None
+            if split is None:
+                return compile_program(getattr(programs, name), progress, args.hlo_dir, cache)
+            body = compile_program(split[0], progress, args.hlo_dir, cache)
+            (p,), seconds, about = joined([body], split, progress)
+            p.update(compile_seconds=seconds, decode=about, split_method=layers_lib.JOIN_METHOD)
+            return p
         split = cut_programs[0].split.get(name)
         if split is None:
             measured = [compile_program(getattr(c, name), progress, args.hlo_dir, cache)
@@ -151,20 +174,10 @@ def _plan(args, config, limit) -> dict:
         else:  # the decode does not depend on the depth: compiled once, joined to each cut model
             bodies = [compile_program(c.split[name][0], progress, args.hlo_dir, cache)
                       for c in cut_programs]
-            key = program_signature(split[1])
-            reused = key in decodes  # the rollout's and the evaluation's decode: one program
-            if not reused:
-                decodes[key] = compile_program(split[1], progress, args.hlo_dir, cache)
-            decode = decodes[key]
-            handoff = per_device_bytes(split[1].abstract_args()[1])
-            p = scale_linear([join_tail(b, decode, handoff) for b in bodies], cut.depths, cut.full,
+            tails, seconds, about = joined(bodies, split, progress)
+            p = scale_linear(tails, cut.depths, cut.full,
                              "layers", layers_lib.SCALE_METHOD + "; " + layers_lib.JOIN_METHOD)
-            p["compile_seconds"] = round(sum(b["compile_seconds"] for b in bodies)
-                                         + (0 if reused else decode["compile_seconds"]), 1)
-            p["decode"] = {k: decode.get(k) for k in ("compiled", "compile_seconds", "temp_bytes",
-                                                      "argument_bytes", "output_bytes",
-                                                      "optimal_seconds", "flops", "error")}
-            p["decode"]["shared_with_an_earlier_program"] = reused
+            p["compile_seconds"], p["decode"] = seconds, about
         if cut.info["scan_kept"] is False and p["compiled"]:
             # XLA counts a loop body once: across cut models scanned unlike the model (a run of
             # one block is unrolled) its figures do not extrapolate (each compile's: scaled_from)
