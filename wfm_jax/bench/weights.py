@@ -12,7 +12,6 @@ import hashlib
 import json
 import math
 import os
-import shutil
 import time
 
 import numpy as np
@@ -155,23 +154,20 @@ def _load_converted(where: str) -> dict[str, np.ndarray] | None:
 
 
 def _store_converted(where: str, flat: dict[str, np.ndarray]) -> None:
-    """One .npy per array and an index, written beside `where` and renamed into place, so a
-    reader sees all of it or none. A cache that cannot be written is one line; the run goes on."""
+    """One .npy per array and an index, built beside `where` and renamed into place whole
+    (io.atomic.atomic_directory, which also replaces a torn entry). A cache that cannot be
+    written is one line; the run goes on."""
     from wfm_jax.bench.timing import progress
-    tmp = f"{where}.tmp-{os.getpid()}"
+    from wfm_jax.io.atomic import atomic_directory
     try:
-        os.makedirs(tmp, exist_ok=True)
-        index = {}
-        for i, (path, value) in enumerate(sorted(flat.items())):
-            index[path] = f"{i}.npy"
-            np.save(os.path.join(tmp, index[path]), np.asarray(value))
-        with open(os.path.join(tmp, "index.json"), "w") as f:
-            json.dump(index, f)
-        if os.path.isdir(where) and not os.path.isfile(os.path.join(where, "index.json")):
-            shutil.rmtree(where)  # incomplete (not made by the rename below): replace it
-        os.replace(tmp, where)
+        with atomic_directory(where) as tmp:
+            index = {}
+            for i, (path, value) in enumerate(sorted(flat.items())):
+                index[path] = f"{i}.npy"
+                np.save(os.path.join(tmp, index[path]), np.asarray(value))
+            with open(os.path.join(tmp, "index.json"), "w") as f:
+                json.dump(index, f)
     except OSError as e:
-        shutil.rmtree(tmp, ignore_errors=True)
         progress(f"weights cache not written at {where}: {e}")
 
 
