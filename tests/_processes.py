@@ -34,3 +34,10 @@ def run_processes(commands: list[list[str]], *, cwd: str, env: dict, log_dir,
         with open(p) as f:
             tails.append(f.read()[-2000:])
     return codes, tails
+
+
+def report(codes: list[int], tails: list[str]) -> str:
+    """Each process's exit code and log tail, laid out for an assertion message (a plain string:
+    pytest shortens a list's repr to its ends, which hides all but the first process's start)."""
+    return "\n".join(f"--- process {i}: exit {code}\n{tail}"
+                      for i, (code, tail) in enumerate(zip(codes, tails)))

@@ -49,6 +49,7 @@ def main(process_id: int, port: int, pipe_dir: str, out_dir: str) -> None:
         json.dump({"prompts": prompts, "chunk": run.rollout_chunk, "slots": slots,
                    # the SFT cache's agreement:
                    "any": [any_process(process_id == 0), any_process(False)]}, f)
+    jax.distributed.shutdown()  # the barrier before either process tears its backend down
 
 
 if __name__ == "__main__":

@@ -278,14 +278,14 @@ def test_chunk_conditions_with_two_processes_equal_one(run, pipe_dir, tmp_path):
     import json
     import sys
 
-    from tests._processes import free_port, run_processes
+    from tests._processes import free_port, report, run_processes
     port, root = free_port(), os.path.dirname(CONFIGS)
     env = dict(os.environ, XLA_FLAGS=host_devices(4),
                PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
     codes, tails = run_processes(
         [[sys.executable, "-m", "tests._two_process_conditions", str(i), str(port), pipe_dir,
           str(tmp_path)] for i in range(2)], cwd=root, env=env, log_dir=tmp_path, timeout=400)
-    assert codes == [0, 0], tails
+    assert codes == [0, 0], report(codes, tails)
     every = []
     for i in range(2):
         meta = json.load(open(tmp_path / f"process_{i}.json"))

@@ -12,7 +12,7 @@ import jax
 import numpy as np
 import pytest
 
-from tests._processes import free_port, run_processes
+from tests._processes import free_port, report, run_processes
 from tests._support.paths import REPO_ROOT
 from tests._support.xla import host_devices
 from wfm_jax.cli import main as wmain
@@ -188,7 +188,7 @@ def test_two_processes_match_one(full_run, assets, tmp_path):
         [[sys.executable, "-m", "wfm_jax.main", "--config", f"{ROOT}/configs/tiny_sft.py", *args,
           f"--config.distributed.process_id={i}"] for i in range(2)],
         cwd=ROOT, env=env, log_dir=tmp_path, timeout=300)
-    assert codes == [0, 0], tails
+    assert codes == [0, 0], report(codes, tails)
     np.testing.assert_allclose(_losses(tmp_path, range(1, steps + 1)),
                                _losses(base_out, range(1, steps + 1)), rtol=1e-5)
     assert os.path.isdir(tmp_path / "safetensors" / f"step_{steps}" / "transformer")

@@ -135,6 +135,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from wfm_jax.train.preempt import sigterm_stops_after_step
         with sigterm_stops_after_step():
             step = train(config)
+        from wfm_jax.core.mesh import shutdown_distributed
+        shutdown_distributed()  # every process has finished the same steps: leave together
     except bad_input as e:
         if isinstance(e, FileNotFoundError) and e.filename:
             print(f"error: no such file or directory: {e.filename}", file=sys.stderr)

@@ -292,3 +292,16 @@ def maybe_initialize_distributed(coordinator_address: str | None = None,
     jax.distributed.initialize(coordinator_address=coordinator_address,
                                num_processes=num_processes, process_id=process_id)
     return True
+
+
+def shutdown_distributed() -> None:
+    """Leave jax.distributed through its shutdown barrier, while every backend is still up.
+
+    Without it the processes leave through JAX's exit hook, which tears the CPU/GPU client down
+    before the barrier: one process can drop its collectives' connections or the coordination
+    service while a peer is still leaving, and that peer can die with SIGABRT after a finished
+    run (the likely cause of one CI failure, exit -6 on two CPU processes). A single process:
+    nothing to do.
+    """
+    if jax.distributed.is_initialized():
+        jax.distributed.shutdown()
