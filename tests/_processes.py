@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
+from collections.abc import Callable
 
 
 def free_port() -> int:
@@ -13,15 +14,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_processes(commands: list[list[str]], *, cwd: str, env: dict, log_dir,
-                  timeout: float) -> tuple[list[int], list[str]]:
+def run_processes(commands: list[list[str]], *, cwd: str, env: dict, log_dir, timeout: float,
+                  while_running: Callable[[list[subprocess.Popen]], None] | None = None
+                  ) -> tuple[list[int], list[str]]:
     """Start every command at once (process i logs to log_dir/proc<i>.log), wait for all, kill
-    any still running after `timeout` s -> (exit codes, the last 2000 characters of each log)."""
+    any still running after `timeout` s -> (exit codes, the last 2000 characters of each log).
+    while_running(processes): called once they have started (e.g. to signal one mid-run)."""
     paths = [os.path.join(log_dir, f"proc{i}.log") for i in range(len(commands))]
     logs = [open(p, "w") for p in paths]
     procs = [subprocess.Popen(cmd, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT)
              for cmd, log in zip(commands, logs)]
     try:
+        if while_running is not None:
+            while_running(procs)
         codes = [p.wait(timeout=timeout) for p in procs]
     finally:
         for p in procs:

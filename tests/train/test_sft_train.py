@@ -177,18 +177,46 @@ def test_nan_loss_stops_and_keeps_last_checkpoint(assets, tmp_path, monkeypatch,
     assert max(_metrics(tmp_path)) == 4
 
 
-def test_two_processes_match_one(full_run, assets, tmp_path):
+def test_two_processes_match_one_through_a_sigterm_and_a_resume(full_run, assets, tmp_path):
+    """Two jax.distributed processes train as one: SIGTERM to process 1 alone after step 1 stops
+    both after the same step (their vote, train/preempt.py) with its checkpoint and exit 143
+    (each through the distributed shutdown barrier); resumed, they end on the one-process
+    run's losses, step for step."""
+    import signal
+    import time
     base_out, _ = full_run
-    port, steps = free_port(), 4
-    args = [f"--config.{k}={v}" for k, v in _overrides(assets, tmp_path, train__max_steps=steps)]
+    port = free_port()
+    args = [f"--config.{k}={v}" for k, v in _overrides(assets, tmp_path)]
     args += [f"--config.distributed.coordinator_address=127.0.0.1:{port}",
              "--config.distributed.num_processes=2"]
     env = dict(os.environ, XLA_FLAGS=host_devices(4))
-    codes, tails = run_processes(
-        [[sys.executable, "-m", "wfm_jax.main", "--config", f"{ROOT}/configs/tiny_sft.py", *args,
-          f"--config.distributed.process_id={i}"] for i in range(2)],
-        cwd=ROOT, env=env, log_dir=tmp_path, timeout=300)
+
+    def logged() -> bool:
+        try:
+            return bool(_metrics(tmp_path))
+        except (OSError, ValueError):  # not written yet, or a line half written
+            return False
+
+    def sigterm_after_a_step(procs) -> None:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and all(p.poll() is None for p in procs):
+            if logged():
+                procs[1].send_signal(signal.SIGTERM)
+                return
+            time.sleep(0.05)
+
+    def both(*extra, **kw):
+        return run_processes(
+            [[sys.executable, "-m", "wfm_jax.main", "--config", f"{ROOT}/configs/tiny_sft.py",
+              *args, *extra, f"--config.distributed.process_id={i}"] for i in range(2)],
+            cwd=ROOT, env=env, log_dir=tmp_path, timeout=300, **kw)
+    codes, tails = both(while_running=sigterm_after_a_step)
+    assert codes == [wmain.EXIT_PREEMPTED] * 2, report(codes, tails)
+    stopped = max(_metrics(tmp_path))
+    assert 1 <= stopped < STEPS
+    assert str(stopped) in os.listdir(tmp_path / "checkpoints")
+    codes, tails = both("--config.train.resume=True")
     assert codes == [0, 0], report(codes, tails)
-    np.testing.assert_allclose(_losses(tmp_path, range(1, steps + 1)),
-                               _losses(base_out, range(1, steps + 1)), rtol=1e-5)
-    assert os.path.isdir(tmp_path / "safetensors" / f"step_{steps}" / "transformer")
+    np.testing.assert_allclose(_losses(tmp_path, range(1, STEPS + 1)),
+                               _losses(base_out, range(1, STEPS + 1)), rtol=1e-5)
+    assert os.path.isdir(tmp_path / "safetensors" / f"step_{STEPS}" / "transformer")

@@ -153,6 +153,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"error: {e}", file=sys.stderr)
             return EXIT_PREEMPTED
         if isinstance(e, Stopped):
+            from wfm_jax.core.mesh import shutdown_distributed
+            shutdown_distributed()  # every process voted to stop after this step (preempt.py)
             print(f"error: stopped by SIGTERM after step {e.step}, its checkpoint is saved; "
                   f"resume with --config.train.resume=True", file=sys.stderr)
             return EXIT_PREEMPTED
