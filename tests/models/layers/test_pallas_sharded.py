@@ -163,3 +163,41 @@ def test_cross_attention_local_queries_sums_replicated_kv_gradients():
         return (cross_attention(q, k, v, implementation="pallas"),)
 
     _compare(fn, lambda q, k, v: (_xla(q, k, v),), args, 1, wmesh.make_mesh(data=4, context=2))
+
+
+@pytest.mark.parametrize("joint", [True, False])
+def test_attention_in_the_kernels_layout_equals_xla_attention(joint, monkeypatch):
+    # Attention on the Pallas path with the sequence unsplit projects straight into the kernel's
+    # (B, N, T, H) layout and out of it (cp.sharded_heads_first_attention): its outputs and the
+    # gradients of its weights and inputs against the same module on XLA attention, one device
+    from flax import nnx
+
+    from wfm_jax.models.layers.attention import Attention
+    b, t, l, dim = 8, 40, 7, 16
+    _check_interpretable(b // 8, 1, t + l)
+    module = Attention(dim, 1, 8, rngs=nnx.Rngs(0), added_kv_proj_dim=12 if joint else None,
+                       qk_norm="rms_norm", attention_impl="xla")
+    graphdef, params = nnx.split(module)
+    params = jax.tree.map(lambda p: p + 0.1 * jax.random.normal(jax.random.key(3), p.shape), params)
+    x, c = _arrays([(b, t, dim), (b, l, 12)])
+    weights = _arrays([(b, t, dim), (b, l, dim)], seed=1)
+    taken = []
+    heads_first = cp.sharded_heads_first_attention
+    monkeypatch.setattr(cp, "sharded_heads_first_attention",
+                        lambda *a: taken.append(1) or heads_first(*a))
+
+    def loss(params, x, c, impl):
+        m = nnx.merge(graphdef, params)
+        m.attention_impl = impl
+        out = m(x, c) if joint else (m(x),)
+        return sum(jnp.sum(o * w) for o, w in zip(out, weights, strict=False))
+
+    want = jax.jit(jax.value_and_grad(lambda *a: loss(*a, "xla"), argnums=(0, 1, 2)))(params, x, c)
+    with pltpu.force_tpu_interpret_mode():
+        step = wmesh.mesh_jit(jax.value_and_grad(lambda *a: loss(*a, "pallas"), argnums=(0, 1, 2)),
+                              mesh=wmesh.make_mesh(data=8))
+        got = step(params, x, c)
+    assert taken  # the kernel's layout, not the transposing wrapper
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-6)  # a sum over 5120 outputs
+    for g, w in zip(jax.tree.leaves(got[1]), jax.tree.leaves(want[1]), strict=True):
+        np.testing.assert_allclose(g, w, atol=ATOL, rtol=0)

@@ -186,6 +186,18 @@ def local_queries_attention(q, k, v, *, impl: str):
     return out[:q.shape[0], :q.shape[1]]
 
 
+def sharded_heads_first_attention(q, k, v):
+    """The Pallas kernel on (B, N, T, H) q, k, v under a mesh whose sequence is not split:
+    shard_map over the batch and heads, as sharded_local_attention does for (B, T, N, H)."""
+    from wfm_jax.models.layers.pallas_attention import heads_first_attention
+    batch, _, heads, _ = mesh.logical_to_spec(KV_REPLICATED_AXES)
+    spec = P(batch, heads, None, None)
+    fn = shard_map(lambda q, k, v: heads_first_attention(q, k, v), impl="pallas",
+                   in_specs=(spec,) * 3, out_specs=spec)
+    nb = _batch_multiple()
+    return fn(*(_pad(x, nb, axis=0) for x in (q, k, v)))[:q.shape[0]]
+
+
 def sharded_local_attention(q, k, v, *, impl: str):
     """A non-XLA-native kernel (blockwise, Pallas) under a mesh whose sequence is not split:
     shard_map over the batch and heads, so GSPMD never has to partition its loops."""
