@@ -331,21 +331,12 @@ class Attention(nnx.Module):
 
     def _into_heads(self, lin: Linear, x):
         """(B, T, D) through `lin` into (B, N, T, H): the projection writes the kernel's layout."""
-        dtype = lin.dtype or x.dtype
-        w = lin.kernel[...].astype(dtype).reshape(x.shape[-1], self.heads, self.head_dim)
-        y = jnp.einsum("btd,dnh->bnth", x.astype(dtype), w)
-        if lin.bias is not None:
-            y = y + lin.bias[...].astype(dtype).reshape(self.heads, 1, self.head_dim)
-        return y
+        n, h = self.heads, self.head_dim
+        return lin.einsum("btd,dnh->bnth", x, (x.shape[-1], n, h), (n, 1, h))
 
     def _from_heads(self, lin: Linear, y):
         """(B, N, T, H) through the output projection `lin` into (B, T, D)."""
-        dtype = lin.dtype or y.dtype
-        w = lin.kernel[...].astype(dtype).reshape(self.heads, self.head_dim, -1)
-        out = jnp.einsum("bnth,nhd->btd", y.astype(dtype), w)
-        if lin.bias is not None:
-            out = out + lin.bias[...].astype(dtype)
-        return out
+        return lin.einsum("bnth,nhd->btd", y, (self.heads, self.head_dim, -1))
 
     def _qkv_heads_first(self, x, to_q, to_k, to_v, norm_q, norm_k):
         q, k, v = (self._into_heads(lin, x) for lin in (to_q, to_k, to_v))

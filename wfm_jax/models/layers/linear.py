@@ -54,3 +54,17 @@ class Linear(nnx.Module):
             low = jnp.dot(x, self.lora_a[...].astype(dtype))
             y = y + jnp.dot(low, self.lora_b[...].astype(dtype)) * jnp.asarray(self.lora_scale, dtype)
         return y
+
+    def einsum(self, spec: str, x: jax.Array, kernel_shape: tuple, bias_shape: tuple | None = None
+               ) -> jax.Array:
+        """x through this layer's weights written in another layout: the kernel reshaped to
+        `kernel_shape` and contracted with x by the einsum `spec`, the bias reshaped to
+        `bias_shape` (e.g. a projection straight into attention's heads-first layout,
+        layers/attention.py). Same dtypes as __call__; not with LoRA attached."""
+        if self.lora_a is not None:
+            raise ValueError("Linear.einsum does not apply LoRA; call the layer instead")
+        dtype = self.dtype or x.dtype
+        y = jnp.einsum(spec, x.astype(dtype), self.kernel[...].astype(dtype).reshape(kernel_shape))
+        if self.bias is not None:
+            y = y + self.bias[...].astype(dtype).reshape(bias_shape or self.bias.shape)
+        return y
