@@ -165,11 +165,12 @@ def test_cross_attention_local_queries_sums_replicated_kv_gradients():
     _compare(fn, lambda q, k, v: (_xla(q, k, v),), args, 1, wmesh.make_mesh(data=4, context=2))
 
 
-@pytest.mark.parametrize("joint", [True, False])
-def test_attention_in_the_kernels_layout_equals_xla_attention(joint, monkeypatch):
+@pytest.mark.parametrize("joint,lora", [(True, False), (False, False), (True, True)])
+def test_attention_in_the_kernels_layout_equals_xla_attention(joint, lora, monkeypatch):
     # Attention on the Pallas path with the sequence unsplit projects straight into the kernel's
     # (B, N, T, H) layout and out of it (cp.sharded_heads_first_attention): its outputs and the
-    # gradients of its weights and inputs against the same module on XLA attention, one device
+    # gradients of its weights and inputs against the same module on XLA attention, one device;
+    # with LoRA on every projection (the NFT recipes), its A and B gradients too
     from flax import nnx
 
     from wfm_jax.models.layers.attention import Attention
@@ -177,6 +178,10 @@ def test_attention_in_the_kernels_layout_equals_xla_attention(joint, monkeypatch
     _check_interpretable(b // 8, 1, t + l)
     module = Attention(dim, 1, 8, rngs=nnx.Rngs(0), added_kv_proj_dim=12 if joint else None,
                        qk_norm="rms_norm", attention_impl="xla")
+    if lora:
+        for name in ("to_q", "to_k", "to_v", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out"):
+            getattr(module, name).add_lora(4, 8.0, nnx.Rngs(1))
+        module.to_out[0].add_lora(4, 8.0, nnx.Rngs(2))
     graphdef, params = nnx.split(module)
     params = jax.tree.map(lambda p: p + 0.1 * jax.random.normal(jax.random.key(3), p.shape), params)
     x, c = _arrays([(b, t, dim), (b, l, 12)])

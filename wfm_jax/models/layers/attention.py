@@ -316,14 +316,12 @@ class Attention(nnx.Module):
         return x.reshape(*x.shape[:2], self.heads * self.head_dim)
 
     def _heads_first(self, hidden_states, encoder_hidden_states) -> bool:
-        """True when this call runs the Pallas kernel with the sequence unsplit and no LoRA on
-        its projections (LoRA keeps the (B, T, N, H) path): then attention stays in the kernel's
-        (B, N, T, H) layout from the projections to the output projection. On v5p, SD3.5-M's
-        16-row SFT step: 0.496 -> 0.441 s estimated, peak 86.2 -> 77.8 GB, as the transposes
-        around the kernel go (docs/tpu_tuning.md)."""
-        projections = (self.to_q, self.to_k, self.to_v, self.to_out[0], self.add_q_proj,
-                        self.add_k_proj, self.add_v_proj, self.to_add_out)
-        if cp.sequence_axes() or any(p is not None and p.lora_a is not None for p in projections):
+        """True when this call runs the Pallas kernel with the sequence unsplit: then attention
+        stays in the kernel's (B, N, T, H) layout from the projections (LoRA included,
+        Linear.einsum) to the output projection. On v5p, SD3.5-M's 16-row SFT step: 0.496 ->
+        0.441 s estimated, peak 86.2 -> 77.8 GB, as the transposes around the kernel go
+        (docs/tpu_tuning.md)."""
+        if cp.sequence_axes():
             return False
         n = hidden_states.shape[1] + (encoder_hidden_states.shape[1] if self.joint else 0)
         probe = jax.ShapeDtypeStruct((1, 1, self.heads, self.head_dim), hidden_states.dtype)

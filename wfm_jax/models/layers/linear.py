@@ -60,11 +60,42 @@ class Linear(nnx.Module):
         """x through this layer's weights written in another layout: the kernel reshaped to
         `kernel_shape` and contracted with x by the einsum `spec`, the bias reshaped to
         `bias_shape` (e.g. a projection straight into attention's heads-first layout,
-        layers/attention.py). Same dtypes as __call__; not with LoRA attached."""
-        if self.lora_a is not None:
-            raise ValueError("Linear.einsum does not apply LoRA; call the layer instead")
+        layers/attention.py). The kernel's leading dims of `kernel_shape` split its input
+        features, the rest its output features. Same dtypes and LoRA branch as __call__."""
         dtype = self.dtype or x.dtype
-        y = jnp.einsum(spec, x.astype(dtype), self.kernel[...].astype(dtype).reshape(kernel_shape))
+        x = x.astype(dtype)
+        kernel = self.kernel[...].astype(dtype).reshape(kernel_shape)
+        y = jnp.einsum(spec, x, kernel)
         if self.bias is not None:
             y = y + self.bias[...].astype(dtype).reshape(bias_shape or self.bias.shape)
+        if self.lora_a is not None:
+            n_in = _input_dims(kernel.shape, self.in_features)
+            low_spec, up_spec = _lora_specs(spec, n_in)
+            a = self.lora_a[...].astype(dtype).reshape(*kernel.shape[:n_in], -1)
+            b = self.lora_b[...].astype(dtype)
+            b = b.reshape(b.shape[0], *kernel.shape[n_in:])
+            low = jnp.einsum(low_spec, x, a)
+            y = y + jnp.einsum(up_spec, low, b) * jnp.asarray(self.lora_scale, dtype)
         return y
+
+
+def _input_dims(kernel_shape: tuple, in_features: int) -> int:
+    """How many leading dims of a reshaped kernel make up its input features."""
+    size = 1
+    for i, d in enumerate(kernel_shape):
+        size *= d
+        if size == in_features:
+            return i + 1
+    raise ValueError(f"kernel shape {kernel_shape} does not start with {in_features} input features")
+
+
+def _lora_specs(spec: str, input_dims: int) -> tuple[str, str]:
+    """The two einsums of the LoRA branch of `spec` ("x,kernel->y"), whose kernel's first
+    `input_dims` letters are the input features: x with A (the input letters, then the rank) to
+    the low-rank activations, then those with B (the rank, then the output letters) to y."""
+    inputs, out = spec.replace(" ", "").split("->")
+    x, kernel = inputs.split(",")
+    rank = next(c for c in "rzyxwvuqpo" if c not in spec)
+    k_in, k_out = kernel[:input_dims], kernel[input_dims:]
+    low = "".join(c for c in out if c not in k_out) + rank
+    return f"{x},{k_in}{rank}->{low}", f"{low},{rank}{k_out}->{out}"
