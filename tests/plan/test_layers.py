@@ -53,6 +53,31 @@ def test_sd35_blocks_and_their_cut_models():
         sd3.with_blocks(SD35_MEDIUM, ["last", "joint"])
 
 
+def test_a_tpu_topology_cuts_a_deep_dit_unless_told_otherwise():
+    """No --layers: on a TPU topology a DiT of 8 blocks or more is compiled at 2 and 4 blocks and
+    scaled (a plan in minutes rather than 15-20); the model itself with --full-depth or
+    --split-decode, on CPU devices, or for a shallow model; --layers K as given."""
+    import argparse
+
+    from wfm_jax.plan.args import parse_args
+    from wfm_jax.plan.report import AUTO_LAYERS, layers_k
+    sd3, deep, shallow = family_named("sd3"), {"transformer": dict(SD35_MEDIUM)}, {
+        "transformer": dict(SD35_MEDIUM, num_layers=4, dual_attention_layers=[0])}
+
+    def ns(**kw):
+        return argparse.Namespace(**{"layers": None, "full_depth": False, "split_decode": False, **kw})
+    k, why = layers_k(ns(), sd3, deep, on_tpu=True)
+    assert (k, why.split()[0]) == (AUTO_LAYERS, "auto") and "24 blocks" in why
+    assert layers_k(ns(), sd3, deep, on_tpu=False) == (None, "full depth")
+    assert layers_k(ns(full_depth=True), sd3, deep, on_tpu=True) == (None, "full depth")
+    assert layers_k(ns(split_decode=True), sd3, deep, on_tpu=True) == (None, "full depth")
+    assert layers_k(ns(), sd3, shallow, on_tpu=True) == (None, "full depth")
+    assert layers_k(ns(layers=3), sd3, shallow, on_tpu=False) == (3, "--layers")
+    with pytest.raises(SystemExit):  # both: one line from argparse
+        parse_args(["--config", "configs/sd35_sft.py", "--topology", "v5p:2x2x1", "--full-depth",
+                    "--layers", "2"])
+
+
 def test_alike_blocks_scale_by_count():
     small, large, mix = layers.choose_blocks(["block"] * 30, 2, scan=True)
     assert (small, large, mix) == (["block"] * 2, ["block"] * 4, {"block": 30})

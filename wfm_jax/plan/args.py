@@ -40,12 +40,18 @@ def parse_args(argv):
                         "compile each program with K and 2K transformer blocks and scale bytes, "
                         "FLOPs and the estimates linearly to the model's depth (the resident state "
                         "is the whole model's). K >= 1, 2K <= the depth (2K = the depth: the model "
-                        "itself). Blocks of each kind in proportion (SD3.5's dual-attention, plain "
+                        "itself). Default on a TPU topology: 2 for a DiT of 8 blocks or more "
+                        "(--full-depth: the model itself). Blocks of each kind in proportion "
+                        "(SD3.5's dual-attention, plain "
                         "and last: the report's layer_scaling). Unrolled blocks save the most time; "
                         "a scanned step compiles faster cut too (Wan2.1's update: 49 + 55 s at 2 "
                         "and 4 blocks, 149 s at 30); with scans, a K whose cut models scan too "
                         "(layer_scaling.scan_kept_from_k) keeps the figures near a full compile's "
                         "(docs/sharding_and_memory.md)")
+    p.add_argument("--full-depth", action="store_true",
+                   help="compile the model at its own depth, where a TPU topology would cut a deep "
+                        "DiT to --layers 2 (slower: 15-20 minutes for SD3.5-M or Wan2.1 on 2 "
+                        "cores; exact figures rather than ones within about 5%%)")
     p.add_argument("--split-decode", action="store_true",
                    help="compile the model itself, but the sampler and the RL rollout as two "
                         "programs each: the part up to the VAE decode, and the decode, compiled "
@@ -80,6 +86,8 @@ def parse_args(argv):
         if not item.startswith("--config.") or "=" not in item:
             p.error(f"unrecognized argument {item!r}")
         args.set.append(item[len("--config."):])
+    if args.full_depth and args.layers is not None:
+        p.error("--full-depth compiles the model itself; --layers K compiles K and 2K blocks")
     if args.split_decode and args.layers is not None:
         p.error("--split-decode is for the model at its own depth; --layers K already compiles "
                 "the decode once")

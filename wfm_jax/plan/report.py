@@ -87,7 +87,8 @@ def _plan(args, config, limit) -> dict:
             raise SystemExit(f"wfm_jax.plan: on mesh {dict(mesh.shape)}: {e}") from e
     setup = setup_at()  # the resident bytes: always the full model's (no compile)
     configs, source = setup.configs, setup.source
-    cut = _cut(args, type(setup.pipe), configs, scan)  # --layers K: the K- and 2K-block models
+    k, layers_source = layers_k(args, type(setup.pipe), configs, topo is not None)
+    cut = _cut(k, type(setup.pipe), configs, scan)  # K and 2K blocks, scaled to the depth
     state = setup.state
     frozen_dtype = setup_lib.DTYPES[args.frozen_dtype or t.compute_dtype]
     aux = state.aux or {}
@@ -121,6 +122,7 @@ def _plan(args, config, limit) -> dict:
         return out
     out["layers"] = cut.full if cut else _depth(type(setup.pipe), configs["transformer"])
     out["layer_scaling"] = cut and cut.info
+    out["layers_source"] = layers_source if cut else "full depth"
     on_tpu = topo is not None
     if not rl:
         context = mesh.shape["context"]
@@ -219,6 +221,11 @@ def _plan(args, config, limit) -> dict:
         p = compiled[name] = compiled_as(name, True)
         peak(p, resident + per_device_bytes(programs.abstract_args(name)[3:]), True)
     out = finish(out, compiled, step, topo, config)
+    if cut and out["total_bytes"] > NEAR_LIMIT * out["device_memory_bytes"]:
+        out["near_limit_note"] = (  # near the limit, only the model itself settles the fit
+            f"the scaled peak is {out['total_bytes'] / out['device_memory_bytes']:.0%} of the "
+            f"device's memory, within a cut model's error of it (scaled peaks measured 5.5% under "
+            f"to 13.5% over full compiles): --full-depth compiles the model itself")
     if topo is not None and rl and update["compiled"] and rollout.get("estimated_step_seconds"):
         chunks = -(-int(t.train_batch_per_replica) // layout.rollout_chunk)
         rollout["chunks_per_step"] = chunks
@@ -242,10 +249,33 @@ def _depth(family, t_cfg: dict) -> int | None:
         return None
 
 
-def _cut(args, family, configs, scan: bool):
-    """--layers K: the K- and 2K-block transformers (plan/layers.py), None without it or when 2K
-    is the whole model (then the model itself is compiled); one line for a K it cannot take."""
+# On a TPU topology a DiT this deep is compiled at AUTO_LAYERS and twice that many blocks and
+# scaled (--layers), in a third to a quarter of a full compile's time (15-20 minutes for SD3.5-M
+# or Wan2.1 on 2 cores). Measured against full compiles (docs/sharding_and_memory.md), the scaled
+# peaks came out 5.5% under (Wan2.1 NFT's update) to 13.5% over (a scanned SD3.5-M step):
+# so a scaled peak above NEAR_LIMIT of the memory says to compile the model itself.
+AUTO_LAYERS, AUTO_MIN_DEPTH = 2, 8
+NEAR_LIMIT = 0.9
+
+
+def layers_k(args, family, configs, on_tpu: bool) -> tuple[int | None, str]:
+    """(K of --layers or None for the model itself, why): --layers as given; else on a TPU
+    topology AUTO_LAYERS for a DiT of AUTO_MIN_DEPTH blocks or more, unless --full-depth or
+    --split-decode asks for the model itself."""
     k = getattr(args, "layers", None)
+    if k is not None:
+        return int(k), "--layers"
+    if not on_tpu or getattr(args, "full_depth", False) or getattr(args, "split_decode", False):
+        return None, "full depth"
+    depth = _depth(family, configs["transformer"])
+    if depth is None or depth < AUTO_MIN_DEPTH:
+        return None, "full depth"
+    return AUTO_LAYERS, f"auto (a TPU topology and {depth} blocks; --full-depth for the model itself)"
+
+
+def _cut(k: int | None, family, configs, scan: bool):
+    """K and 2K-block transformers (plan/layers.py), None for no K or when 2K is the whole model
+    (then the model itself is compiled); one line for a K it cannot take."""
     if k is None:
         return None
     try:
@@ -316,7 +346,8 @@ def describe(r: dict) -> str:
     if scaled:
         lines.append(f"  scaled: {scaled[0]}")
     if r.get("layer_scaling"):
-        lines.append(f"  {layers_lib.describe(r['layer_scaling'])}")
+        lines.append(f"  {layers_lib.describe(r['layer_scaling'])}; blocks cut by "
+                     f"{r.get('layers_source', '--layers')}")
     if r.get("topology"):
         lines.append(_topology_table(r))
         lines.append(f"  estimates: {r['estimate_method']}; peak bf16 per chip: "
@@ -337,6 +368,8 @@ def describe(r: dict) -> str:
         if breakdown_line(p):
             lines.append(f"    {breakdown_line(p)}")
     lines.append(fit_line(r))
+    if r.get("near_limit_note"):
+        lines.append(f"  note: {r['near_limit_note']}")
     return "\n".join(lines)
 
 
