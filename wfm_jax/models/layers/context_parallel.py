@@ -192,8 +192,7 @@ def sharded_heads_first_attention(q, k, v):
     from wfm_jax.models.layers.pallas_attention import heads_first_attention
     batch, _, heads, _ = mesh.logical_to_spec(KV_REPLICATED_AXES)
     spec = P(batch, heads, None, None)
-    fn = shard_map(lambda q, k, v: heads_first_attention(q, k, v), impl="pallas",
-                   in_specs=(spec,) * 3, out_specs=spec)
+    fn = shard_map(heads_first_attention, impl="pallas", in_specs=(spec,) * 3, out_specs=spec)
     nb = _batch_multiple()
     return fn(*(_pad(x, nb, axis=0) for x in (q, k, v)))[:q.shape[0]]
 
