@@ -102,23 +102,28 @@ def test_nft_rollout_keeps_the_conditioned_frames_and_the_loss_ignores_them(tiny
               adv_clip_max=algo.adv_clip, adv_clip_min=algo.adv_low)
     _, metrics = jax.jit(lambda: nft_grads(tiny.velocity, moved, tiny.params, tiny.params, x0,
                                            cond, adv, key, **kw))()
-    k_t, k_eps = jax.random.split(key)
-    t = train_timesteps(k_t, jnp.asarray(algo.sigmas)[:-1], 2, 1)[:, 0]
-    eps = jax.random.normal(k_eps, (1,) + x0.shape)[0]
-    tt = t.reshape(2, 1, 1, 1, 1)
-    x_t = (1 - tt) * x0 + tt * eps
-    v_theta = tiny.velocity(moved, x_t, 1000 * t, cond)
-    v_old = tiny.velocity(tiny.params, x_t, 1000 * t, cond)
+    # one program (eager, each op compiled on its own: ~190 programs)
+    @jax.jit
+    def independent():
+        k_t, k_eps = jax.random.split(key)
+        t = train_timesteps(k_t, jnp.asarray(algo.sigmas)[:-1], 2, 1)[:, 0]
+        eps = jax.random.normal(k_eps, (1,) + x0.shape)[0]
+        tt = t.reshape(2, 1, 1, 1, 1)
+        x_t = (1 - tt) * x0 + tt * eps
+        v_theta = tiny.velocity(moved, x_t, 1000 * t, cond)
+        v_old = tiny.velocity(tiny.params, x_t, 1000 * t, cond)
+        free = [nft_loss(v_theta[i:i + 1, :, n:], v_old[i:i + 1, :, n:], x0[i:i + 1, :, n:],
+                         x_t[i:i + 1, :, n:], t[i:i + 1], adv[i:i + 1], beta=algo.beta,
+                         adv_clip_max=algo.adv_clip, adv_clip_min=algo.adv_low,
+                         kl_weight=0.0)[1]["policy_loss"] for i, n in enumerate((1, 2))]
+        return tt, x_t, v_theta, v_old, free
+    tt, x_t, v_theta, v_old, free = independent()
     # on conditioned frames both policies predict the clean latent exactly: no loss there
     for v in (v_theta, v_old):
         err = np.asarray(x_t - tt * v - x0)
         assert np.abs(err[0, :, :1]).max() < 1e-4 and np.abs(err[1, :, :2]).max() < 1e-4
         assert np.abs(err[:, :, 2:]).max() > 1e-2
-    free = [np.asarray(nft_loss(v_theta[i:i + 1, :, n:], v_old[i:i + 1, :, n:],
-                                x0[i:i + 1, :, n:], x_t[i:i + 1, :, n:], t[i:i + 1],
-                                adv[i:i + 1], beta=algo.beta, adv_clip_max=algo.adv_clip,
-                                adv_clip_min=algo.adv_low, kl_weight=0.0)[1]["policy_loss"])
-            for i, n in enumerate((1, 2))]
+    free = [np.asarray(f) for f in free]
     np.testing.assert_allclose(float(metrics["policy_loss"]), np.mean(free), rtol=1e-4)
 
 

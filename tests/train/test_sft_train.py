@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from tests._processes import free_port, report, run_processes
+from tests._resume import compile_cache_env
 from tests._support.paths import REPO_ROOT
 from tests._support.xla import host_devices
 from wfm_jax.cli import main as wmain
@@ -189,7 +190,9 @@ def test_two_processes_match_one_through_a_sigterm_and_a_resume(full_run, assets
     args = [f"--config.{k}={v}" for k, v in _overrides(assets, tmp_path)]
     args += [f"--config.distributed.coordinator_address=127.0.0.1:{port}",
              "--config.distributed.num_processes=2"]
-    env = dict(os.environ, XLA_FLAGS=host_devices(4))
+    # one on-disk compilation cache for the four processes: the resumed pair loads the programs
+    # the first pair compiled (a hit is the executable of the same HLO: it changes nothing)
+    env = dict(os.environ, XLA_FLAGS=host_devices(4), **compile_cache_env(tmp_path / "jax_cache"))
 
     def logged() -> bool:
         try:
