@@ -2,6 +2,7 @@
 when a test asks for it."""
 from __future__ import annotations
 
+import gc
 import itertools
 import os
 
@@ -39,6 +40,17 @@ def pytest_configure(config):
     (session 21: it started 33 minutes into a 38-minute suite)."""
     if hasattr(config.option, "loadscopereorder"):
         config.option.loadscopereorder = False
+
+
+def pytest_collection_finish(session):
+    """Python's cyclic garbage collector, tuned for a process that traces thousands of programs:
+    the modules imported so far (jax, torch, transformers: about 0.5M objects) move out of its
+    reach (gc.freeze), and a full collection waits for 1M allocations instead of 70k. On the SD3
+    transformer and scan-layer files its time fell from 6.5 to 1.4 s of about 100 s
+    (docs/development.md, session 27); garbage cycles are still collected, only less often."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(10_000, 10, 10)
 
 
 def pytest_collection_modifyitems(config, items):
