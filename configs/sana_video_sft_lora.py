@@ -21,7 +21,5 @@ def get_config():
     c.policy.lora.r = 4
     c.policy.lora.lora_alpha = 4
     c.policy.lora.target_modules = SANA_LORA_TARGETS
-    # the bf16 base (4 GB) fits on every device: replicated, the batch split over all of them
-    c.policy.parallelism.data = -1
-    c.policy.parallelism.fsdp = 1
+    # data-parallel as sana_video_sft.py: the bf16 base (4 GB) is replicated on every device
     return c
