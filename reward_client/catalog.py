@@ -13,7 +13,8 @@ import numpy as np
 import reward_client.local
 import reward_client.ocr
 import reward_client.reason
-import reward_client.shapes  # noqa: F401  (shapes_alignment)
+import reward_client.shapes  # (shapes_alignment)
+import reward_client.vqa  # noqa: F401  (vqa_look)
 from reward_client.errors import RewardValueError
 from reward_client.registry import LocalReward, lookup, registered
 
