@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from reward_client.errors import RewardValueError
-from reward_client.reason import extract_answer, references_of
+from reward_client.reason import extract_answer, references_of, single_choice_reward
 from reward_client.registry import register_reward
 
 # the world's question sentences (wfm_jax/worlds/vqa/scenes.py `ask`) -> the subject the look names
@@ -54,7 +54,7 @@ def expected_look(prompt: str, reference: str) -> str:
 def vqa_look_reward(completion: str, prompt: str, reference: str) -> float:
     expected = expected_look(prompt, reference)  # first: a prompt it cannot read always raises
     think = _THINK.search(completion)
-    if think is None or extract_answer(completion).upper() != extract_answer(reference).upper():
+    if think is None or not single_choice_reward(completion, reference):
         return 0.0
     return 1.0 if " ".join(think.group(1).split()) == expected else 0.0
 
