@@ -204,5 +204,7 @@ def test_attention_in_the_kernels_layout_equals_xla_attention(joint, lora, monke
         got = step(params, x, c)
     assert taken  # the kernel's layout, not the transposing wrapper
     np.testing.assert_allclose(got[0], want[0], rtol=1e-6)  # a sum over 5120 outputs
+    # the LoRA weights' gradients reach |g| ~ 40 here, where fp32 sums over 5120 terms in two
+    # orders differ by a few 1e-6 relative (2.3e-5 absolute on CI's AVX2 host): bound both
     for g, w in zip(jax.tree.leaves(got[1]), jax.tree.leaves(want[1]), strict=True):
-        np.testing.assert_allclose(g, w, atol=ATOL, rtol=0)
+        np.testing.assert_allclose(g, w, atol=ATOL, rtol=1e-5)
