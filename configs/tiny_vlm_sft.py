@@ -3,7 +3,7 @@ accuracy from 0.0 (the base model has never seen a question) to 0.906-0.948 (see
 suite's XLA flags, one shared base; colour 0.94-1.0) in about 3 min on 2 CPU cores, after the
 base's one-time pre-training (about 4 min; docs/reason2_post_training.md).
 The base model is the tiny random Qwen3-VL pre-trained once to describe training pictures
-(policy.vlm.vqa_pretrain_steps, about 3.5 min, cached). The answers think "<what to look at>
+(policy.vlm.vqa_pretrain_steps, about 4 min, cached). The answers think "<what to look at>
 <answer>" first (policy.vlm.vqa_target "look"); the options come in one fixed order per question
 type (policy.vlm.vqa_options): with shuffled options the tiny model never learns to copy the
 matching option's letter. The vision tower stays frozen: trained, it collapses to the background
