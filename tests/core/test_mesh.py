@@ -41,6 +41,20 @@ def test_make_mesh_accepts_config_objects():
     assert wmesh.make_mesh(data=-1, devices=devices).devices.size == 4
 
 
+def test_make_mesh_splits_physical_axes_a_torus_cannot_hold_whole():
+    # v5p 4x4x4: context 8 is no product of the 4-long physical axes; jax.make_mesh refuses it
+    # (NotImplementedError), the mesh splits a physical axis instead (compile-only devices)
+    pytest.importorskip("libtpu")
+    from jax.experimental import topologies
+    devices = topologies.get_topology_desc("v5p:4x4x4", platform="tpu").devices
+    with pytest.raises(NotImplementedError):
+        jax.make_mesh((1, 8, 8), ("data", "fsdp", "context"), devices=devices)
+    mesh = wmesh.make_mesh(data=1, fsdp=8, context=8, devices=devices)
+    assert tuple(mesh.shape.values()) == (1, 8, 8)
+    assert sorted(d.id for d in mesh.devices.flat) == sorted(d.id for d in devices)
+    assert all(t == AxisType.Auto for t in mesh.axis_types)
+
+
 @pytest.mark.parametrize("sizes, words", [
     ({"data": 2, "fsdp": 2, "context": 3}, ["needs 12 devices", "8 are available"]),
     ({"data": 3}, ["needs 3 devices", "8 are available"]),

@@ -121,8 +121,16 @@ def make_mesh(cfg=None, *, devices: Sequence[jax.Device] | None = None,
     cfg = MeshConfig.from_any(cfg)
     devices = list(devices) if devices is not None else jax.devices()
     shape = resolve_axis_sizes(cfg, len(devices))
-    return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES),
-                         devices=devices)
+    axis_types = (AxisType.Auto,) * len(MESH_AXES)
+    try:
+        return jax.make_mesh(shape, MESH_AXES, axis_types=axis_types, devices=devices)
+    except NotImplementedError:
+        # a TPU torus whose physical axes the sizes are not products of (fsdp 8 x context 8 on
+        # v5p 4x4x4): lay the mesh out splitting physical axes, as JAX's own message suggests,
+        # rather than end the run on a layout the devices can hold
+        from jax.experimental import mesh_utils
+        grid = mesh_utils.create_device_mesh(shape, devices, allow_split_physical_axes=True)
+        return jax.sharding.Mesh(grid, MESH_AXES, axis_types=axis_types)
 
 
 # ----------------------------------------------------------------------------- logical -> mesh
