@@ -25,6 +25,7 @@ def main(argv: list[str]) -> None:
 
     from wfm_jax.core.mesh import make_mesh, mesh_jit
     from wfm_jax.models.wan.vae import AutoencoderKLWan
+    from wfm_jax.programs.rl import pixels_to_uint8
 
     mesh = make_mesh({"data": 1, "fsdp": -1}, devices=devices)
     graph, state = nnx.split(nnx.eval_shape(lambda: AutoencoderKLWan({}, rngs=nnx.Rngs(0))))
@@ -35,8 +36,8 @@ def main(argv: list[str]) -> None:
 
     @mesh_jit(mesh=mesh, out_shardings=split_rows)
     def decode(s, z):
-        pixels = nnx.merge(graph, s).decode(z)
-        return jnp.round(jnp.clip(pixels * 0.5 + 0.5, 0, 1) * 255).astype(jnp.uint8)
+        pixels = nnx.merge(graph, s).decode(z)  # [-1, 1]
+        return pixels_to_uint8(pixels * 0.5 + 0.5)  # the rollout's uint8 pixels
 
     start = time.time()
     lowered = decode.lower(state, z)
