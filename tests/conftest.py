@@ -9,7 +9,7 @@ import os
 import pytest
 
 from tests import s3_server as _s3
-from tests._support.xla import use_test_flags
+from tests._support.xla import compile_cpu_at_o0, install_compile_level_switch, use_test_flags
 
 _BUCKETS = itertools.count()
 
@@ -40,6 +40,14 @@ def pytest_configure(config):
     (session 21: it started 33 minutes into a 38-minute suite)."""
     if hasattr(config.option, "loadscopereorder"):
         config.option.loadscopereorder = False
+    install_compile_level_switch()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """A `compile_bound` test (and the fixtures it sets up first) compiles its CPU programs at
+    LLVM -O0; every other test at the session's -O1 (tests/_support/xla.py)."""
+    compile_cpu_at_o0(item.get_closest_marker("compile_bound") is not None)
 
 
 def pytest_collection_finish(session):

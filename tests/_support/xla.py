@@ -3,9 +3,10 @@
 The suite compiles hundreds of small programs and runs each briefly, so it trades some code
 quality for compile time, never the numbers:
 - LLVM at -O1 instead of XLA's default -O2: -19% CPU on the SD3 transformer and Wan VAE test
-  files, -7.5% on the GRPO runs, same step times (docs/development.md, session 11). Not -O0: it
-  cut compiles further, but the VLM learning run then took twice as long, and six tight
-  comparisons (against diffusers, numpy, one device) moved by 4e-7 to 2e-4 (session 22).
+  files, -7.5% on the GRPO runs, same step times (docs/development.md, session 11). Not -O0 for
+  the whole session: it cut compiles further, but the VLM learning run then took twice as long,
+  and six tight comparisons (against diffusers, numpy, one device) moved by 4e-7 to 2e-4
+  (session 22). The files and tests marked `compile_bound` do compile at -O0 (below).
 - XLA:CPU's older elemental emitters instead of its MLIR fusion emitters: the suite's XLA compile
   seconds 2077 -> 1537 and its wall time 33 -> 27 minutes, with every comparison still within
   its tolerance (session 22). The trainer keeps XLA's defaults: on the quick start, which is held
@@ -29,3 +30,38 @@ def use_test_flags() -> None:
 def host_devices(n: int) -> str:
     """XLA_FLAGS for a subprocess with n virtual CPU devices, compiled as the suite compiles."""
     return " ".join([f"--xla_force_host_platform_device_count={n}", *COMPILE_FLAGS])
+
+
+# Files whose time is compiling, not running (a `compile_bound` mark): their CPU programs
+# compile at LLVM -O0. -O0 roughly halves a compile and doubles a run, so it pays only where the
+# programs run briefly; it stays off for the learning runs and the tight comparisons that moved
+# at -O0 in session 22. TPU compiles (libtpu, the planner's tests) are never touched: what they
+# report must be what a user's plan reports.
+_cpu_o0 = False
+
+
+def compile_cpu_at_o0(on: bool) -> None:
+    """From now on, compile CPU programs at LLVM -O0 (on) or at the session's level (off)."""
+    global _cpu_o0
+    _cpu_o0 = on
+
+
+def install_compile_level_switch() -> None:
+    """Wrap jax's compile-options builder so that compile_cpu_at_o0 reaches every CPU compile.
+    jax reads the options at each compile, so the switch acts per test; a program compiled once
+    keeps the level it was compiled at."""
+    from jax._src import compiler
+
+    build = compiler.get_compile_options
+    if getattr(build, "_wfm_switch", False):
+        return
+
+    def get_compile_options(*args, **kwargs):
+        options = build(*args, **kwargs)
+        backend = kwargs.get("backend")
+        if _cpu_o0 and backend is not None and backend.platform == "cpu":
+            options.executable_build_options.debug_options.xla_backend_optimization_level = 0
+        return options
+
+    get_compile_options._wfm_switch = True  # type: ignore[attr-defined]
+    compiler.get_compile_options = get_compile_options

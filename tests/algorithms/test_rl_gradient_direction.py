@@ -19,6 +19,8 @@ from wfm_jax.algorithms.advantages import ddrl_advantages, group_advantages
 from wfm_jax.algorithms.ddrl.algorithm import DDRL
 from wfm_jax.algorithms.grpo.algorithm import GRPO
 
+pytestmark = pytest.mark.compile_bound  # its time is compiling: CPU programs at LLVM -O0 (tests/_support/xla.py)
+
 N = 4096  # rollouts of one prompt: enough for the score-function estimate to settle
 
 

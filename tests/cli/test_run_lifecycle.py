@@ -13,7 +13,7 @@ from tests._support.paths import REPO_ROOT
 from wfm_jax.cli import main as wmain
 from wfm_jax.train.metrics import MetricsLogger
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.compile_bound]
 
 ROOT = REPO_ROOT
 

@@ -20,6 +20,8 @@ from wfm_jax.families import FAMILIES
 from wfm_jax.families import base as fam
 from wfm_jax.families.base import PipelineError, PipelineFamily
 
+pytestmark = pytest.mark.compile_bound  # its time is compiling: CPU programs at LLVM -O0 (tests/_support/xla.py)
+
 FRAMES, SIZE = 5, 16
 
 

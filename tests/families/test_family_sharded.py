@@ -15,6 +15,8 @@ from wfm_jax.models.layers.remat import check_remat
 from wfm_jax.programs.sft import sft_step
 from wfm_jax.train import setup as setup_lib
 
+pytestmark = pytest.mark.compile_bound  # its time is compiling: CPU programs at LLVM -O0 (tests/_support/xla.py)
+
 BATCH = 4  # rows split over data x fsdp = 4; the tokens (12 to 32) over context = 2
 SIZES = dict(data=2, fsdp=2, context=2)
 PROMPTS = ["a red circle", "two blue squares", "a yellow triangle on black", ""]

@@ -16,6 +16,8 @@ import pytest
 
 from wfm_jax.plan import hlo_cost, topology
 
+pytestmark = pytest.mark.compile_bound  # its time is compiling: CPU programs at LLVM -O0 (tests/_support/xla.py)
+
 MM, HBM = topology.COST_MODEL_RATES["TPU v5"]
 
 _TUPLE = "(s32[]{:T(128)}, bf16[1024,1024]{1,0:T(8,128)(2,1)}, bf16[8,1024,1024]{2,1,0:T(8,128)(2,1)})"

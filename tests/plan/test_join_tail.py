@@ -21,6 +21,8 @@ from wfm_jax.plan.report import program_signature
 from wfm_jax.programs import abstract_setup, build
 from wfm_jax.programs.stats import per_device_bytes
 
+pytestmark = pytest.mark.compile_bound  # its time is compiling: CPU programs at LLVM -O0 (tests/_support/xla.py)
+
 
 def _programs(argv: list[str]):
     args = cli.parse_args([*argv[:1], "configs/tiny_nft.py", *argv[2:], "--devices", "8",

@@ -29,7 +29,10 @@ from wfm_jax.worlds.vqa.dataset import build_vqa_dataset, load_records
 from wfm_jax.worlds.vqa.scenes import vocabulary
 
 torch = pytest.importorskip("torch")
-pytestmark = pytest.mark.slow  # three compiles of a forward + backward: minutes on 2 busy cores
+pytestmark = [
+    pytest.mark.slow,  # three compiles of a forward + backward: minutes on 2 busy cores
+    pytest.mark.compile_bound,  # its time is compiling: CPU programs at LLVM -O0 (tests/_support/xla.py)
+]
 REWARDS = np.array([[1.0, 0.0], [0.0, 2.0], [1.0, 1.0]], np.float32)  # group 2: filtered
 
 

@@ -20,6 +20,8 @@ from wfm_jax.sampling.guidance import guided_velocity
 from wfm_jax.sampling.samplers import sample
 from wfm_jax.sampling.schedule import edm_churn_eta, edm_sigmas, flow_sigmas, training_table
 
+pytestmark = pytest.mark.compile_bound  # its time is compiling: CPU programs at LLVM -O0 (tests/_support/xla.py)
+
 SHAPE = (2, 3, 4, 4)
 S2 = 0.25  # data variance
 

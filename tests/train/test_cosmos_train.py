@@ -295,6 +295,7 @@ def _assert_groups_share_their_first_frame(seen):
 
 
 @pytest.mark.slow
+@pytest.mark.compile_bound  # a few steps of programs compiled once: -O0 (tests/_support/xla.py)
 def test_tiny_cosmos_nft_video2world_runs_on_the_clips_first_frame(tiny_cosmos, wfm_videos,
                                                                     compile_cache, tmp_path,
                                                                     recorded_videos):
@@ -314,6 +315,7 @@ def test_tiny_cosmos_nft_video2world_runs_on_the_clips_first_frame(tiny_cosmos, 
 
 
 @pytest.mark.slow
+@pytest.mark.compile_bound  # a few steps of programs compiled once: -O0 (tests/_support/xla.py)
 def test_tiny_cosmos_ddrl_video2world_with_cfg_runs(tiny_cosmos, wfm_videos, compile_cache,
                                                      tmp_path, recorded_videos):
     """DDRL with CFG (guidance 2: the negative branch conditioned on the same frames) and

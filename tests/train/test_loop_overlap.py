@@ -149,6 +149,7 @@ def test_chunk_fetched_and_submitted_after_the_next_rollout_is_dispatched(run, m
 
 
 @pytest.mark.slow  # four SFT steps end to end
+@pytest.mark.compile_bound  # a few steps of programs compiled once: -O0 (tests/_support/xla.py)
 def test_sft_fetches_a_step_after_the_next_is_loaded_and_encoded(pipe_dir, tmp_path,
                                                                   monkeypatch):
     from tests._rl_toy import metrics as logged

@@ -313,6 +313,7 @@ def test_nothing_compiles_once_every_kind_of_work_ran(ddrl_run_compiles):
 
 
 @pytest.mark.slow
+@pytest.mark.compile_bound  # a few steps of programs compiled once: -O0 (tests/_support/xla.py)
 def test_lora_variant_with_every_switch(tiny_dirs, tmp_path):
     """LoRA, KL to a reference copied every step, drawn data sigma / noise, data loss on the
     first trained step only, two inner epochs."""

@@ -290,6 +290,7 @@ def test_nothing_compiles_once_every_kind_of_work_ran(grpo_run_compiles):
 
 
 @pytest.mark.slow
+@pytest.mark.compile_bound  # a few steps of programs compiled once: -O0 (tests/_support/xla.py)
 def test_fast_variant_lora_two_inner_epochs(tiny_dir, tmp_path):
     """Window of 2 CPS steps (one may end at sigma 0), two optimizer steps per batch, LoRA
     with a KL term."""

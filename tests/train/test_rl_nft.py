@@ -132,6 +132,7 @@ def test_local_rewards_match_remote_and_resume_is_bit_identical(remote_run, tiny
 
 
 @pytest.mark.slow
+@pytest.mark.compile_bound  # a few steps of programs compiled once: -O0 (tests/_support/xla.py)
 def test_lora_export_loads_in_diffusers(tiny_dir, tmp_path):
     import torch
     from diffusers import StableDiffusion3Pipeline

@@ -12,7 +12,7 @@ from tests._resume import persistent_compile_cache
 from tests._support.paths import REPO_ROOT
 from wfm_jax.cli import main as wmain
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.compile_bound]
 
 RECIPE = os.path.join(REPO_ROOT, "configs",
                       "tiny_ddrl.py")

@@ -167,6 +167,7 @@ def shapes_dir(tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.compile_bound  # a few steps of programs compiled once: -O0 (tests/_support/xla.py)
 def test_tiny_sana_sft_loss_falls(sana_dir, shapes_dir, tmp_path):
     from wfm_jax.train import sft
     steps = 12

@@ -103,6 +103,7 @@ def lora_run(assets, tmp_path_factory):
     return out, trainer.setup
 
 
+@pytest.mark.compile_bound  # a few steps of programs compiled once: -O0 (tests/_support/xla.py)
 def test_full_finetune_loss_falls_and_export_matches(full_run, assets):
     from diffusers import StableDiffusion3Pipeline
     out, setup = full_run
@@ -116,6 +117,7 @@ def test_full_finetune_loss_falls_and_export_matches(full_run, assets):
     assert np.abs(_jax_velocity(setup, setup.state.params) - want).max() > 1e-3
 
 
+@pytest.mark.compile_bound  # a few steps of programs compiled once: -O0 (tests/_support/xla.py)
 def test_lora_loss_falls_and_export_matches(lora_run, assets):
     from diffusers import StableDiffusion3Pipeline
     out, setup = lora_run

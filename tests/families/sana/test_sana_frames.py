@@ -21,7 +21,10 @@ from wfm_jax.core.mesh import make_mesh, param_shardings
 from wfm_jax.models.sana import SanaVideoTransformer
 from wfm_jax.models.sana.temporal import conv_frames, temporal_conv
 
-pytestmark = pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (host) devices")
+pytestmark = [
+    pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (host) devices"),
+    pytest.mark.compile_bound,  # its time is compiling: CPU programs at LLVM -O0 (tests/_support/xla.py)
+]
 
 CONFIG = dict(in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=12,
               num_layers=2, num_cross_attention_heads=2, cross_attention_head_dim=12,

@@ -23,6 +23,8 @@ from wfm_jax.models import lora as lora_lib
 from wfm_jax.programs.sample import generate
 from wfm_jax.train.export import LORA_WEIGHT_NAME, export_full_pipeline, export_lora
 
+pytestmark = pytest.mark.compile_bound  # its time is compiling: CPU programs at LLVM -O0 (tests/_support/xla.py)
+
 ATOL, PIPELINE_ATOL = 2e-5, 1e-4
 MAX_LEN = 12
 PROMPTS = ["A cat sleeping", "  a busy city street with red flowers and a bus by the sea  "]

@@ -117,6 +117,7 @@ def test_diffusers_generates_with_the_default_instruction(built):
     assert np.abs(pixels[0] - pixels[1]).max() > 1e-2  # the prompt reaches the pixels
 
 
+@pytest.mark.compile_bound  # a few steps of programs compiled once: -O0 (tests/_support/xla.py)
 def test_generate_cli_runs_on_the_family(built, tmp_path, capsys):
     family, path, _ = built
     out = tmp_path / ("clip.mp4" if family == "sana_video" else "img.png")

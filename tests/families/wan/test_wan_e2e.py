@@ -56,6 +56,7 @@ def _nft(wan_dir, out_dir, steps: int, *extra) -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.compile_bound  # a few steps of programs compiled once: -O0 (tests/_support/xla.py)
 def test_tiny_wan_sft_loss_falls_and_the_export_loads_in_diffusers(wan_dir, tmp_path):
     import torch
     from diffusers import WanPipeline
@@ -117,6 +118,7 @@ def test_tiny_wan_nft_reward_rises_through_the_server_as_video(wan_dir, tmp_path
 
 
 @pytest.mark.slow
+@pytest.mark.compile_bound  # a few steps of programs compiled once: -O0 (tests/_support/xla.py)
 def test_tiny_wan_nft_scores_latents_the_server_decodes(wan_dir, tmp_path):
     from reward_client.latents import LatentDecoder
 

@@ -36,6 +36,8 @@ from wfm_jax.models.cosmos import COSMOS25_PREDICT_2B, COSMOS25_PREDICT_14B, Cos
 from wfm_jax.models.cosmos.embeddings import resize_nearest
 from wfm_jax.models.cosmos.rope import rope_tables
 
+pytestmark = pytest.mark.compile_bound  # its time is compiling: CPU programs at LLVM -O0 (tests/_support/xla.py)
+
 transformer_cosmos.transforms = SimpleNamespace(
     functional=SimpleNamespace(resize=lambda img, size, interpolation=None:
                                F.interpolate(img, size=size, mode="nearest")),

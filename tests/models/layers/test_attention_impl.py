@@ -26,6 +26,8 @@ from wfm_jax.models.layers.attention import (
 )
 from wfm_jax.models.sd3.transformer import SD3Transformer
 
+pytestmark = pytest.mark.compile_bound  # its time is compiling: CPU programs at LLVM -O0 (tests/_support/xla.py)
+
 
 @pytest.mark.parametrize("cuda, dtype, head_dim, expected", [
     (True, jnp.bfloat16, 64, "cudnn"),   # SD3 / SD3.5 on an NVIDIA GPU

@@ -10,6 +10,8 @@ import pytest
 from wfm_jax.models.layers.attention import dot_product_attention
 from wfm_jax.models.layers.blockwise_attention import blockwise_attention, blockwise_attention_lse
 
+pytestmark = pytest.mark.compile_bound  # its time is compiling: CPU programs at LLVM -O0 (tests/_support/xla.py)
+
 ATOL = 2e-5
 
 

@@ -21,6 +21,8 @@ from wfm_jax.models.layers.remat import check_remat
 from wfm_jax.models.sd3.transformer import SD3Transformer
 from wfm_jax.programs.stats import CPU_COMPILE_ONLY
 
+pytestmark = pytest.mark.compile_bound  # its time is compiling: CPU programs at LLVM -O0 (tests/_support/xla.py)
+
 SIX_BLOCKS = {**SD35_MEDIUM, "num_layers": 6, "dual_attention_layers": [0, 1, 2]}
 
 

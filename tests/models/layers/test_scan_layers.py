@@ -18,6 +18,8 @@ from wfm_jax.models.sana.video import SanaVideoTransformer
 from wfm_jax.models.sd3.transformer import SD3Transformer
 from wfm_jax.models.wan.transformer import WanTransformer
 
+pytestmark = pytest.mark.compile_bound  # its time is compiling: CPU programs at LLVM -O0 (tests/_support/xla.py)
+
 rng = np.random.default_rng(0)
 f32 = lambda *shape: rng.standard_normal(shape).astype(np.float32)
 T = np.array([999, 517], np.int64)

@@ -22,6 +22,8 @@ from wfm_jax.core.mesh import MESH_AXES
 from wfm_jax.core.tree import flat_arrays, flat_params, flat_shapes
 from wfm_jax.models.text.gemma2 import Gemma2Config, select_sana_tokens
 
+pytestmark = pytest.mark.compile_bound  # its time is compiling: CPU programs at LLVM -O0 (tests/_support/xla.py)
+
 ATOL = 2e-5
 SEQ = 12
 
