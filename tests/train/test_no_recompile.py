@@ -16,7 +16,7 @@ from tests._support.compiles import CompileCounter
 from tests._support.paths import CONFIGS
 from wfm_jax.config.recipe import load_config
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.compile_bound]
 
 CONFIGS = CONFIGS
 
