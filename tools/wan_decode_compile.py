@@ -23,12 +23,13 @@ def main(argv: list[str]) -> None:
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
 
+    from wfm_jax.core.abstract import abstract_module
     from wfm_jax.core.mesh import make_mesh, mesh_jit
     from wfm_jax.models.wan.vae import AutoencoderKLWan
     from wfm_jax.programs.rl import pixels_to_uint8
 
     mesh = make_mesh({"data": 1, "fsdp": -1}, devices=devices)
-    graph, state = nnx.split(nnx.eval_shape(lambda: AutoencoderKLWan({}, rngs=nnx.Rngs(0))))
+    graph, state = nnx.split(abstract_module(lambda: AutoencoderKLWan({}, rngs=nnx.Rngs(0))))
     whole = NamedSharding(mesh, P())
     state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=whole), state)
     split_rows = NamedSharding(mesh, P(("data", "fsdp")))
