@@ -38,22 +38,41 @@ def host_devices(n: int) -> str:
 # runs slower, so the marks follow measured pairs; the learning runs and the tight comparisons
 # that moved at -O0 stay unmarked. TPU compiles (libtpu, the planner's tests) are never touched:
 # what they report must be what a user's plan reports.
-_cpu_o0 = False
+#
+# The level is a jax config state in jax's jit and trace cache keys, not a bare global: an
+# executable compiled at -O0 in a marked test must never be reused by an unmarked one. With a
+# global it was (session 31): the SFT VAE encoder compiled at -O0 in test_sft_train, reused in
+# test_sft_encode next to a fresh -O1 one, and two bit-for-bit comparisons there failed on CI.
+_STATE_NAME = "wfm_test_cpu_o0"
 o0_compiles = 0  # CPU compiles the switch has set to -O0 (tests/_support/test_xla.py reads it)
 
 
+def _cpu_o0_state():
+    """The config state, registered once per process (jax refuses a second registration)."""
+    from jax._src import config
+
+    state = config.config_states.get(_STATE_NAME)
+    if state is None:
+        state = config.bool_state(
+            _STATE_NAME, False, "wfm_jax tests: compile CPU programs at LLVM -O0",
+            include_in_jit_key=True, include_in_trace_context=True)
+    return state
+
+
 def compile_cpu_at_o0(on: bool) -> None:
-    """From now on, compile CPU programs at LLVM -O0 (on) or at the session's level (off)."""
-    global _cpu_o0
-    _cpu_o0 = on
+    """From now on, compile CPU programs at LLVM -O0 (on) or at the session's level (off). A
+    program jitted under one level is compiled again, not reused, under the other."""
+    import jax
+
+    _cpu_o0_state()
+    jax.config.update(_STATE_NAME, on)
 
 
 def install_compile_level_switch() -> None:
-    """Wrap jax's compile-options builder so that compile_cpu_at_o0 reaches every CPU compile.
-    jax reads the options at each compile, so the switch acts per test; a program compiled once
-    keeps the level it was compiled at."""
+    """Wrap jax's compile-options builder so that compile_cpu_at_o0 reaches every CPU compile."""
     from jax._src import compiler
 
+    state = _cpu_o0_state()
     build = compiler.get_compile_options
     if getattr(build, "_wfm_switch", False):
         return
@@ -61,7 +80,7 @@ def install_compile_level_switch() -> None:
     def get_compile_options(*args, **kwargs):
         options = build(*args, **kwargs)
         backend = kwargs.get("backend")
-        if _cpu_o0 and backend is not None and backend.platform == "cpu":
+        if state.value and backend is not None and backend.platform == "cpu":
             global o0_compiles
             options.executable_build_options.debug_options.xla_backend_optimization_level = 0
             o0_compiles += 1

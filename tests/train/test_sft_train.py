@@ -20,7 +20,9 @@ from wfm_jax.cli import main as wmain
 from wfm_jax.config.recipe import load_config
 from wfm_jax.train import sft
 
-pytestmark = pytest.mark.slow
+# compile_bound for the whole file: full_run is built by a marked test and the resume test
+# compares with it bit for bit, so both must compile at one level (tests/_support/xla.py)
+pytestmark = [pytest.mark.slow, pytest.mark.compile_bound]
 
 ROOT = REPO_ROOT
 STEPS = 12
@@ -103,7 +105,6 @@ def lora_run(assets, tmp_path_factory):
     return out, trainer.setup
 
 
-@pytest.mark.compile_bound  # a few steps of programs compiled once: -O0 (tests/_support/xla.py)
 def test_full_finetune_loss_falls_and_export_matches(full_run, assets):
     from diffusers import StableDiffusion3Pipeline
     out, setup = full_run
@@ -117,7 +118,6 @@ def test_full_finetune_loss_falls_and_export_matches(full_run, assets):
     assert np.abs(_jax_velocity(setup, setup.state.params) - want).max() > 1e-3
 
 
-@pytest.mark.compile_bound  # a few steps of programs compiled once: -O0 (tests/_support/xla.py)
 def test_lora_loss_falls_and_export_matches(lora_run, assets):
     from diffusers import StableDiffusion3Pipeline
     out, setup = lora_run
