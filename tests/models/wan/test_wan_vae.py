@@ -22,14 +22,19 @@ from converters.table import convert_to_jax
 from converters.wan_vae import _resample, build_table, make_model
 from tests.conformance import ConverterConformance
 from wfm_jax.core.tree import flat_params, flat_shapes
+from wfm_jax.models.vae.blocks import Conv2d
 from wfm_jax.models.wan.vae import (
+    ENCODE_CHUNK,
     AutoencoderKLWan,
     WanVAEConfig,
     latent_frames,
+    run_chunked,
     scale_latents,
+    to_channels_first,
+    to_channels_last,
     unscale_latents,
 )
-from wfm_jax.models.wan.vae_layers import Resample
+from wfm_jax.models.wan.vae_layers import CausalConv3d, Resample
 
 ATOL = 2e-5  # module-level outputs (the encoder's moments)
 DECODE_ATOL = 1e-4  # the chunked decode (the issue's bound; measured ~3e-6)
@@ -142,6 +147,44 @@ def test_chunked_decode_matches_diffusers_frame_for_frame(videos, frames):
     for f in range(frames):
         np.testing.assert_allclose(got[:, :, f], want[:, :, f], rtol=0, atol=DECODE_ATOL,
                                    err_msg=f"frame {f}")
+
+
+@pytest.mark.parametrize("half", ["encoder", "decoder"])
+def test_the_first_chunk_runs_in_the_scan_as_one_copy_of_the_network(pair, videos, half):
+    """Encode and decode run every chunk through one scanned network, the first one too: the
+    results of the two-program form (the first chunk alone, then a scan) to float rounding,
+    from half the convolutions to compile."""
+    vae, _, _ = pair
+    model = load_jax(vae)
+    graph, state = nnx.split(model)
+    encoding = half == "encoder"
+    chunk = ENCODE_CHUNK if encoding else 1
+
+    def two_programs(s, x):
+        m = nnx.merge(graph, s)
+        if encoding:
+            h = run_chunked(m.encoder, to_channels_last(x, m.dtype), first=1, chunk=chunk)
+            return to_channels_first(m.quant_conv(h)[0])
+        h = m.post_quant_conv(to_channels_last(x, m.dtype))[0]
+        return jnp.clip(to_channels_first(run_chunked(m.decoder, h, first=1, chunk=chunk)), -1, 1)
+
+    def scanned(s, x):
+        m = nnx.merge(graph, s)
+        return m.encode_moments(x) if encoding else m.decode(x)
+
+    x, _, moments, z, _, pixels = videos[9]  # 9 frames, 3 latent frames
+    x = jnp.asarray((x if encoding else z).numpy())
+    np.testing.assert_allclose(moments if encoding else pixels,
+                               np.asarray(jax.jit(two_programs)(state, x)), rtol=0, atol=1e-5)
+    convs = {name: jax.jit(fn).lower(state, x).as_text().count("stablehlo.convolution")
+             for name, fn in (("scanned", scanned), ("two", two_programs))}
+    modules = [m for _, m in getattr(model, half).iter_modules()]
+    network = sum(isinstance(m, (CausalConv3d, Conv2d)) for m in modules)
+    time_convs = sum(isinstance(m, Resample) and m.mode.endswith("3d") for m in modules)
+    # one copy of the network and its 1x1 quant conv; before, a second copy for the first chunk,
+    # less the time convs of its temporal resamplers (diffusers' first chunk skips them)
+    assert time_convs == 2 and convs["scanned"] == network + 1, (convs, network)
+    assert convs["two"] == 2 * network + 1 - time_convs, (convs, network)
 
 
 @pytest.mark.slow

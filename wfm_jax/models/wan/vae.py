@@ -7,7 +7,8 @@ between them, exactly as diffusers does: this is the only correct path (one pass
 without the cache skips the temporal upsampling entirely). Encode: the first frame alone, then
 chunks of 4 frames, so a video has 4k+1 frames and gives k+1 latent frames. Decode: the first
 latent frame alone (one frame out), then one latent frame per chunk (4 frames out each), clamped
-to [-1, 1]. Chunks after the first share their cache shapes and run as one `lax.scan`.
+to [-1, 1]. Every chunk runs in one `lax.scan`, the first too (`run_scanned`), so an encode or
+a decode is one copy of the network to compile, not two (session 32: about half the TPU compile).
 """
 from __future__ import annotations
 
@@ -136,17 +137,18 @@ class Encoder3d(nnx.Module):
         self.norm_out = ChannelRMSNorm(dims[-1], param_dtype=param_dtype)
         self.conv_out = CausalConv3d(dims[-1], 2 * cfg.z_dim, 3, padding=1, **kw)
 
-    def __call__(self, x: jax.Array, cache=None):
-        """One chunk (B, t, H, W, C) -> (moments before quant_conv, cache for the next chunk)."""
+    def __call__(self, x: jax.Array, cache=None, first=None):
+        """One chunk (B, t, H, W, C) -> (moments before quant_conv, cache for the next chunk);
+        `first` as in vae_layers (run_scanned)."""
         cache = cache or {"conv_in": None, "down": [None] * len(self.down_blocks), "mid": None,
                           "conv_out": None}
-        x, conv_in = self.conv_in(x, cache["conv_in"])
+        x, conv_in = self.conv_in(x, cache["conv_in"], first)
         down = []
         for block, c in zip(self.down_blocks, cache["down"]):
-            x, c = block(x, c)
+            x, c = block(x, c, first)
             down.append(c)
-        x, mid = self.mid_block(x, cache["mid"])
-        x, conv_out = self.conv_out(jax.nn.silu(self.norm_out(x)), cache["conv_out"])
+        x, mid = self.mid_block(x, cache["mid"], first)
+        x, conv_out = self.conv_out(jax.nn.silu(self.norm_out(x)), cache["conv_out"], first)
         return x, {"conv_in": conv_in, "down": down, "mid": mid, "conv_out": conv_out}
 
 
@@ -160,15 +162,15 @@ class UpBlock(nnx.Module):
                                  for i in range(num_res_blocks + 1)])
         self.upsampler = Resample(c_out, upsample, **kw) if upsample else None
 
-    def __call__(self, x: jax.Array, cache=None):
+    def __call__(self, x: jax.Array, cache=None, first=None):
         cache = cache or {"resnets": [None] * len(self.resnets), "upsampler": None}
         resnets = []
         for resnet, c in zip(self.resnets, cache["resnets"]):
-            x, c = resnet(x, c)
+            x, c = resnet(x, c, first)
             resnets.append(c)
         upsampler = None
         if self.upsampler is not None:
-            x, upsampler = self.upsampler(x, cache["upsampler"])
+            x, upsampler = self.upsampler(x, cache["upsampler"], first)
         return x, {"resnets": resnets, "upsampler": upsampler}
 
 
@@ -196,16 +198,17 @@ class Decoder3d(nnx.Module):
         self.norm_out = ChannelRMSNorm(dims[-1], param_dtype=param_dtype)
         self.conv_out = CausalConv3d(dims[-1], cfg.out_channels, 3, padding=1, **kw)
 
-    def __call__(self, x: jax.Array, cache=None):
+    def __call__(self, x: jax.Array, cache=None, first=None):
+        """One latent chunk -> (frames, cache); `first` as in vae_layers (run_scanned)."""
         cache = cache or {"conv_in": None, "mid": None, "up": [None] * len(self.up_blocks),
                           "conv_out": None}
-        x, conv_in = self.conv_in(x, cache["conv_in"])
-        x, mid = self.mid_block(x, cache["mid"])
+        x, conv_in = self.conv_in(x, cache["conv_in"], first)
+        x, mid = self.mid_block(x, cache["mid"], first)
         up = []
         for block, c in zip(self.up_blocks, cache["up"]):
-            x, c = block(x, c)
+            x, c = block(x, c, first)
             up.append(c)
-        x, conv_out = self.conv_out(jax.nn.silu(self.norm_out(x)), cache["conv_out"])
+        x, conv_out = self.conv_out(jax.nn.silu(self.norm_out(x)), cache["conv_out"], first)
         return x, {"conv_in": conv_in, "mid": mid, "up": up, "conv_out": conv_out}
 
 
@@ -229,6 +232,32 @@ def run_chunked(module, x: jax.Array, first: int, chunk: int) -> jax.Array:
     return jnp.concatenate([y, ys.astype(y.dtype)], axis=1)
 
 
+def run_scanned(module, x: jax.Array, chunk: int) -> jax.Array:
+    """The outputs of run_chunked(module, x, 1, chunk) from one compiled copy of the module
+    instead of two: module(chunk, cache, first) -> (y, cache) over the first frame, padded to a
+    chunk, then `chunk` frames at a time, as one lax.scan. The first chunk runs with zero caches
+    and `first` set, its frame last, and keeps its output's last frame only. Its padding's work is dropped: on an
+    81-frame Wan clip, 3 of the 84 frames a decode computes and of the 84 an encode reads."""
+    b, t = x.shape[:2]
+    if t == 1:  # one chunk: one copy of the module either way, and no padding to compute
+        return module(x, None)[0]
+    cache = jax.eval_shape(lambda: module(x[:, :1], None)[1])
+    cache = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), cache)
+    pad = jnp.zeros((b, chunk - 1, *x.shape[2:]), x.dtype)
+    n = 1 + (t - 1) // chunk
+    chunks = jnp.concatenate([pad, x], axis=1)
+    chunks = chunks.reshape(b, n, chunk, *x.shape[2:]).swapaxes(0, 1)
+
+    def step(cache, inputs):
+        piece, first = inputs
+        out, cache = module(piece, cache, first)
+        return cache, out
+
+    _, ys = jax.lax.scan(step, cache, (chunks, jnp.arange(n) == 0))  # (n, B, r, ...)
+    head, rest = ys[0][:, -1:], ys[1:].swapaxes(0, 1)
+    return jnp.concatenate([head, rest.reshape(b, -1, *ys.shape[3:])], axis=1)
+
+
 class AutoencoderKLWan(nnx.Module):
     """Built from the diffusers config.json dict; `dtype` is the compute dtype (None = the input's;
     the Wan pipelines run this VAE in fp32)."""
@@ -248,7 +277,7 @@ class AutoencoderKLWan(nnx.Module):
         (B, 2 * z_dim, k+1, H/f, W/f) with f = config.spatial_factor (8 when released), fp32."""
         latent_frames(x.shape[2])
         h = to_channels_last(x, self.dtype)
-        h = run_chunked(self.encoder, h, first=1, chunk=ENCODE_CHUNK)
+        h = run_scanned(self.encoder, h, ENCODE_CHUNK)
         return to_channels_first(self.quant_conv(h)[0])
 
     def encode(self, x: jax.Array) -> DiagonalGaussian:
@@ -258,7 +287,7 @@ class AutoencoderKLWan(nnx.Module):
         """Unscaled latents (B, z_dim, T, h, w) -> video (B, C, 1 + r*(T-1), f*h, f*w) clamped to
         [-1, 1], r and f the config's temporal and spatial factors (released: 4T-3 frames, 8x)."""
         h = self.post_quant_conv(to_channels_last(z, self.dtype))[0]
-        h = run_chunked(self.decoder, h, first=1, chunk=1)
+        h = run_scanned(self.decoder, h, 1)
         return jnp.clip(to_channels_first(h), -1.0, 1.0)
 
 
