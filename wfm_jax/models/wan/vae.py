@@ -215,7 +215,9 @@ class Decoder3d(nnx.Module):
 def run_chunked(module, x: jax.Array, first: int, chunk: int) -> jax.Array:
     """module(chunk, cache) -> (y, cache) over x's frames: `first` frames with no cache, then
     `chunk` frames at a time carrying the cache (one lax.scan: the caches' shapes are fixed from
-    the second chunk on). Outputs are concatenated along time in order."""
+    the second chunk on). Outputs are concatenated along time in order. diffusers' order, step
+    for step, with the first chunk as a program of its own: the reference `run_scanned` is
+    tested against (the VAE itself runs `run_scanned`)."""
     b, t = x.shape[:2]
     y, cache = module(x[:, :first], None)
     n = (t - first) // chunk
