@@ -236,10 +236,10 @@ def run_chunked(module, x: jax.Array, first: int, chunk: int) -> jax.Array:
 
 def run_scanned(module, x: jax.Array, chunk: int) -> jax.Array:
     """The outputs of run_chunked(module, x, 1, chunk) from one compiled copy of the module
-    instead of two: module(chunk, cache, first) -> (y, cache) over the first frame, padded to a
-    chunk, then `chunk` frames at a time, as one lax.scan. The first chunk runs with zero caches
-    and `first` set, its frame last, and keeps its output's last frame only. Its padding's work is dropped: on an
-    81-frame Wan clip, 3 of the 84 frames a decode computes and of the 84 an encode reads."""
+    instead of two: module(chunk, cache, first) -> (y, cache) over the first frame, padded in
+    front to a chunk, then `chunk` frames at a time, as one lax.scan. The first chunk runs with
+    zero caches and `first` set and keeps its output's last frame only. The padding's work is
+    wasted: on an 81-frame Wan clip, 3 of the 84 frames a decode computes or an encode reads."""
     b, t = x.shape[:2]
     if t == 1:  # one chunk: one copy of the module either way, and no padding to compute
         return module(x, None)[0]
