@@ -1,10 +1,11 @@
 """Compile time of the Wan2.1 VAE decode (released config, abstract fp32 weights) for a TPU
-topology, by latent shape, without a TPU (docs/recipe_targets.md, session 30):
+topology, by latent shape, without a TPU (docs/recipe_targets.md, sessions 30 and 32):
 
-    python tools/wan_decode_compile.py ROWS LATENT_FRAMES H W [TOPOLOGY]
+    python tools/wan_decode_compile.py ROWS LATENT_FRAMES H W [TOPOLOGY] [--encode]
 
-e.g. `4 2 60 104` is one 480x832 clip of 5 frames a chip on v5p:2x2x1 (the default). Prints one
-JSON line: lowering and compile seconds and the compiled program's temporaries a chip."""
+e.g. `4 2 60 104` is one 480x832 clip of 5 frames a chip on v5p:2x2x1 (the default). With
+`--encode`, the encode of ROWS clips of FRAMES x H x W pixels instead (`4 81 480 832`). Prints
+one JSON line: lowering and compile seconds and the compiled program's temporaries a chip."""
 from __future__ import annotations
 
 import json
@@ -15,6 +16,8 @@ from wfm_jax.plan.topology import topology_devices
 
 
 def main(argv: list[str]) -> None:
+    encoding = "--encode" in argv
+    argv = [a for a in argv if a != "--encode"]
     rows, frames, h, w = (int(v) for v in argv[:4])
     devices, _ = topology_devices(argv[4] if len(argv) > 4 else "v5p:2x2x1")
     import jax
@@ -33,20 +36,25 @@ def main(argv: list[str]) -> None:
     whole = NamedSharding(mesh, P())
     state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=whole), state)
     split_rows = NamedSharding(mesh, P(("data", "fsdp")))
-    z = jax.ShapeDtypeStruct((rows, 16, frames, h, w), jnp.float32, sharding=split_rows)
+    channels = 3 if encoding else 16
+    x = jax.ShapeDtypeStruct((rows, channels, frames, h, w), jnp.float32, sharding=split_rows)
 
     @mesh_jit(mesh=mesh, out_shardings=split_rows)
-    def decode(s, z):
-        pixels = nnx.merge(graph, s).decode(z)  # [-1, 1]
+    def run(s, x):
+        if encoding:
+            return nnx.merge(graph, s).encode_moments(x)  # pixels in [-1, 1] -> mean, log-var
+        pixels = nnx.merge(graph, s).decode(x)  # [-1, 1]
         return pixels_to_uint8(pixels * 0.5 + 0.5)  # the rollout's uint8 pixels
 
     start = time.time()
-    lowered = decode.lower(state, z)
+    lowered = run.lower(state, x)
     lowered_at = time.time()
     compiled = lowered.compile()
     done = time.time()
     temp = compiled.memory_analysis().temp_size_in_bytes
-    print(json.dumps({"rows": rows, "latent_frames": frames, "latent_hw": [h, w],
+    shape = {"frames": frames, "hw": [h, w]} if encoding else {"latent_frames": frames,
+                                                                "latent_hw": [h, w]}
+    print(json.dumps({"program": "encode" if encoding else "decode", "rows": rows, **shape,
                       "lower_s": round(lowered_at - start, 1), "compile_s": round(done - lowered_at, 1),
                       "temp_gb_a_chip": round(temp / 1e9, 2)}))
 
