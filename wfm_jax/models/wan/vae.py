@@ -212,32 +212,11 @@ class Decoder3d(nnx.Module):
         return x, {"conv_in": conv_in, "mid": mid, "up": up, "conv_out": conv_out}
 
 
-def run_chunked(module, x: jax.Array, first: int, chunk: int) -> jax.Array:
-    """module(chunk, cache) -> (y, cache) over x's frames: `first` frames with no cache, then
-    `chunk` frames at a time carrying the cache (one lax.scan: the caches' shapes are fixed from
-    the second chunk on). Outputs are concatenated along time in order. diffusers' order, step
-    for step, with the first chunk as a program of its own: the reference `run_scanned` is
-    tested against (the VAE itself runs `run_scanned`)."""
-    b, t = x.shape[:2]
-    y, cache = module(x[:, :first], None)
-    n = (t - first) // chunk
-    if n == 0:
-        return y
-    rest = x[:, first:].reshape(b, n, chunk, *x.shape[2:]).swapaxes(0, 1)
-
-    def step(cache, piece):
-        out, cache = module(piece, cache)
-        return cache, out
-
-    _, ys = jax.lax.scan(step, cache, rest)  # (n, B, t', ...)
-    ys = ys.swapaxes(0, 1).reshape(b, -1, *ys.shape[3:])
-    return jnp.concatenate([y, ys.astype(y.dtype)], axis=1)
-
-
 def run_scanned(module, x: jax.Array, chunk: int) -> jax.Array:
-    """The outputs of run_chunked(module, x, 1, chunk) from one compiled copy of the module
-    instead of two: module(chunk, cache, first) -> (y, cache) over the first frame, padded in
-    front to a chunk, then `chunk` frames at a time, as one lax.scan. The first chunk runs with
+    """The outputs of diffusers' chunk loop (the first frame alone with no cache, then `chunk`
+    frames at a time carrying it) from one compiled copy of the module instead of two:
+    module(chunk, cache, first) -> (y, cache) over the first frame, padded in front to a chunk,
+    then `chunk` frames at a time, as one lax.scan. The first chunk runs with
     zero caches and `first` set and keeps its output's last frame only. The padding's work is
     wasted: on an 81-frame Wan clip, 3 of the 84 frames a decode computes or an encode reads."""
     b, t = x.shape[:2]
