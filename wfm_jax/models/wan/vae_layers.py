@@ -12,8 +12,8 @@ program as every later one (`vae.run_scanned`): zero caches in, the chunk shaped
 one with its one real frame last, and where `first` holds, each causal conv zeroes the frames
 before it (so it sees the zero history the first chunk alone sees, and keeps the history that
 chunk leaves) and the resamplers pass it on instead of their time convs. The frames before it
-are dropped at the end. Zeroing them costs no buffer; choosing each cache instead did
-(+0.16 GB a conv at 480x832 on TPU, session 32).
+are dropped at the end. Zeroing them costs no buffer; choosing each cache instead did (about
+half a cache a conv on TPU at 480x832: docs/recipe_targets.md, "One decoder to compile").
 
 Each class mirrors one diffusers module so the weight table maps one to one. Norms compute in fp32
 whatever the compute dtype.
