@@ -1,7 +1,8 @@
 """wfm_jax.algorithms.lm_grpo against an independent numpy implementation of cosmos-rl's GRPO for
 language models (reason2.md 4.2), written here from the formulas on cosmos-rl's own data layout:
-ragged per-sequence token arrays (no masks), invalid groups dropped from the list before it is cut
-into mini-batches, and hand-derived gradients."""
+ragged per-sequence token arrays (no masks), hand-derived gradients, and its two variants' batches:
+"dapo" drops the groups of equal rewards from the list before it is cut into mini-batches, "grpo"
+keeps them (advantage 0: no loss of their own, but their tokens count in the token-mean)."""
 import itertools
 
 import jax
@@ -117,9 +118,11 @@ def make_batch(seed, groups=4, n=4, t=9, zero_groups=(1,), spread=1.0):
 
 
 def jax_step(x, old, ref, rewards, mask, cfg, dp_size=1):
-    """The pipeline a trainer runs: advantages, filter, compaction, accumulated loss; grad by x."""
+    """The pipeline a trainer runs: advantages, ("dapo") filter and compaction, accumulated loss;
+    grad by x."""
     adv = np.asarray(lmg.group_advantages(rewards, unbiased=cfg.unbiased_advantage)).reshape(-1)
-    keep = np.asarray(lmg.keep_rows(rewards))
+    keep = (np.asarray(lmg.keep_rows(rewards)) if cfg.variant == "dapo"
+            else np.ones(rewards.size, bool))
     order = lmg.compact_order(keep)
     m = (mask * keep[:, None])[order]
     fn = lambda xx: lmg.accumulated_grpo_loss(xx, old[order], ref[order], adv[order], m, cfg, dp_size)
@@ -131,7 +134,8 @@ def jax_step(x, old, ref, rewards, mask, cfg, dp_size=1):
 
 def np_reference(x, old, ref, rewards, lengths, cfg, dp_size=1):
     adv = np_advantages(rewards, cfg.unbiased_advantage).reshape(-1)
-    valid = [g for g in range(rewards.shape[0]) if len(set(rewards[g].tolist())) > 1]
+    valid = [g for g in range(rewards.shape[0])
+             if cfg.variant == "grpo" or len(set(rewards[g].tolist())) > 1]
     n = rewards.shape[1]
     rows = [g * n + i for g in valid for i in range(n)]
     seqs = [{"x": x[i, :lengths[i]].astype(np.float64), "old": old[i, :lengths[i]].astype(np.float64),
@@ -151,8 +155,9 @@ LOSS_CASES = list(itertools.product(lmg.LOSS_TYPES, [0.0, 0.05], [False, True]))
 
 @pytest.mark.parametrize(("loss_type", "kl_beta", "unbiased_kl"), LOSS_CASES)
 def test_step_loss_and_grad_match_numpy(loss_type, kl_beta, unbiased_kl):
+    """Variant "dapo": the equal-reward group (rows 4-7) is dropped before the mini-batches."""
     rewards, x, old, ref, mask, lengths = make_batch(0)
-    cfg = lmg.LMGRPOConfig(n_generation=4, loss_type=loss_type, kl_beta=kl_beta,
+    cfg = lmg.LMGRPOConfig(n_generation=4, loss_type=loss_type, kl_beta=kl_beta, variant="dapo",
                            unbiased_kl_estimate=unbiased_kl, mini_batch=3)  # 12 valid rows: 4 x 3
     loss, grad, aux, keep, _ = jax_step(x, old, ref, rewards, mask, cfg)
     want, want_grad = np_reference(x, old, ref, rewards, lengths, cfg)
@@ -161,6 +166,29 @@ def test_step_loss_and_grad_match_numpy(loss_type, kl_beta, unbiased_kl):
     np.testing.assert_allclose(grad, want_grad, rtol=2e-4, atol=1e-7)
     assert np.all(grad[mask == 0] == 0) and np.all(grad[4:8] == 0)  # padding and filtered rows
     assert 0.0 < float(aux["clip_fraction"]) < 1.0  # the data exercises clipped and unclipped tokens
+
+
+@pytest.mark.parametrize(("loss_type", "kl_beta"), [("token-mean", 0.0), ("token-mean", 0.05),
+                                                    ("seq-mean-token-mean", 0.0), ("token-sum", 0.05)])
+def test_grpo_variant_trains_equal_reward_groups_with_zero_advantage(loss_type, kl_beta):
+    """Variant "grpo" (cosmos-rl's default): the equal-reward group stays in the mini-batches. Its
+    rows add no policy loss, but their tokens divide the token-mean (the same batch gives a
+    smaller loss than "dapo"), their KL counts, and they shift which rows share a mini-batch."""
+    rewards, x, old, ref, mask, lengths = make_batch(0)
+    cfg = lmg.LMGRPOConfig(n_generation=4, loss_type=loss_type, kl_beta=kl_beta, mini_batch=3)
+    loss, grad, _, keep, adv = jax_step(x, old, ref, rewards, mask, cfg)
+    want, want_grad = np_reference(x, old, ref, rewards, lengths, cfg)
+    assert keep.all() and np.all(adv[4:8] == 0)
+    np.testing.assert_allclose(loss, want, rtol=2e-5, atol=1e-6)
+    np.testing.assert_allclose(grad, want_grad, rtol=2e-4, atol=1e-7)
+    dapo = jax_step(x, old, ref, rewards, mask, cfg.replace(variant="dapo"))
+    assert abs(loss - dapo[0]) > 1e-4  # the variants differ on this batch
+    assert np.any(grad[4:8] != 0) == (kl_beta > 0)  # the zero-advantage rows: only their KL
+
+
+def test_unknown_variant_is_one_line():
+    with pytest.raises(ValueError, match="variant 'gspo'"):
+        lmg.LMGRPOConfig(variant="gspo")
 
 
 @pytest.mark.parametrize(("balance", "loss_type"), [(False, "token-mean"), (True, "token-mean"),

@@ -135,10 +135,22 @@ def test_reward_function_table_sets_weights(tmp_path):
     assert tuple(g.rewards) == ("single_choice", "format") and tuple(g.reward_weights) == (2.0, 0.5)
 
 
+def test_dapo_variant_imports_with_its_filter_and_retries(tmp_path):
+    """cosmos-rl's dynamic-sampling keys: variant "dapo", filter_reward_metric (a name or a list)
+    and max_retry_for_on_policy land in lm_grpo; a recipe without them keeps "grpo"."""
+    g = cfg.load_config(R1_GRPO).train.train_policy.lm_grpo
+    assert (g.variant, tuple(g.filter_reward_metric), g.max_retry_for_on_policy) == ("grpo", (), -1)
+    path = _edit(tmp_path, R1_GRPO, "mini_batch = 2", 'mini_batch = 2\nvariant = "dapo"\n'
+                 'filter_reward_metric = "single_choice"\nmax_retry_for_on_policy = 4')
+    g = cfg.load_config(path).train.train_policy.lm_grpo
+    assert (g.variant, tuple(g.filter_reward_metric), g.max_retry_for_on_policy) == ("dapo", ("single_choice",), 4)
+
+
 @pytest.mark.parametrize("src, old, new, fragment", [
     (R1_GRPO, '"single_choice", "format"]', '"single_choice", "overlong"]',
      "train.train_policy.reward_function: no text reward 'overlong'"),
     (R1_GRPO, "mini_batch = 2", "mini_batch = 2\nvariant = \"gspo\"", "train.train_policy.variant = 'gspo'"),
+    (R1_GRPO, "mini_batch = 2", "mini_batch = 2\nfilter_reward_metric = 3", "train.train_policy.filter_reward_metric = 3"),
     (R1_GRPO, "mini_batch = 2", "mini_batch = 2\nentropy_coeff = 0.01", "train.train_policy.entropy_coeff = 0.01"),
     (R1_GRPO, "compile = false", "compile = false\nsequence_packing = true", "train.sequence_packing = True"),
     (R1_GRPO, "compile = false", "compile = false\noptm_decay_type = \"cosine\"", "--config.train.lr_schedule=cosine"),

@@ -3,7 +3,7 @@ reference of cosmos-rl's formulas (tests/algorithms/test_lm_grpo.py) fed the log
 transformers' model on identical weights, and its parameter gradient against torch autograd of
 sum(dL/dlogp * logp) with dL/dlogp from that numpy reference. The batch is built by hand: VQA
 conversations, the answer turn as the completion (prompt, visual and padding tokens outside the
-mask), three groups of two, the last one filtered (all rewards equal)."""
+mask), three groups of two, the last one (all rewards equal) dropped as variant "dapo" drops it."""
 from __future__ import annotations
 
 import jax
@@ -85,8 +85,9 @@ def _ragged(values, mask):
                                                                 ("token-mean", 0.0, False)])
 def test_loss_and_gradient_match_numpy_reference(models, batch, loss_type, kl_beta, use_old):
     tm, fm = models
+    # the batch drops its equal-reward group as variant "dapo" does (its rows carry no mask)
     cfg = lm_grpo.LMGRPOConfig(n_generation=2, temperature=0.9, loss_type=loss_type, kl_beta=kl_beta,
-                               mini_batch=2, epsilon_low=0.2, epsilon_high=0.28)
+                               mini_batch=2, epsilon_low=0.2, epsilon_high=0.28, variant="dapo")
     tm.zero_grad()
     logp_t = _torch_logp(tm, batch, cfg.temperature)
     x = logp_t.detach().numpy()

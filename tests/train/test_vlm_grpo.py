@@ -37,8 +37,14 @@ def assets(tmp_path_factory):
     def length_mod3(completions, prompts, extras):  # varies on random text: groups are kept
         return np.asarray([len(c) % 3 for c in completions], np.float64)
 
+    @register_reward("test_background_only", media="text", replace=True)
+    def background_only(completions, prompts, extras):  # varies on the background questions only
+        return np.asarray([len(c) % 3 if "background?" in p else 0.0 for c, p in zip(completions, prompts)],
+                          np.float64)
+
     yield model, train, val
     unregister_reward("test_length_mod3")
+    unregister_reward("test_background_only")
 
 
 def _config(assets, out, **changes):
@@ -195,10 +201,73 @@ def test_imported_reason1_grpo_recipe_trains_one_step(assets, tmp_path):
     assert roll["ignore"].shape == (16,) and (roll["ignore"] <= roll["completion_mask"].sum(1)).all()
     assert int(trainer.state.step) == 1  # two micro-steps, one optimizer update
     # whatever the draw gave, a row's first `ignore` completion tokens leave the update's loss mask
-    forced = dict(roll, ignore=np.arange(16) % 3, keep=np.ones(16, bool))
+    forced = dict(roll, ignore=np.arange(16) % 3)
     order = list(range(16))
     mask = trainer.update_batch(forced, order)["completion_mask"][:, -roll["tokens"].shape[1]:]
     want = roll["completion_mask"].copy()
     for row, n in enumerate(forced["ignore"]):
         want[row, :n] = 0
     np.testing.assert_array_equal(mask, want)
+
+
+def _dapo(assets, out, **changes):
+    return _config(assets, out, **{"train.train_policy.lm_grpo.variant": "dapo",
+                                   "train.train_policy.lm_grpo.rewards": ("format", "test_background_only"),
+                                   "train.train_policy.lm_grpo.reward_weights": (1.0, 1.0),
+                                   "train.train_policy.lm_grpo.filter_reward_metric": ("test_background_only",),
+                                   **changes})
+
+
+def test_dapo_refills_each_step_with_groups_whose_filter_rewards_differ(assets, tmp_path):
+    """Variant "dapo" (cosmos-rl's dynamic sampling): the colour questions' filter reward is 0 on
+    every completion, so their groups are dropped and more prompts are drawn until the step holds
+    2 groups that differ; the reward curve counts every sampled completion. Variant "grpo" trains
+    on the step's own groups, equal or not (their rows keep their loss mask)."""
+    trainer = vlm_grpo.VLMGRPOTrainer(_dapo(assets, tmp_path / "dapo"))
+    n, refilled = trainer.cfg.n_generation, 0
+    for step in (1, 2, 3):
+        roll = trainer.rollout(step)
+        first = trainer.prompts(step)
+        assert len(roll["rows"]) == 8 and roll["sampled_groups"] >= 2
+        refilled += roll["sampled_groups"] > 2
+        for g in range(2):
+            record = trainer.records[roll["rows"][g * n]]
+            assert record["question_type"] == "background"
+            assert len(set(roll["rewards"][g].tolist())) > 1  # format is 0 throughout: the filter's own
+        assert roll["sampled_rewards"].size == roll["sampled_groups"] * n
+        if all(trainer.records[i]["question_type"] == "background" for i in first):
+            assert roll["sampled_groups"] == 2 and sorted(set(roll["rows"])) == sorted(first)
+    assert refilled  # some step drew a colour question first and had to draw again
+    assert trainer.rollout(2)["rows"] == trainer.rollout(2)["rows"]  # a function of (seed, step)
+
+    grpo = vlm_grpo.VLMGRPOTrainer(_dapo(assets, tmp_path / "grpo", **{"train.train_policy.lm_grpo.variant": "grpo"}))
+    equal = 0
+    for step in (1, 2, 3):
+        roll = grpo.rollout(step)
+        assert roll["rows"] == [i for i in grpo.prompts(step) for _ in range(n)]
+        assert roll["sampled_groups"] == 2
+        mask = grpo.update_batch(roll, list(range(8)))["completion_mask"][:, -roll["tokens"].shape[1]:]
+        np.testing.assert_array_equal(mask, roll["completion_mask"])  # every row in the loss
+        equal += sum(len(set(r.tolist())) == 1 for r in roll["rewards"])
+    assert equal  # among them groups of equal rewards (advantage 0)
+    for t in (trainer, grpo):
+        t.ckpt.close()
+        t.rewards.close()
+
+
+def test_dapo_setup_and_exhausted_draws_are_one_line(assets, tmp_path):
+    with pytest.raises(vlm_grpo.VLMSetupError, match="set train.train_policy.lm_grpo.filter_reward_metric"):
+        vlm_grpo.VLMGRPOTrainer(_dapo(assets, tmp_path / "a", **{"train.train_policy.lm_grpo.filter_reward_metric": ()}))
+    with pytest.raises(vlm_grpo.VLMSetupError, match=r"\['single_choice'\] are not among lm_grpo.rewards"):
+        vlm_grpo.VLMGRPOTrainer(_dapo(assets, tmp_path / "b", **{
+            "train.train_policy.lm_grpo.filter_reward_metric": ("single_choice",)}))
+    # format is 0 on every completion of a random model: no group ever differs
+    never = vlm_grpo.VLMGRPOTrainer(_dapo(assets, tmp_path / "c", **{
+        "train.train_policy.lm_grpo.filter_reward_metric": ("format",)}))
+    with pytest.raises(vlm_grpo.VLMSetupError, match="after drawing all 12 prompts, 0 of the 2 groups"):
+        never.rollout(1)
+    never.cfg = never.cfg.replace(max_retry_for_on_policy=2)
+    with pytest.raises(vlm_grpo.VLMSetupError, match="after lm_grpo.max_retry_for_on_policy=2 draws"):
+        never.rollout(1)
+    never.ckpt.close()
+    never.rewards.close()

@@ -2,15 +2,19 @@
 functions: a trainer feeds them the policy's log-probs, the rollout's rewards and masks.
 
 cosmos-rl sources: advantages `cosmos_rl/dispatcher/algo/grpo.py` (GRPO.compute_advantage), the
-zero-advantage ("dynamic sampling") filter `cosmos_rl/reward/local_calculator.py` (a group whose
-rewards are all equal is marked invalid and never trained on), the loss
+group filter `cosmos_rl/reward/local_calculator.py` (a group whose filter rewards are all equal is
+marked invalid), what each variant does with invalid groups (`cosmos_rl/dispatcher/controller.py`
+put_rollouts since its first release, `rollout/worker/rollout_control.py` dynamic_sampling since
+2025-11): "grpo" trains on every group, an all-equal group's rows with advantage 0 (they add
+nothing to the loss's sum but count in its token-mean); "dapo" drops invalid groups and draws more
+prompts until the step holds train_batch_per_replica rows of valid ones; the loss
 `cosmos_rl/policy/trainer/llm_trainer/grpo_trainer.py` (compute_loss, and step_training's
 mini-batch scaling `loss_scaling_factor = len(mini_batch) / len(batch)`).
 
 Shapes: G prompts x N completions; B = G*N rows (group-major: row g*N + i); T completion-aligned
 token positions. `mask` [B, T] is cosmos-rl's logprob mask: 1 where the position's log-prob is that
-of a completion token (after `n_ignore_prefix_tokens`), 0 on prompt, padding and filtered rows.
-Per token (variant "grpo", dual-clip PPO):
+of a completion token (after `n_ignore_prefix_tokens`), 0 on prompt, padding and dropped rows.
+Per token (the dual-clip PPO loss of both variants):
   ratio = exp(clip(logp - logp_old, -20, 20))
   l     = -min(ratio A, clip(ratio, 1 - eps_low, 1 + eps_high) A);  A < 0: l = min(l, -lower_bound_ratio A)
   kl    = clip(exp(ref - logp) - (ref - logp) - 1, -10, 10)    (k3; ref - logp clipped to +-20 first;
@@ -29,6 +33,7 @@ import numpy as np
 
 F32 = jnp.float32
 LOSS_TYPES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "token-sum")
+VARIANTS = ("grpo", "dapo")  # train.train_policy.variant (cosmos-rl's "gspo" is not here)
 LOG_RATIO_CLAMP = 20.0  # compute_loss: torch.clamp(logp - old, -20, 20) before exp
 KL_CLAMP = 10.0  # compute_loss: k3 clamped to [-10, 10]
 TOKEN_MEAN_EPS = 1e-8  # compute_loss: sum / (n_tokens + 1e-8)
@@ -63,10 +68,16 @@ class LMGRPOConfig:
     batch_size_per_optimize: int | None = None  # train.train_policy.batch_size_per_optimize
     balance_dp_token: bool = False  # train.train_policy.balance_dp_token
     min_filter_prefix_tokens: int | None = None  # train.train_policy.min_filter_prefix_tokens
+    variant: str = "grpo"  # train.train_policy.variant: what becomes of groups of equal filter rewards
+    # train.train_policy.max_retry_for_on_policy: "dapo" draws at most this many batches of prompts
+    # for one step (<= 0: until the dataset's prompts are used up)
+    max_retry_for_on_policy: int = -1
 
     def __post_init__(self):
         if self.loss_type not in LOSS_TYPES:
             raise ValueError(f"loss_type {self.loss_type!r}: expected one of {LOSS_TYPES}")
+        if self.variant not in VARIANTS:
+            raise ValueError(f"variant {self.variant!r}: expected one of {VARIANTS}")
         for name in ("n_generation", "mini_batch", "mu_iterations", "max_response_length"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -91,7 +102,7 @@ class LMGRPOConfig:
         return dataclasses.replace(self, **changes)
 
 
-# -- rewards -> advantages, and the zero-advantage group filter -----------------------------------
+# -- rewards -> advantages, and the group filter ---------------------------------------------------
 def _groups(rewards, n_generation: int | None):
     r = jnp.asarray(rewards, F32)
     if r.ndim == 1:
@@ -117,8 +128,9 @@ def group_advantages(rewards, n_generation: int | None = None, *, unbiased: bool
 
 
 def group_keep(rewards, n_generation: int | None = None):
-    """bool [G]: the groups cosmos-rl trains on, those whose rewards are not all equal (exact
-    comparison, as its `len(set(rewards)) > 1`); an all-equal group has zero advantages."""
+    """bool [G]: the valid groups, those whose (filter) rewards are not all equal (exact comparison,
+    as cosmos-rl's `len(set(filter_rewards)) > 1`). Variant "dapo" trains on these only; a group of
+    equal total rewards has zero advantages either way."""
     r = _groups(rewards, n_generation)
     return jnp.any(r != r[:, :1], axis=1)
 
@@ -131,7 +143,7 @@ def keep_rows(rewards, n_generation: int | None = None):
 
 def compact_order(keep_rows_mask) -> np.ndarray:
     """Host-side row order putting kept rows first (stable), so mini-batches of the kept rows line up
-    as cosmos-rl's (it drops invalid groups before splitting the batch into mini-batches)."""
+    as cosmos-rl's "dapo" ones (it drops invalid groups before splitting the batch into mini-batches)."""
     keep = np.asarray(keep_rows_mask, bool).reshape(-1)
     return np.concatenate([np.flatnonzero(keep), np.flatnonzero(~keep)])
 
@@ -142,7 +154,8 @@ def ignore_prefix_lengths(completions: Sequence[Sequence[int]], rewards: Sequenc
     utils/util.find_maximal_prefix_groups): in a trie of the completions' tokens, a maximal group
     is a node at depth >= min_tokens that 2+ completions pass through and none of whose children
     does; when its completions' rewards differ, each of them but one equal to the prefix itself
-    leaves the prefix's tokens out of the loss. Groups of equal rewards (filtered anyway): 0s."""
+    leaves the prefix's tokens out of the loss. Groups of equal rewards: 0s. (cosmos-rl walks only
+    the groups its filter keeps; the trainer passes min_tokens None for the others.)"""
     out = [0] * len(completions)
     if min_tokens is None or min_tokens < 1 or len(set(rewards)) <= 1:
         return out
@@ -266,8 +279,10 @@ def accumulated_grpo_loss(logp, old_logp, ref_logp, advantages, mask, cfg: LMGRP
     rank's rows into mini-batches of cfg.mini_batch, each mini-batch's grpo_loss scaled by
     len(mini-batch) / len(rank's rows), summed, then averaged over ranks (the gradient all-reduce).
     With balance_dp_token, token-mean divides by the mini-batch's tokens over all ranks times dp_size.
-    Rows without any masked token (filtered groups, padding) are not rows: compact them to the end
-    (compact_order) so the real rows form the same mini-batches as in cosmos-rl. -> (loss, aux)."""
+    Rows without any masked token (dropped groups, padding) are not rows: compact them to the end
+    (compact_order) so the real rows form the same mini-batches as in cosmos-rl. Variant "grpo"
+    keeps an all-equal group's rows in the mask: advantage 0, their tokens in the token-mean.
+    -> (loss, aux)."""
     mask, logp = jnp.asarray(mask, F32), jnp.asarray(logp, F32)
     b = mask.shape[0]
     if b % dp_size:

@@ -50,6 +50,24 @@ def _refuse_unless(ok: Callable[[Any], bool], key: str, instead: str) -> Setter:
     return check
 
 
+def _variant(value, out):
+    """cosmos-rl's "grpo" (every group trained) and "dapo" (dynamic sampling: groups of equal
+    filter rewards dropped, the step refilled); its "gspo" (sequence-level ratios) is not here."""
+    if value not in ("grpo", "dapo"):
+        raise ConfigError(f"train.train_policy.variant = {value!r}: wfm_jax's VLM GRPO runs cosmos-rl's "
+                          f"'grpo' and 'dapo' variants; use one of them")
+    out[f"{LM}.variant"] = str(value)
+
+
+def _filter_reward_metric(value, out):
+    """A name or a list of names (weight 1 each), as cosmos-rl's TOML gives them."""
+    names = [value] if isinstance(value, str) else value
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise ConfigError(f"train.train_policy.filter_reward_metric = {value!r}: give a reward name "
+                          f"or a list of them")
+    out[f"{LM}.filter_reward_metric"] = tuple(names)
+
+
 def _reward_function(value, out):
     """cosmos-rl's reward_function: a list of names (weight 1 each) or a table name = weight."""
     key = "train.train_policy.reward_function"
@@ -116,9 +134,9 @@ VLM_MAPPED: dict[str, Setter] = {
     "train.train_policy.system_prompt": to_key("policy.vlm.system_prompt", str),
     "train.train_policy.conversation_column_name": _column,
     "train.train_policy.reward_function": _reward_function,
-    "train.train_policy.variant": _refuse_unless(
-        lambda v: v == "grpo", "train.train_policy.variant",
-        "wfm_jax's VLM GRPO is cosmos-rl's 'grpo' variant (dual-clip PPO loss); use \"grpo\""),
+    "train.train_policy.variant": _variant,
+    "train.train_policy.filter_reward_metric": _filter_reward_metric,
+    "train.train_policy.max_retry_for_on_policy": to_key(f"{LM}.max_retry_for_on_policy", int),
     # true: reward_function's names and weights are scored by the reward service (media_type
     # "text"; train/vlm_rewards.py), URLs and token from REMOTE_REWARD_* or remote_reward.*
     "train.train_policy.use_remote_reward": to_key("train.train_policy.use_remote_reward", bool),

@@ -142,6 +142,14 @@ DEFAULTS = {
                 # cosmos-rl's min_filter_prefix_tokens: in a group of mixed rewards, completions
                 # sharing a prefix of at least this many tokens leave it out of the loss (None: off)
                 "min_filter_prefix_tokens": placeholder(int),
+                # cosmos-rl's train_policy.variant: "grpo" trains on every group (one of equal
+                # rewards with advantage 0, its tokens in the token-mean); "dapo" drops the groups
+                # whose filter_reward_metric rewards are all equal and draws more prompts until the
+                # step is full, at most max_retry_for_on_policy draws (<= 0: until the dataset's
+                # prompts are used up)
+                "variant": "grpo",
+                "filter_reward_metric": (),    # names among `rewards`, each of weight 1
+                "max_retry_for_on_policy": -1,
                 "top_p": 1.0, "top_k": -1,     # rollout.sampling_config (-1: no top-k)
                 "max_response_length": 32,     # rollout.max_response_length (new tokens)
                 # the weighted sum of these text rewards (reward_client.reason; the record's
@@ -353,6 +361,7 @@ CHOICES = {
     "policy.vlm.vqa_target": ("fixed", "answer", "look"),
     "train.train_policy.lm_grpo.loss_type": ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
                                              "token-sum"),  # algorithms/lm_grpo.py LOSS_TYPES
+    "train.train_policy.lm_grpo.variant": ("grpo", "dapo"),  # algorithms/lm_grpo.py VARIANTS
     "policy.vlm.vqa_options": ("shuffled", "fixed"),
 }
 

@@ -6,8 +6,8 @@ trainer for language models computes it (specs/reason2.md §4.2), on full prompt
 
 `mask` [B, L-1] marks the positions whose next token is a completion token (the rollout's tokens
 and its end token; never prompt, visual or padding tokens): `completion_mask` [B, L] marks those
-tokens in `input_ids`. The rows come kept-groups first (lm_grpo.compact_order) so that the
-mini-batches of `cfg.mini_batch` rows are cosmos-rl's; rows of filtered groups carry no mask.
+tokens in `input_ids`. The rows come in their groups' order, every row a real one (variant "dapo"
+fills the step with valid groups), so the mini-batches of `cfg.mini_batch` rows are cosmos-rl's.
 The loss is one rank's (dp_size 1) over the whole batch: the gradient cosmos-rl accumulates into
 one optimizer step over these rows.
 
@@ -53,7 +53,8 @@ def grpo_config(config) -> lm_grpo.LMGRPOConfig:
             unbiased_loss_max_tokens=g.unbiased_loss_max_tokens, unbiased_advantage=bool(g.unbiased_advantage),
             mu_iterations=int(tp.mu_iterations), mini_batch=int(tp.mini_batch),
             batch_size_per_optimize=tp.batch_size_per_optimize,
-            min_filter_prefix_tokens=g.min_filter_prefix_tokens)
+            min_filter_prefix_tokens=g.min_filter_prefix_tokens, variant=str(g.variant),
+            max_retry_for_on_policy=int(g.max_retry_for_on_policy))
     except ValueError as e:
         raise ValueError(f"train.train_policy.lm_grpo: {e}") from None
 

@@ -12,11 +12,15 @@ One loop step:
      without special tokens for the rewards;
   3. rewards: sum of weight * reward (reward_client's text rewards, the record's `answer` the
      reference; here, or by the reward service with use_remote_reward: train/vlm_rewards.py),
-     advantages per group, groups whose rewards are all equal dropped (cosmos-rl's
-     dynamic sampling); none left: no update this step (train/kept_groups 0, train/loss 0); with
-     lm_grpo.min_filter_prefix_tokens, a prefix shared by completions of differing rewards
-     carries no loss (lm_grpo.ignore_prefix_lengths);
-  4. the update batch: prompt + completion rows, kept groups first, left-padded prompts to a
+     advantages per group (0 for a group of equal rewards). A group is valid when its filter
+     rewards (the sum of lm_grpo.filter_reward_metric's) are not all equal. lm_grpo.variant
+     "grpo" (cosmos-rl's default) trains on every group; "dapo" (cosmos-rl's dynamic sampling)
+     keeps the valid groups and draws G more prompts from (train.seed, step, draw) until it has
+     G valid groups, at most lm_grpo.max_retry_for_on_policy draws (<= 0: until every prompt has
+     been drawn once this step), else one line and exit; with lm_grpo.min_filter_prefix_tokens,
+     in a valid group (without a filter metric: one of differing rewards) a prefix shared by
+     completions of differing rewards carries no loss (lm_grpo.ignore_prefix_lengths);
+  4. the update batch: prompt + completion rows in group order, left-padded prompts to a
      multiple of policy.vlm.pad_to_multiple and completions to max_response_length (fixed shapes:
      one program), M-RoPE position ids from the rows' own masks; mu_iterations passes, each of
      one optimizer update per batch_size_per_optimize rows (None: one over the whole batch), each
@@ -29,12 +33,15 @@ Run length: train.max_steps steps, or train.epoch passes of the prompts
 Resume: the state (params, optimizer, step) is checkpointed and every draw is a function of
 (seed, step), so kill -9 and resume logs the same metrics step for step. metrics.jsonl:
 train/reward_mean, train/reward/<name>, train/loss, train/policy_loss, train/kl_loss,
-train/clip_fraction, train/kept_groups, train/completion_length, optimizer/grad_norm,
+train/clip_fraction, train/kept_groups (groups trained on), train/mixed_groups (of them, those of
+differing rewards: the ones with a gradient), train/sampled_groups (groups rolled out; "dapo"
+draws more), train/completion_length, optimizer/grad_norm,
 train/learning_rate, train/iteration_time; val/accuracy (greedy, held-out) at step 0 and with
 the last step. The end: a checkpoint and an export as the SFT trainer's.
 """
 from __future__ import annotations
 
+import itertools
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -90,6 +97,22 @@ def completion_masks(tokens: np.ndarray, eos: Sequence[int], banned: Sequence[in
     return (~after_end & ~cut).astype(np.int64)
 
 
+def filter_metric(config, reward_names: Sequence[str], variant: str) -> tuple[str, ...]:
+    """lm_grpo.filter_reward_metric, checked: names among lm_grpo.rewards; "dapo" needs one (with
+    none, cosmos-rl's filter rewards are all 0, every group is dropped and it draws forever)."""
+    key = "train.train_policy.lm_grpo.filter_reward_metric"
+    raw = config.train.train_policy.lm_grpo.filter_reward_metric
+    names = (raw,) if isinstance(raw, str) else tuple(str(n) for n in raw)
+    unknown = [n for n in names if n not in reward_names]
+    if unknown:
+        raise VLMSetupError(f"{key} {unknown} are not among lm_grpo.rewards {tuple(reward_names)}: a filter "
+                            f"reward is one of the rewards the step computes")
+    if variant == "dapo" and not names:
+        raise VLMSetupError(f"train.train_policy.lm_grpo.variant 'dapo' keeps the groups whose filter rewards "
+                            f"differ: set {key}, e.g. ('single_choice',)")
+    return names
+
+
 class VLMGRPOTrainer:
     def __init__(self, config, *, on_step: Callable[[int, dict], None] | None = None):
         self.config, self.on_step = config, on_step
@@ -100,6 +123,7 @@ class VLMGRPOTrainer:
         except VLMRewardError as e:
             raise VLMSetupError(str(e)) from None
         self.rewards.check_reachable()  # an unreachable service fails here, before the model loads
+        self.filter_names = filter_metric(config, self.rewards.names, self.cfg.variant)
         try:
             split = vlm_grpo.grpo_rows(config, self.cfg)
         except ValueError as e:
@@ -178,18 +202,27 @@ class VLMGRPOTrainer:
             int(self.config.policy.vlm.pad_to_multiple), int(self.processor.tokenizer.pad_token_id))
         return out
 
-    def rollout(self, step: int) -> dict:
-        """Prompts, completions, rewards and advantages of step `step`."""
+    def draw(self, step: int, draw: int, used: set[int]) -> list[int]:
+        """The prompts of draw `draw` of step `step`: the step's own first, then (variant "dapo")
+        G more from (seed, step, draw) among those not drawn yet this step."""
+        if draw == 0:
+            return self.prompts(step)
+        left = np.asarray(sorted(set(range(len(self.records))) - used))
+        rng = np.random.default_rng([int(self.config.train.seed), step, 2, draw])
+        return left[rng.permutation(len(left))[:self.groups]].tolist()
+
+    def sample(self, indices: Sequence[int], step: int, draw: int = 0) -> dict:
+        """N completions of each prompt in `indices`, and their rewards."""
         n = self.cfg.n_generation
-        rows = [i for i in self.prompts(step) for _ in range(n)]
+        rows = [i for i in indices for _ in range(n)]
         sampling = Sampling(self.cfg.rollout_temperature, max(self.cfg.top_k, 0), self.cfg.top_p)
         model, parts = self.model(), []
         # rollout.batch_size prompts (x n completions) per generate call: the cache and the
-        # prefill's activations are one call's; each call's draw from (seed, step, call)
+        # prefill's activations are one call's; each call's draw from (seed, step, call[, draw])
         for call, start in enumerate(range(0, len(rows), self.rollout_rows)):
             prompt = self.encode_prompts(rows[start:start + self.rollout_rows])
-            seed = int(np.random.default_rng([int(self.config.train.seed), step, 1, *([call] if call else [])])
-                       .integers(2**31))
+            key = [int(self.config.train.seed), step, 1, *([call] if call or draw else []), *([draw] if draw else [])]
+            seed = int(np.random.default_rng(key).integers(2**31))
             tokens = generate(model, prompt["input_ids"], prompt["attention_mask"],
                               pixel_values=prompt.get("pixel_values"), image_grid_thw=prompt.get("image_grid_thw"),
                               max_new_tokens=self.cfg.max_response_length, sampling=sampling, seed=seed,
@@ -208,20 +241,69 @@ class VLMGRPOTrainer:
         questions = {i: prompt_text(self.processor, self.records[i], self.system_prompt) for i in set(rows)}
         prompts = [questions[i] for i in rows]
         per_reward, total = self.rewards.score(texts, prompts, [str(self.records[i]["answer"]) for i in rows])
-        rewards = np.asarray(total, np.float32).reshape(self.groups, n)
+        groups = len(indices)
+        rewards = np.asarray(total, np.float32).reshape(groups, n)
+        # cosmos-rl's filter reward: the filter metric's rewards summed (weight 1 each)
+        filt = (sum(per_reward[k] for k in self.filter_names).reshape(groups, n) if self.filter_names
+                else None)
+        return {"rows": rows, "tokens": tokens, "completion_mask": cmask, "ids": ids, "texts": texts,
+                "rewards": rewards, "filter": filt, "per_reward": per_reward}
+
+    def valid_groups(self, step: int, sampled: list[dict]) -> list[tuple[dict, int]]:
+        """Variant "dapo": the valid groups of the step's draw (sampled[0]), then of more draws
+        (appended to `sampled`) until there are G, as (draw's sample, group index in it)."""
+        used, limit, kept = set(sampled[0]["rows"]), self.cfg.max_retry_for_on_policy, []
+        for draw in itertools.count(1):
+            part = sampled[-1]
+            kept += [(part, int(k)) for k in np.flatnonzero(np.asarray(lm_grpo.group_keep(part["filter"])))]
+            if len(kept) >= self.groups:
+                return kept[:self.groups]
+            if 0 < limit <= draw or len(used) >= len(self.records):
+                why = (f"lm_grpo.max_retry_for_on_policy={limit} draws" if 0 < limit <= draw
+                       else f"drawing all {len(self.records)} prompts")
+                raise VLMSetupError(f"step {step}: after {why}, {len(kept)} of the {self.groups} groups a step "
+                                    f"needs have differing {'+'.join(self.filter_names)} rewards (variant "
+                                    f"'dapo'): the prompts are too easy or too hard for the policy")
+            indices = self.draw(step, draw, used)
+            used.update(indices)
+            sampled.append(self.sample(indices, step, draw))
+        raise AssertionError("unreachable")
+
+    def rollout(self, step: int) -> dict:
+        """Prompts, completions, rewards and advantages of step `step`: its G groups ("dapo": G
+        valid ones, from as many draws as that takes), with the rewards of every group sampled."""
+        n, g = self.cfg.n_generation, self.groups
+        sampled = [self.sample(self.prompts(step), step)]
+        kept = ([(sampled[0], k) for k in range(g)] if self.cfg.variant == "grpo"
+                else self.valid_groups(step, sampled))
+        rows = [r for part, k in kept for r in part["rows"][k * n:(k + 1) * n]]
+        pick = lambda key: np.concatenate([part[key][k * n:(k + 1) * n] for part, k in kept])
+        rewards = np.stack([part["rewards"][k] for part, k in kept])
+        ids = [seq for part, k in kept for seq in part["ids"][k * n:(k + 1) * n]]
         adv = np.asarray(lm_grpo.group_advantages(rewards, unbiased=self.cfg.unbiased_advantage,
                                                   eps=self.cfg.advantage_eps)).reshape(-1)
-        keep = np.asarray(lm_grpo.keep_rows(rewards))
-        ignore = [k for g in range(self.groups) for k in lm_grpo.ignore_prefix_lengths(
-            ids[g * n:(g + 1) * n], rewards[g].tolist(), self.cfg.min_filter_prefix_tokens)]
-        return {"rows": rows, "tokens": tokens, "completion_mask": cmask, "texts": texts, "rewards": rewards,
-                "per_reward": per_reward, "advantages": adv, "keep": keep, "ignore": np.asarray(ignore)}
+        # the prefix rule walks the filter's valid groups (without a filter metric: those of
+        # differing rewards, as cosmos-rl before its filter metric; it now walks none then)
+        prefix = [self.cfg.min_filter_prefix_tokens
+                  if part["filter"] is None or bool(lm_grpo.group_keep(part["filter"][k:k + 1])[0]) else None
+                  for part, k in kept]
+        ignore = [x for j in range(g) for x in lm_grpo.ignore_prefix_lengths(
+            ids[j * n:(j + 1) * n], rewards[j].tolist(), prefix[j])]
+        per_reward = {name: np.concatenate([p["per_reward"][name] for p in sampled])
+                      for name in sampled[0]["per_reward"]}
+        return {"rows": rows, "tokens": pick("tokens"), "completion_mask": pick("completion_mask"),
+                "texts": [t for part, k in kept for t in part["texts"][k * n:(k + 1) * n]],
+                "rewards": rewards, "advantages": adv, "ignore": np.asarray(ignore),
+                # the step's reward curve: every sampled completion, not only the kept groups
+                "sampled_rewards": np.concatenate([p["rewards"] for p in sampled]), "per_reward": per_reward,
+                "sampled_groups": sum(len(p["rows"]) // n for p in sampled),
+                "mixed_groups": int(np.asarray(lm_grpo.group_keep(rewards)).sum())}
 
     def update_batch(self, roll: dict, order: Sequence[int]) -> dict[str, np.ndarray]:
         """Prompt + completion rows `order` of a rollout (prompt pixels re-encoded in that order)."""
         prompt = self.encode_prompts([roll["rows"][k] for k in order])
         ids = np.concatenate([prompt["input_ids"], roll["tokens"][order]], axis=1)
-        cmask = roll["completion_mask"][order] * roll["keep"][order, None]
+        cmask = roll["completion_mask"][order]
         # min_filter_prefix_tokens: the shared prefix carries no loss (lm_grpo.ignore_prefix_lengths)
         cmask = cmask * (np.arange(cmask.shape[1])[None, :] >= roll["ignore"][order, None])
         attention = np.concatenate([prompt["attention_mask"], roll["completion_mask"][order]], axis=1)
@@ -236,11 +318,11 @@ class VLMGRPOTrainer:
                 "pixel_values": prompt.get("pixel_values"), "image_grid_thw": prompt.get("image_grid_thw")}
 
     def update(self, roll: dict) -> dict[str, float]:
-        """mu_iterations passes over the kept rows, one optimizer update per batch_size_per_optimize
+        """mu_iterations passes over the rows, one optimizer update per batch_size_per_optimize
         rows, each in train.grad_accum_steps micro-batches (one program's rows, so the update's
         memory is a micro-batch's), weighted by vlm_grpo.micro_scales so that together they are
         the whole update's gradient."""
-        order = lm_grpo.compact_order(roll["keep"])
+        order = np.arange(self.rows)
         chunks = []  # per optimizer update: [(batch, grid, scale)] of its micro-batches
         for start in range(0, self.rows, self.per_optimize):
             rows = order[start:start + self.per_optimize]
@@ -248,7 +330,7 @@ class VLMGRPOTrainer:
                      for m in range(0, len(rows), self.micro_rows)]
             real = [int((h["completion_mask"].sum(axis=1) > 0).sum()) for h in hosts]
             if not sum(real):
-                continue  # only filtered rows: nothing to train on
+                continue  # only prefix-masked rows: nothing to train on
             micro = []
             for host, scale in zip(hosts, vlm_grpo.micro_scales(real), strict=True):
                 batch = vlm_grpo.place(host, self.mesh)
@@ -297,9 +379,11 @@ class VLMGRPOTrainer:
             for step in range(self.start_step + 1, t.max_steps + 1):
                 start = time.perf_counter()
                 roll = self.rollout(step)
-                metrics = {"train/reward_mean": float(roll["rewards"].mean()),
+                metrics = {"train/reward_mean": float(roll["sampled_rewards"].mean()),
                            **{f"train/reward/{k}": float(v.mean()) for k, v in roll["per_reward"].items()},
-                           "train/kept_groups": float(roll["keep"].sum() // self.cfg.n_generation),
+                           "train/kept_groups": float(self.groups),
+                           "train/mixed_groups": float(roll["mixed_groups"]),
+                           "train/sampled_groups": float(roll["sampled_groups"]),
                            "train/completion_length": float(roll["completion_mask"].sum(1).mean()),
                            "train/learning_rate": float(self.lr(int(self.state.step)))}
                 metrics.update(self.update(roll))
