@@ -266,6 +266,8 @@ def test_dapo_setup_and_exhausted_draws_are_one_line(assets, tmp_path):
         "train.train_policy.lm_grpo.filter_reward_metric": ("format",)}))
     with pytest.raises(vlm_grpo.VLMSetupError, match="after drawing all 12 prompts, 0 of the 2 groups"):
         never.rollout(1)
+    last = never.draw(1, 5, set(range(11)))  # one prompt left: topped up to a whole draw
+    assert len(last) == 2 and 11 in last
     never.cfg = never.cfg.replace(max_retry_for_on_policy=2)
     with pytest.raises(vlm_grpo.VLMSetupError, match="after lm_grpo.max_retry_for_on_policy=2 draws"):
         never.rollout(1)

@@ -204,12 +204,17 @@ class VLMGRPOTrainer:
 
     def draw(self, step: int, draw: int, used: set[int]) -> list[int]:
         """The prompts of draw `draw` of step `step`: the step's own first, then (variant "dapo")
-        G more from (seed, step, draw) among those not drawn yet this step."""
+        G more from (seed, step, draw) among those not drawn yet this step (fewer left: topped up
+        with drawn ones, so that every draw is one rollout program's shape)."""
         if draw == 0:
             return self.prompts(step)
-        left = np.asarray(sorted(set(range(len(self.records))) - used))
+        left = np.asarray(sorted(set(range(len(self.records))) - used), np.int64)
         rng = np.random.default_rng([int(self.config.train.seed), step, 2, draw])
-        return left[rng.permutation(len(left))[:self.groups]].tolist()
+        pick = left[rng.permutation(len(left))[:self.groups]]
+        if len(pick) < self.groups:
+            again = np.asarray(sorted(used), np.int64)
+            pick = np.concatenate([pick, again[rng.permutation(len(again))[:self.groups - len(pick)]]])
+        return pick.tolist()
 
     def sample(self, indices: Sequence[int], step: int, draw: int = 0) -> dict:
         """N completions of each prompt in `indices`, and their rewards."""
