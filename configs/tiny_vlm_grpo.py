@@ -7,8 +7,8 @@ split before the first step and after the last.
 
 Start: the newest export of the SFT recipe (configs/tiny_vlm_sft.py: ./outputs/tiny_vlm_sft/
 safetensors/step_N) when one exists, else the base model that recipe builds (pre-trained to describe
-pictures, never asked a question: the format reward is ~0 everywhere, every group is filtered and
-nothing trains, so run the SFT recipe first). The resolved start is in the run's config.json
+pictures, never asked a question: the format reward is ~0 everywhere, every group has advantage 0
+and nothing trains, so run the SFT recipe first). The resolved start is in the run's config.json
 (policy.model_name_or_path). From the SFT export (0.979 held-out on a slow host, 0.906-0.948 on CI's
 kind), 20 steps moved held-out accuracy by -0.021 / -0.010 / -0.021 on seeds 0-2, short of issue
 34's +0.05 (docs/reason2_post_training.md, session 34). lm_grpo.variant "grpo" trains every group,

@@ -1,7 +1,8 @@
 """GRPO post-training of a vision-language model (Qwen3-VL / Cosmos-Reason2), as cosmos-rl runs
 it for language models (specs/reason2.md §4.2): rollouts by the KV-cache sampler, groups of
 rollout.n_generation completions per prompt, weighted text rewards, group-normalised advantages,
-zero-advantage groups filtered, the dual-clip loss (programs/vlm_grpo.py).
+cosmos-rl's "grpo" or "dapo" variant for groups of equal rewards, the dual-clip loss
+(programs/vlm_grpo.py).
 
 One loop step:
   1. G = train_batch_per_replica / n_generation prompts, drawn from (train.seed, step) alone;
