@@ -204,11 +204,9 @@ class VLMGRPOTrainer:
         return out
 
     def draw(self, step: int, draw: int, used: set[int]) -> list[int]:
-        """The prompts of draw `draw` of step `step`: the step's own first, then (variant "dapo")
-        G more from (seed, step, draw) among those not drawn yet this step (fewer left: topped up
+        """Variant "dapo"'s draw `draw` >= 1 of step `step` (draw 0 is `prompts(step)`): G more
+        prompts from (seed, step, draw) among those not drawn yet this step (fewer left: topped up
         with drawn ones, so that every draw is one rollout program's shape)."""
-        if draw == 0:
-            return self.prompts(step)
         left = np.asarray(sorted(set(range(len(self.records))) - used), np.int64)
         rng = np.random.default_rng([int(self.config.train.seed), step, 2, draw])
         pick = left[rng.permutation(len(left))[:self.groups]]
@@ -218,7 +216,8 @@ class VLMGRPOTrainer:
         return pick.tolist()
 
     def sample(self, indices: Sequence[int], step: int, draw: int = 0) -> dict:
-        """N completions of each prompt in `indices`, and their rewards."""
+        """N completions of each prompt in `indices`, their rewards, and which groups are valid
+        (their filter rewards differ; None without a filter metric)."""
         n = self.cfg.n_generation
         rows = [i for i in indices for _ in range(n)]
         sampling = Sampling(self.cfg.rollout_temperature, max(self.cfg.top_k, 0), self.cfg.top_p)
@@ -250,10 +249,10 @@ class VLMGRPOTrainer:
         groups = len(indices)
         rewards = np.asarray(total, np.float32).reshape(groups, n)
         # cosmos-rl's filter reward: the filter metric's rewards summed (weight 1 each)
-        filt = (sum(per_reward[k] for k in self.filter_names).reshape(groups, n) if self.filter_names
-                else None)
+        valid = (np.asarray(lm_grpo.group_keep(sum(per_reward[k] for k in self.filter_names).reshape(groups, n)))
+                 if self.filter_names else None)
         return {"rows": rows, "tokens": tokens, "completion_mask": cmask, "ids": ids, "texts": texts,
-                "rewards": rewards, "filter": filt, "per_reward": per_reward}
+                "rewards": rewards, "valid": valid, "per_reward": per_reward}
 
     def valid_groups(self, step: int, sampled: list[dict]) -> list[tuple[dict, int]]:
         """Variant "dapo": the valid groups of the step's draw (sampled[0]), then of more draws
@@ -261,7 +260,7 @@ class VLMGRPOTrainer:
         used, limit, kept = set(sampled[0]["rows"]), self.cfg.max_retry_for_on_policy, []
         for draw in itertools.count(1):
             part = sampled[-1]
-            kept += [(part, int(k)) for k in np.flatnonzero(np.asarray(lm_grpo.group_keep(part["filter"])))]
+            kept += [(part, int(k)) for k in np.flatnonzero(part["valid"])]
             if len(kept) >= self.groups:
                 return kept[:self.groups]
             if 0 < limit <= draw or len(used) >= len(self.records):
@@ -282,23 +281,22 @@ class VLMGRPOTrainer:
         sampled = [self.sample(self.prompts(step), step)]
         kept = ([(sampled[0], k) for k in range(g)] if self.cfg.variant == "grpo"
                 else self.valid_groups(step, sampled))
-        rows = [r for part, k in kept for r in part["rows"][k * n:(k + 1) * n]]
+        listed = lambda key: [x for part, k in kept for x in part[key][k * n:(k + 1) * n]]  # the kept rows'
         pick = lambda key: np.concatenate([part[key][k * n:(k + 1) * n] for part, k in kept])
         rewards = np.stack([part["rewards"][k] for part, k in kept])
-        ids = [seq for part, k in kept for seq in part["ids"][k * n:(k + 1) * n]]
+        ids = listed("ids")
         adv = np.asarray(lm_grpo.group_advantages(rewards, unbiased=self.cfg.unbiased_advantage,
                                                   eps=self.cfg.advantage_eps)).reshape(-1)
         # the prefix rule walks the filter's valid groups (without a filter metric: those of
         # differing rewards, as cosmos-rl before its filter metric; it now walks none then)
-        prefix = [self.cfg.min_filter_prefix_tokens
-                  if part["filter"] is None or bool(lm_grpo.group_keep(part["filter"][k:k + 1])[0]) else None
+        prefix = [self.cfg.min_filter_prefix_tokens if part["valid"] is None or part["valid"][k] else None
                   for part, k in kept]
         ignore = [x for j in range(g) for x in lm_grpo.ignore_prefix_lengths(
             ids[j * n:(j + 1) * n], rewards[j].tolist(), prefix[j])]
         per_reward = {name: np.concatenate([p["per_reward"][name] for p in sampled])
                       for name in sampled[0]["per_reward"]}
-        return {"rows": rows, "tokens": pick("tokens"), "completion_mask": pick("completion_mask"),
-                "texts": [t for part, k in kept for t in part["texts"][k * n:(k + 1) * n]],
+        return {"rows": listed("rows"), "tokens": pick("tokens"), "completion_mask": pick("completion_mask"),
+                "texts": listed("texts"),
                 "rewards": rewards, "advantages": adv, "ignore": np.asarray(ignore),
                 # the step's reward curve: every sampled completion, not only the kept groups
                 "sampled_rewards": np.concatenate([p["rewards"] for p in sampled]), "per_reward": per_reward,
