@@ -1,5 +1,5 @@
 """GRPO of the tiny Qwen3-VL-shaped model on the tiny VQA world (wfm_jax.worlds.vqa), cosmos-rl's
-GRPO for language models (specs/reason2.md §4.2): 4 prompts x 8 completions per step, rewards
+GRPO for language models (specs/reason2.md §4.2): 40 steps of 4 prompts x 8 completions, rewards
 format + single_choice (the record's answer letter as the reference), val/accuracy on the held-out
 split before the first step and after the last.
 
@@ -9,9 +9,14 @@ Start: the newest export of the SFT recipe (configs/tiny_vlm_sft.py: ./outputs/t
 safetensors/step_N) when one exists, else the base model that recipe builds (pre-trained to describe
 pictures, never asked a question: the format reward is ~0 everywhere, every group has advantage 0
 and nothing trains, so run the SFT recipe first). The resolved start is in the run's config.json
-(policy.model_name_or_path). From the SFT export (0.979 held-out on a slow host, 0.906-0.948 on CI's
-kind), 20 steps moved held-out accuracy by -0.021 / -0.010 / -0.021 on seeds 0-2, short of issue
-34's +0.05 (docs/reason2_post_training.md, session 34). lm_grpo.variant "grpo" trains every group,
+(policy.model_name_or_path). The world's SFT answers think two ways (policy.vlm.
+vqa_fixed_think_fraction 0.5): half name the cell they read ("look"), half say "I look at the
+image." ("fixed"); the SFT model samples both and reads colour better after naming the cell, so
+GRPO has a better way of answering to find. From the SFT recipe's export (seed 0, 0.792 held-out),
+40 steps raised held-out accuracy by +0.073 / +0.083 / +0.073 on GRPO seeds 0-2, the format reward
+at 0.995-1.00 (greedy answers move to the look style); from SFT seeds 1 and 2, +0.031 to +0.104; on
+a second held-out set of 288, +0.024 to +0.104 (docs/reason2_post_training.md, sessions 35-36).
+About 1.1 min of steps with two runs at once on 2 cores. lm_grpo.variant "grpo" trains every group,
 "dapo" refills the step with groups whose filter_reward_metric rewards differ.
 """
 import glob
@@ -35,7 +40,9 @@ def sft_start() -> str:
 def get_config():
     c = default_config()
     c.train.output_dir = "./outputs/tiny_vlm_grpo"
-    c.train.max_steps = 20
+    # 40: at 20 one seed of three had moved only a quarter of its answers to the look style
+    # (+0.021 held-out); at 40 every run had moved most (docs/reason2_post_training.md)
+    c.train.max_steps = 40
     c.train.seed = 0
     c.train.compute_dtype = "float32"
     c.train.train_batch_per_replica = 32  # 4 prompts x rollout.n_generation
@@ -51,10 +58,13 @@ def get_config():
     g.max_response_length = 24
     tp.dataset.layout = "conversations"
     # the SFT recipe's world: options in a fixed order per question type (policy.vlm.vqa_options)
-    tp.dataset.local_dir = "./outputs/tiny_vqa_look/train"
-    c.validation.dataset.local_dir = "./outputs/tiny_vqa_look/heldout"
+    tp.dataset.local_dir = "./outputs/tiny_vqa_mixed/train"
+    c.validation.dataset.local_dir = "./outputs/tiny_vqa_mixed/heldout"
     c.validation.batch_size = 64
     c.policy.family = "qwen3_vl"
+    # four decoder layers: unrolled, the SFT step runs about 1.7x faster on 2 CPU cores than as one
+    # lax.scan (XLA:CPU copies each layer's saved activations transposed in the scanned backward)
+    c.policy.scan_layers = False
     c.policy.model_name_or_path = sft_start()
     c.policy.lora.target_modules = QWEN3_VL_LORA_TARGETS  # used with --config.policy.lora.enable=True
     v = c.policy.vlm
@@ -66,4 +76,6 @@ def get_config():
     v.vqa_train_count = 1024
     v.vqa_val_count = 96
     v.vqa_options = "fixed"
+    # mixed reasoning: half the answers think "I look at the image." instead of naming the cell
+    v.vqa_fixed_think_fraction = 0.5
     return c

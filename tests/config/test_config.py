@@ -139,6 +139,8 @@ def test_validation_checks(tmp_path):
                                ("train.train_batch_per_replica", "10")])
     with pytest.raises(ConfigError, match="'train.ema_update_step_interval' must be >= 0"):
         cfg.load_config(path, [("train.ema_update_step_interval", "-1")])
+    with pytest.raises(ConfigError, match=r"'policy.vlm.vqa_fixed_think_fraction' must be in \[0, 1\], got 1.5"):
+        cfg.load_config(path, [("policy.vlm.vqa_fixed_think_fraction", "1.5")])
     with pytest.raises(ConfigError, match=r"reward_fns\[0\].wieght'; did you mean 'weight'"):
         cfg.load_config(path, [("train.train_policy.remote_reward.reward_fns", "[{'name': 'a', 'wieght': 1}]")])
     with pytest.raises(ConfigError, match=r"reward_fns\[0\].nmae'; did you mean 'name'"):  # the name itself

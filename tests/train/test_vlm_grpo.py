@@ -1,18 +1,23 @@
 """The Qwen3-VL GRPO loop end to end on the tiny VQA world (spec-size random model, 2 steps): finite
 rewards, losses and val/accuracy in metrics.jsonl, real updates (a length-based reward makes the
 groups informative for a random model, beside format and single_choice), an export; a run killed
-after step 1 and resumed logs the same metrics and ends with the same weights as the uninterrupted
-run. Also the helpers: completion masks, the recipe file, one-line errors."""
+with SIGKILL at its last step (that step's asynchronous save in flight, its export not begun) and
+resumed logs the same metrics and ends with the same weights as the uninterrupted run. Also the helpers: completion
+masks, the recipe file, one-line errors."""
 from __future__ import annotations
 
 import json
 import math
 import os
+import signal
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
 from reward_client.registry import register_reward, unregister_reward
+from tests._support.paths import REPO_ROOT
 from wfm_jax.config.schema import default_config
 from wfm_jax.families.qwen3_vl.tiny import ensure_tiny_qwen3_vl
 from wfm_jax.train import vlm_grpo
@@ -22,17 +27,27 @@ from wfm_jax.worlds.vqa.scenes import vocabulary
 TYPES = ("colour", "background")
 
 
-class Killed(Exception):
-    """Stands in for kill -9: the run ends at once, nothing after the step's checkpoint runs."""
+# A trainer in its own process that kills itself with SIGKILL once step 2 (the last) is logged: no
+# `finally` runs, step 2's asynchronous save is cut short, nothing is exported, as when the OS kills
+# a run. Step 1's save is final by then (a save waits for the one before it).
+KILL_AT_STEP_2 = """
+import os, signal, sys
+from tests.train import test_vlm_grpo as t
+from wfm_jax.train import vlm_grpo
+
+t.register_test_rewards()
+model, train, val, out = sys.argv[1:5]
+
+def die(step, _metrics):
+    if step == 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+vlm_grpo.VLMGRPOTrainer(t._config((model, train, val), out, **{"train.ckpt.save_mode": "async"}),
+                        on_step=die).run()
+"""
 
 
-@pytest.fixture(scope="module")
-def assets(tmp_path_factory):
-    root = tmp_path_factory.mktemp("vlm_grpo")
-    model = ensure_tiny_qwen3_vl(str(root / "model"), vocabulary(), size="spec")
-    train = build_vqa_dataset(str(root / "train"), count=12, split="train", seed=1, types=TYPES)
-    val = build_vqa_dataset(str(root / "val"), count=4, split="heldout", seed=1, types=TYPES)
-
+def register_test_rewards() -> None:
     @register_reward("test_length_mod3", media="text", replace=True)
     def length_mod3(completions, prompts, extras):  # varies on random text: groups are kept
         return np.asarray([len(c) % 3 for c in completions], np.float64)
@@ -42,6 +57,14 @@ def assets(tmp_path_factory):
         return np.asarray([len(c) % 3 if "background?" in p else 0.0 for c, p in zip(completions, prompts)],
                           np.float64)
 
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory):
+    root = tmp_path_factory.mktemp("vlm_grpo")
+    model = ensure_tiny_qwen3_vl(str(root / "model"), vocabulary(), size="spec")
+    train = build_vqa_dataset(str(root / "train"), count=12, split="train", seed=1, types=TYPES)
+    val = build_vqa_dataset(str(root / "val"), count=4, split="heldout", seed=1, types=TYPES)
+    register_test_rewards()
     yield model, train, val
     unregister_reward("test_length_mod3")
     unregister_reward("test_background_only")
@@ -115,15 +138,13 @@ def test_run_logs_rewards_and_resume_after_kill_matches(assets, tmp_path):
     assert (whole / "safetensors" / "step_2" / "model.safetensors").is_file()
 
     cut = tmp_path / "cut"
-
-    def kill_after_one(step, _metrics):
-        if step == 1:
-            raise Killed
-
-    with pytest.raises(Killed):
-        vlm_grpo.VLMGRPOTrainer(_config(assets, cut), on_step=kill_after_one).run()
+    killed = subprocess.run([sys.executable, "-c", KILL_AT_STEP_2, *map(str, assets), str(cut)],
+                            cwd=REPO_ROOT, capture_output=True, text=True, timeout=900)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    assert [r["step"] for r in _records(cut)] == [0, 1, 2]  # each record flushed as it is logged
+    assert not (cut / "safetensors").exists()
     resumed = vlm_grpo.VLMGRPOTrainer(_config(assets, cut, **{"train.resume": True}))
-    assert resumed.start_step == 1
+    assert resumed.start_step == 1  # the half-written step 2 is not a checkpoint
     resumed.run()
     assert [_strip_time(r) for r in _records(cut)] == [_strip_time(r) for r in ref]  # step for step
     again = state_tensors(resumed.model())

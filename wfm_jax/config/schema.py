@@ -294,6 +294,9 @@ DEFAULTS = {
             # its letter) or "look" (what to look at, then the answer's text; worlds/vqa/scenes.py
             # TARGET_STYLES)
             "vqa_target": "look",
+            # mixed reasoning: this share of the SFT answers think the fixed sentence instead of
+            # vqa_target's (drawn per record; worlds/vqa/dataset.py think_style)
+            "vqa_fixed_think_fraction": 0.0,
             # the options' order: "shuffled" per question, or "fixed" (one order per question
             # type, so the letter is a lookup; worlds/vqa/scenes.py OPTION_ORDERS)
             "vqa_options": "shuffled",
@@ -475,7 +478,7 @@ def check_ranges(config) -> None:
         _positive(config, ["rollout.batch_size"])
     _positive(config, ["data.shuffle_window"], allow_zero=True)
     for key in ("train.ema_decay", "train.train_policy.timesteps_fraction",
-                "validation.dataset.holdout_fraction"):
+                "validation.dataset.holdout_fraction", "policy.vlm.vqa_fixed_think_fraction"):
         if not 0.0 <= _required(config, key) <= 1.0:
             raise ConfigError(f"config key '{key}' must be in [0, 1], got {get(config, key)}")
     if get(config, "validation.dataset.holdout_fraction") >= 1.0:

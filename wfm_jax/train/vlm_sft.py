@@ -58,20 +58,24 @@ class VLMSetupError(UserError, ValueError):
 def build_tiny_assets(config) -> None:
     """policy.vlm.build_tiny_vqa: the tiny VQA world's base model at policy.model_name_or_path
     (pretrain_tiny_base) and its train / held-out sets at the dataset dirs, each built once and
-    reused (a dir that holds one is kept as it is)."""
+    reused (a dir that holds a set built with other settings is one clear error)."""
     v = config.policy.vlm
     if not v.build_tiny_vqa:
         return
     from wfm_jax.worlds.vqa.dataset import ensure_vqa_dataset
 
-    types, style = tuple(v.vqa_types), dict(target=str(v.vqa_target), options=str(v.vqa_options))
+    types, style = tuple(v.vqa_types), dict(target=str(v.vqa_target), options=str(v.vqa_options),
+                                            fixed_think_fraction=float(v.vqa_fixed_think_fraction))
     pretrain_tiny_base(config.policy.model_name_or_path, seed=int(v.vqa_seed), steps=int(v.vqa_pretrain_steps),
                        pictures=int(v.vqa_train_count))
-    ensure_vqa_dataset(config.train.train_policy.dataset.local_dir, count=int(v.vqa_train_count),
-                       split="train", seed=int(v.vqa_seed), types=types, **style)
-    if config.validation.dataset.local_dir:
-        ensure_vqa_dataset(config.validation.dataset.local_dir, count=int(v.vqa_val_count),
-                           split="heldout", seed=int(v.vqa_seed), types=types, **style)
+    try:
+        ensure_vqa_dataset(config.train.train_policy.dataset.local_dir, count=int(v.vqa_train_count),
+                           split="train", seed=int(v.vqa_seed), types=types, **style)
+        if config.validation.dataset.local_dir:
+            ensure_vqa_dataset(config.validation.dataset.local_dir, count=int(v.vqa_val_count),
+                               split="heldout", seed=int(v.vqa_seed), types=types, **style)
+    except ValueError as e:  # a set built with other settings
+        raise VLMSetupError(str(e)) from None
 
 
 # The tiny base's pre-training run: the SFT recipe's optimiser (configs/tiny_vlm_sft.py), the

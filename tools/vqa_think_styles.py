@@ -1,0 +1,95 @@
+"""How much a tiny VQA model gains if it always reasons in the "look" style: held-out accuracy of
+its greedy answers, and of greedy answers after a forced think prefix, per question type.
+
+    python tools/vqa_think_styles.py MODEL_DIR HELDOUT_DIR
+
+- forced "fixed": the answer follows "<think>\\nI look at the image.\\n</think>\\n\\n<answer>";
+- forced "look": the think starts with the question's subject (the cell's name or "background"),
+  and the model writes the rest.
+
+The "all-look gain" (forced look minus greedy) bounds what a reward that prefers the look style can
+add to greedy accuracy without better reading: GRPO on the mixed-reasoning world moved greedy
+answers to the look style and gained at most that (docs/reason2_post_training.md, session 35).
+"""
+from __future__ import annotations
+
+import sys
+
+import jax.numpy as jnp
+import numpy as np
+
+from converters.loading import load_model
+from wfm_jax.data.conversations import to_messages
+from wfm_jax.families.qwen3_vl.answer import load_processor
+from wfm_jax.models.qwen3_vl.generate import generate
+from wfm_jax.train.vlm_eval import end_tokens, read_images
+from wfm_jax.worlds.vqa.dataset import load_records
+from wfm_jax.worlds.vqa.scenes import CELL_NAMES, THINK
+from wfm_jax.worlds.vqa.score import accuracy
+
+BATCH = 48
+
+
+def subject(question: str) -> str:
+    """The look think's first word for a colour, shape or background question."""
+    words = question.replace("?", "").split()
+    if "background" in words:
+        return "background"
+    found = [c for c in CELL_NAMES if c in words]
+    if not found:
+        raise ValueError(f"no look subject in {question!r} (count and most-frequent questions have none here)")
+    return found[0]
+
+
+def completions(model, processor, records, images, prefixes) -> list[str]:
+    """Greedy completions after each record's prompt plus its prefix (the prefix included)."""
+    eos, pad = end_tokens(model.config)
+    out: list[str] = []
+    for start in range(0, len(records), BATCH):
+        rows = range(start, min(start + BATCH, len(records)))
+        texts = []
+        for i in rows:
+            messages, _, _ = to_messages(records[i], None)
+            texts.append(processor.apply_chat_template(messages[:-1], add_generation_prompt=True) + prefixes[i])
+        batch = processor(texts, images=[im for i in rows for im in images[i]], padding_side="left")
+        ids = generate(model, batch["input_ids"], batch["attention_mask"], pixel_values=batch.get("pixel_values"),
+                       image_grid_thw=batch.get("image_grid_thw"), max_new_tokens=24, eos_token_ids=eos,
+                       pad_token_id=pad)
+        for i, row in zip(rows, np.asarray(ids)):
+            ends = np.flatnonzero(np.isin(row, eos))
+            row = row[:ends[0]] if len(ends) else row
+            out.append(prefixes[i] + processor.tokenizer.decode(row.tolist(), skip_special_tokens=True))
+    return out
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print(__doc__.split("\n\n")[1].strip(), file=sys.stderr)
+        return 2
+    model_dir, heldout = argv
+    records = load_records(heldout)
+    images = read_images(records, heldout)
+    model = load_model(model_dir, dtype=jnp.float32, param_dtype=jnp.float32)[0]
+    processor = load_processor(model_dir)
+    questions = [r["conversations"][0]["value"].split("\n")[1] for r in records]
+    styles = {"greedy": [""] * len(records),
+              "fixed": [f"<think>\n{THINK}\n</think>\n\n<answer>"] * len(records),
+              "look": [f"<think>\n{subject(q)}" for q in questions]}
+    right = {}
+    for name, prefixes in styles.items():
+        texts = completions(model, processor, records, images, prefixes)
+        right[name] = np.array([accuracy([r], [t])["accuracy"] for r, t in zip(records, texts)])
+        if name == "greedy":
+            greedy_fixed = np.array([THINK in t for t in texts])
+    g, f, look = right["greedy"], right["fixed"], right["look"]
+    print(f"greedy {g.mean():.3f} ({greedy_fixed.sum()} of {len(g)} think the fixed sentence) | forced fixed "
+          f"{f.mean():.3f} | forced look {look.mean():.3f} | all-look gain {look.mean() - g.mean():+.3f}")
+    for kind in sorted({r["question_type"] for r in records}):
+        m = np.array([r["question_type"] == kind for r in records])
+        print(f"  {kind}: greedy {g[m].mean():.3f} ({(greedy_fixed & m).sum()} of {m.sum()} fixed) | forced fixed "
+              f"{f[m].mean():.3f} | forced look {look[m].mean():.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
