@@ -13,11 +13,13 @@ import signal
 import subprocess
 import sys
 
+import jax
 import numpy as np
 import pytest
 
 from reward_client.registry import register_reward, unregister_reward
 from tests._support.paths import REPO_ROOT
+from tests._support.xla import host_devices
 from wfm_jax.config.schema import default_config
 from wfm_jax.families.qwen3_vl.tiny import ensure_tiny_qwen3_vl
 from wfm_jax.train import vlm_grpo
@@ -138,8 +140,11 @@ def test_run_logs_rewards_and_resume_after_kill_matches(assets, tmp_path):
     assert (whole / "safetensors" / "step_2" / "model.safetensors").is_file()
 
     cut = tmp_path / "cut"
+    # the worker's device count and compile flags, whatever earlier tests in this worker left in
+    # os.environ (the planner's CLI sets its own device count there): other ones round otherwise
+    env = dict(os.environ, XLA_FLAGS=host_devices(jax.device_count()), JAX_PLATFORMS="cpu")
     killed = subprocess.run([sys.executable, "-c", KILL_AT_STEP_2, *map(str, assets), str(cut)],
-                            cwd=REPO_ROOT, capture_output=True, text=True, timeout=900)
+                            cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     assert [r["step"] for r in _records(cut)] == [0, 1, 2]  # each record flushed as it is logged
     assert not (cut / "safetensors").exists()
