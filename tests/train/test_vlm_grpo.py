@@ -2,8 +2,8 @@
 rewards, losses and val/accuracy in metrics.jsonl, real updates (a length-based reward makes the
 groups informative for a random model, beside format and single_choice), an export; a run killed
 with SIGKILL at its last step (that step's asynchronous save in flight, its export not begun) and
-resumed logs the same metrics and ends with the same weights as the uninterrupted run. Also the helpers: completion
-masks, the recipe file, one-line errors."""
+resumed logs the same metrics and ends with the same weights as the uninterrupted run. Also the
+helpers: completion masks, the recipe file, one-line errors."""
 from __future__ import annotations
 
 import json
