@@ -19,10 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from converters.loading import load_model
-from wfm_jax.data.conversations import to_messages
 from wfm_jax.families.qwen3_vl.answer import load_processor
-from wfm_jax.models.qwen3_vl.generate import generate
-from wfm_jax.train.vlm_eval import end_tokens, read_images
+from wfm_jax.train.vlm_eval import answers, read_images
 from wfm_jax.worlds.vqa.dataset import load_records
 from wfm_jax.worlds.vqa.scenes import CELL_NAMES, THINK
 from wfm_jax.worlds.vqa.score import accuracy
@@ -41,27 +39,6 @@ def subject(question: str) -> str:
     return found[0]
 
 
-def completions(model, processor, records, images, prefixes) -> list[str]:
-    """Greedy completions after each record's prompt plus its prefix (the prefix included)."""
-    eos, pad = end_tokens(model.config)
-    out: list[str] = []
-    for start in range(0, len(records), BATCH):
-        rows = range(start, min(start + BATCH, len(records)))
-        texts = []
-        for i in rows:
-            messages, _, _ = to_messages(records[i], None)
-            texts.append(processor.apply_chat_template(messages[:-1], add_generation_prompt=True) + prefixes[i])
-        batch = processor(texts, images=[im for i in rows for im in images[i]], padding_side="left")
-        ids = generate(model, batch["input_ids"], batch["attention_mask"], pixel_values=batch.get("pixel_values"),
-                       image_grid_thw=batch.get("image_grid_thw"), max_new_tokens=24, eos_token_ids=eos,
-                       pad_token_id=pad)
-        for i, row in zip(rows, np.asarray(ids)):
-            ends = np.flatnonzero(np.isin(row, eos))
-            row = row[:ends[0]] if len(ends) else row
-            out.append(prefixes[i] + processor.tokenizer.decode(row.tolist(), skip_special_tokens=True))
-    return out
-
-
 def main(argv: list[str]) -> int:
     if len(argv) != 2:
         print(__doc__.split("\n\n")[1].strip(), file=sys.stderr)
@@ -77,7 +54,7 @@ def main(argv: list[str]) -> int:
               "look": [f"<think>\n{subject(q)}" for q in questions]}
     right = {}
     for name, prefixes in styles.items():
-        texts = completions(model, processor, records, images, prefixes)
+        texts = answers(model, processor, records, images, max_new_tokens=24, batch_size=BATCH, prefixes=prefixes)
         right[name] = np.array([accuracy([r], [t])["accuracy"] for r, t in zip(records, texts)])
         if name == "greedy":
             greedy_fixed = np.array([THINK in t for t in texts])

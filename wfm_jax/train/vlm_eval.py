@@ -37,10 +37,12 @@ def end_tokens(config) -> tuple[list[int], int]:
 
 
 def answers(model, processor, records: Sequence[dict], images: Sequence[Sequence[np.ndarray]], *,
-            max_new_tokens: int, batch_size: int, system_prompt: str | None = None, mesh=None) -> list[str]:
+            max_new_tokens: int, batch_size: int, system_prompt: str | None = None, mesh=None,
+            prefixes: Sequence[str] | None = None) -> list[str]:
     """Greedy completions of each record's first turn (its answer turns left out). mesh: the
     mesh the model lives on; each batch's rows are split over its batch axes, a short last batch
-    padded with copies of its last record (their answers dropped)."""
+    padded with copies of its last record (their answers dropped). prefixes: a forced start of
+    each record's answer (after the generation prompt), returned as part of the answer."""
     eos, pad = end_tokens(model.config)
     shards = 1 if mesh is None else mesh_size_for(mesh, "act_batch")
     out: list[str] = []
@@ -53,16 +55,18 @@ def answers(model, processor, records: Sequence[dict], images: Sequence[Sequence
             messages, _, _ = to_messages(records[i], system_prompt)
             prompt = messages[:-1] if messages[-1]["role"] == "assistant" else messages
             first_user = next(k for k, m in enumerate(prompt) if m["role"] == "user")
-            texts.append(processor.apply_chat_template(prompt[:first_user + 1], add_generation_prompt=True))
+            texts.append(processor.apply_chat_template(prompt[:first_user + 1], add_generation_prompt=True)
+                         + (prefixes[i] if prefixes is not None else ""))
         flat = [im for i in chunk for im in images[i]]
         batch = processor(texts, images=flat or None, padding_side="left")
         ids = generate(model, batch["input_ids"], batch["attention_mask"],
                        pixel_values=batch.get("pixel_values"), image_grid_thw=batch.get("image_grid_thw"),
                        max_new_tokens=max_new_tokens, eos_token_ids=eos, pad_token_id=pad, mesh=mesh)
-        for row in np.asarray(ids)[:real]:
+        for i, row in zip(chunk[:real], np.asarray(ids)[:real]):
             ends = np.flatnonzero(np.isin(row, eos))
             row = row[:ends[0]] if len(ends) else row
-            out.append(processor.tokenizer.decode(row.tolist(), skip_special_tokens=True))
+            start_text = prefixes[i] if prefixes is not None else ""
+            out.append(start_text + processor.tokenizer.decode(row.tolist(), skip_special_tokens=True))
     return out
 
 
