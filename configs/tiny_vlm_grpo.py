@@ -12,12 +12,12 @@ and nothing trains, so run the SFT recipe first). The resolved start is in the r
 (policy.model_name_or_path). The world's SFT answers think two ways (policy.vlm.
 vqa_fixed_think_fraction 0.5): half name the cell they read ("look"), half say "I look at the
 image." ("fixed"); the SFT model samples both and reads colour better after naming the cell, so
-GRPO has a better way of answering to find. From the SFT recipe's export (seed 0, 0.792 held-out),
-40 steps raised held-out accuracy by +0.073 / +0.083 / +0.073 on GRPO seeds 0-2, the format reward
-at 0.995-1.00 (greedy answers move to the look style); from SFT seeds 1 and 2, +0.031 to +0.104; on
-a second held-out set of 288, +0.024 to +0.104 (docs/reason2_post_training.md, sessions 35-36).
-About 1.1 min of steps with two runs at once on 2 cores. lm_grpo.variant "grpo" trains every group,
-"dapo" refills the step with groups whose filter_reward_metric rewards differ.
+GRPO has a better way of answering to find. From the SFT recipe's export (seed 0, 0.740 held-out),
+40 steps raised held-out accuracy by +0.146 / +0.146 / +0.135 on GRPO seeds 0-2, the format reward
+at 0.993-1.00 (greedy answers move to the look style); from SFT seeds 1 and 2, +0.062 to +0.094
+(docs/reason2_post_training.md, session 38). About 40 s alone on 2 cores, start-up included.
+lm_grpo.variant "grpo" trains every group, "dapo" refills the step with groups whose
+filter_reward_metric rewards differ.
 """
 import glob
 import os

@@ -4,7 +4,7 @@ data built in a temp dir), then the held-out accuracy before and after, against 
 from the data: chance (one option in four) and the best answer that ignores the picture (each
 question type's most frequent training letter, applied to the held-out questions); and the colour
 questions, which only reading the named cell answers. The recipe's 1600 steps make this the suite's
-longest test (about 12 min with the other worker busy, 2026-12-03)."""
+longest test (about 7-12 min with the other worker busy, sessions 36-38)."""
 from __future__ import annotations
 
 import json
@@ -56,11 +56,11 @@ def test_tiny_vlm_sft_recipe_learns_well_above_blind_answers(tmp_path):
     assert after >= 0.6  # issue 34's bar
     assert after >= max(CHANCE, majority) + 0.25  # well above chance and the majority answer
     # above the best answer that ignores the picture (0.531). Half the answers think a fixed
-    # sentence and then read colour worse (docs/reason2_post_training.md, sessions 35-36): 0.802
-    # under this test's flags (2026-12-03), 0.792-0.823 on seeds 0-2 with XLA's default flags;
+    # sentence and then read colour worse (docs/reason2_post_training.md, sessions 35-38): 0.812
+    # under this test's flags (session 38), 0.740-0.844 on seeds 0-2 with XLA's default flags;
     # the all-look recipe of sessions 29-34 gave 0.906-0.948
     assert after >= blind + 0.15
-    # the named cell is read: its colour well above a picture-blind answer's 0.375 (measured
-    # 0.719 here, 0.750-0.812 on seeds 0-2 with the default flags)
+    # the named cell is read: its colour well above a picture-blind answer's 0.375 (0.719 here in
+    # session 36; 0.719-0.812 on seeds 0-2 with the default flags, session 38)
     assert val[1]["val/accuracy/colour"] >= 0.55
     assert not os.path.exists(f"{root}/base.pretrain")  # the base's work dir went once it was built
