@@ -150,7 +150,7 @@ def test_validation_checks(tmp_path):
 
 
 def test_parallelism_takes_minus_one_on_any_one_axis(tmp_path):
-    from wfm_jax.config.schema import MESH_AXES
+    from wfm_jax.config.checks import MESH_AXES
     from wfm_jax.core.mesh import MESH_AXES as mesh_axes
     assert mesh_axes == MESH_AXES
     path = write_recipe(tmp_path, "")

@@ -255,7 +255,8 @@ def test_a_registered_family_is_found_built_and_loaded(tmp_path, toy_family):
 
 def test_the_recipe_check_reads_the_registry(toy_family):
     from wfm_jax.config.base import ConfigError
-    from wfm_jax.config.schema import check_family, default_config
+    from wfm_jax.config.checks import check_family
+    from wfm_jax.config.schema import default_config
 
     c = default_config()
     c.policy.family = "toy"

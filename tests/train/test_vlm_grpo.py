@@ -19,15 +19,10 @@ import pytest
 
 from reward_client.registry import register_reward, unregister_reward
 from tests._support.paths import REPO_ROOT
+from tests._support.vqa import tiny_vqa_assets
 from tests._support.xla import host_devices
 from wfm_jax.config.schema import default_config
-from wfm_jax.families.qwen3_vl.tiny import ensure_tiny_qwen3_vl
 from wfm_jax.train import vlm_grpo
-from wfm_jax.worlds.vqa.dataset import build_vqa_dataset
-from wfm_jax.worlds.vqa.scenes import vocabulary
-
-TYPES = ("colour", "background")
-
 
 # A trainer in its own process that kills itself with SIGKILL once step 2 (the last) is logged: no
 # `finally` runs, step 2's asynchronous save is cut short, nothing is exported, as when the OS kills
@@ -63,9 +58,7 @@ def register_test_rewards() -> None:
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory):
     root = tmp_path_factory.mktemp("vlm_grpo")
-    model = ensure_tiny_qwen3_vl(str(root / "model"), vocabulary(), size="spec")
-    train = build_vqa_dataset(str(root / "train"), count=12, split="train", seed=1, types=TYPES)
-    val = build_vqa_dataset(str(root / "val"), count=4, split="heldout", seed=1, types=TYPES)
+    model, train, val = tiny_vqa_assets(str(root), train_count=12)
     register_test_rewards()
     yield model, train, val
     unregister_reward("test_length_mod3")

@@ -12,23 +12,17 @@ import signal
 import numpy as np
 import pytest
 
+from tests._support.vqa import tiny_vqa_assets
 from wfm_jax.config.schema import default_config
-from wfm_jax.families.qwen3_vl.tiny import ensure_tiny_qwen3_vl
 from wfm_jax.models.layers.remat import check_remat
 from wfm_jax.train import preempt, vlm_sft
-from wfm_jax.worlds.vqa.dataset import build_vqa_dataset
-from wfm_jax.worlds.vqa.scenes import vocabulary
 
 pytestmark = pytest.mark.slow
-TYPES = ("colour", "background")
-
 
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory):
     root = tmp_path_factory.mktemp("vlm")
-    model = ensure_tiny_qwen3_vl(str(root / "model"), vocabulary(), size="spec")
-    train = build_vqa_dataset(str(root / "train"), count=24, split="train", seed=1, types=TYPES)
-    val = build_vqa_dataset(str(root / "val"), count=4, split="heldout", seed=1, types=TYPES)
+    model, train, val = tiny_vqa_assets(str(root), train_count=24)
     return model, train, val
 
 

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from wfm_jax.config import schema  # registers its checks
+from wfm_jax.config import checks, schema  # noqa: F401  (checks: registers the cross-key checks)
 from wfm_jax.config.base import (  # noqa: F401  (re-exported: the loader's public names)
     _CHECKS,
     REDACTED,

@@ -12,7 +12,7 @@ from jax.sharding import PartitionSpec as P
 
 from tests import _tiny_sd3
 from wfm_jax.config import recipe as cfg
-from wfm_jax.config.schema import ConfigError
+from wfm_jax.config.base import ConfigError
 from wfm_jax.core import mesh as wmesh
 from wfm_jax.core.tree import assign, flat_shapes
 from wfm_jax.models.layers.attention import (

@@ -156,7 +156,7 @@ class GRPO(RLAlgorithm[GRPOConfig]):
         """schedule: the model family (its flow_schedule) or a bare flow shift."""
         super().__init__(config, schedule)
         c = config
-        self.method = SOLVERS[c.solver]  # config.schema.check_rl_samplers vets solver / window
+        self.method = SOLVERS[c.solver]  # config.checks.check_rl_samplers vets solver / window
         self.num_steps = int(c.num_steps)
         self.sigmas = jnp.asarray(flow_schedule_of(schedule, self.num_steps, self.method)[0])
         self.window = int(c.window_size) or None
