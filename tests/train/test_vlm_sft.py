@@ -19,6 +19,7 @@ from wfm_jax.train import preempt, vlm_sft
 
 pytestmark = pytest.mark.slow
 
+
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory):
     root = tmp_path_factory.mktemp("vlm")
