@@ -404,6 +404,37 @@ def test_cfg_detached_uncond_has_no_gradient(x_init):
     np.testing.assert_allclose(np.asarray(gu_attached), -3.5 * np.asarray(x.sum(axis=(1, 2, 3))), rtol=1e-5)
 
 
+def test_cfg_keeps_each_rows_branches_on_its_device():
+    """The doubled batch pairs each row's two branches side by side, so on a batch split over
+    devices (the model constrains its activations so) the guided forward moves no row: no
+    all-to-all or collective-permute in the compiled program. [uncond; cond] put a device's rows
+    on others (the Wan GRPO rollout body on v5p:2x2x1: 117 MB all-to-all and 336 MB
+    collective-permute, a 96 s libtpu compile against 24 s, docs/recipe_targets.md session 39)."""
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+    mesh = Mesh(np.asarray(jax.devices()[:8]), ("data",))
+    rows = NamedSharding(mesh, P("data"))
+    vel = _cfg_velocity([])
+
+    def constrained(x, timesteps, cond):  # as the transformers shard their activations by row
+        return vel(jax.lax.with_sharding_constraint(x, rows), timesteps, cond)
+
+    rng = np.random.default_rng(3)
+    x = jax.device_put(jnp.asarray(rng.standard_normal((8, 3, 4, 4)), jnp.float32), rows)
+    t = jax.device_put(jnp.linspace(100.0, 900.0, 8), rows)
+    cond = jax.device_put({"w": jnp.asarray(rng.standard_normal(8), jnp.float32),
+                           "pooled": jnp.asarray(rng.standard_normal((8, 3)), jnp.float32)}, rows)
+    uncond = {"w": jnp.asarray([0.2]), "pooled": jnp.zeros((1, 3))}
+    guided = jax.jit(lambda x, t, c: guided_velocity(constrained, x, t, c, uncond, 4.5),
+                     out_shardings=rows)
+    hlo = guided.lower(x, t, cond).compile().as_text()
+    assert "all-to-all" not in hlo and "collective-permute" not in hlo
+    got = np.asarray(guided(x, t, cond))
+    v_c = vel(x, t, cond)
+    v_u = vel(x, t, {"w": jnp.full((8,), 0.2), "pooled": jnp.zeros((8, 3))})
+    np.testing.assert_allclose(got, np.asarray(v_u + 4.5 * (v_c - v_u)), rtol=1e-6, atol=1e-6)
+
+
 def test_sampler_rejects_bad_arguments(x_init):
     sigmas, _ = flow_sigmas(4)
     with pytest.raises(ValueError, match="unknown sampler method"):

@@ -2,7 +2,10 @@
 
 `cond` and `uncond` are pytrees of arrays with a leading batch axis (e.g. a dict with
 "prompt_embeds" and "pooled_projections" for SD3). Leaves of `uncond` with batch 1 (one empty negative
-prompt) are broadcast to the batch. The combined batch is [uncond; cond], diffusers' order.
+prompt) are broadcast to the batch. The combined batch pairs each row's branches, uncond then
+cond (u_0, c_0, u_1, c_1, ...), not diffusers' [uncond; cond]: the rows are split over devices,
+and a pair keeps both halves of a row on its device, where [uncond; cond] moved every device's
+rows to others (all-to-all and collective-permutes in each sampler step).
 """
 
 from __future__ import annotations
@@ -21,18 +24,25 @@ def uses_cfg(uncond, cfg_scale) -> bool:
     return not (isinstance(cfg_scale, (int, float)) and cfg_scale <= 1)
 
 
-def concat_cond(cond, uncond):
-    """[uncond; cond] along the batch axis, broadcasting batch-1 uncond leaves."""
+def _pairs(u, c):
+    """(B, ...) twice -> (2B, ...) with rows u_0, c_0, u_1, c_1, ...: each row's two branches lie
+    side by side, so rows split over devices keep both on their own device."""
+    return jnp.stack([u, c], axis=1).reshape((2 * c.shape[0],) + c.shape[1:])
 
-    def cat(c, u):
+
+def paired_cond(cond, uncond):
+    """The conditioning of guided_velocity's doubled batch: each row's unconditional then
+    conditional entry (_pairs), broadcasting batch-1 uncond leaves."""
+
+    def pair(c, u):
         c, u = jnp.asarray(c), jnp.asarray(u)
         if u.shape[0] != c.shape[0]:
             if u.shape[0] != 1:
                 raise ValueError(f"uncond batch {u.shape[0]} does not match cond batch {c.shape[0]}")
             u = jnp.broadcast_to(u, (c.shape[0],) + u.shape[1:])
-        return jnp.concatenate([u.astype(c.dtype), c], axis=0)
+        return _pairs(u.astype(c.dtype), c)
 
-    return jax.tree.map(cat, cond, uncond)
+    return jax.tree.map(pair, cond, uncond)
 
 
 def cfg_combine(v_cond, v_uncond, cfg_scale):
@@ -51,13 +61,9 @@ def guided_velocity(velocity_fn, x, timesteps, cond, uncond=None, cfg_scale=1.0,
     """
     if not uses_cfg(uncond, cfg_scale):
         return velocity_fn(x, timesteps, cond).astype(jnp.float32)
-    b = x.shape[0]
-    v = velocity_fn(
-        jnp.concatenate([x, x], axis=0),
-        jnp.concatenate([timesteps, timesteps], axis=0),
-        concat_cond(cond, uncond),
-    ).astype(jnp.float32)
-    v_u, v_c = v[:b], v[b:]
+    v = velocity_fn(_pairs(x, x), _pairs(timesteps, timesteps), paired_cond(cond, uncond))
+    v = v.astype(jnp.float32).reshape((x.shape[0], 2) + v.shape[1:])
+    v_u, v_c = v[:, 0], v[:, 1]
     if detach_uncond:
         v_u = jax.lax.stop_gradient(v_u)
     return (guide or cfg_combine)(v_c, v_u, cfg_scale)
