@@ -112,6 +112,10 @@ def random_model_overrides(lr: float, prompts: bool = True) -> list[str]:
             "--config.policy.diffusers.inference_size=(16, 16)",
             "--config.policy.parallelism.data=1", "--config.policy.parallelism.fsdp=8",
             f"--config.train.optm_lr={lr}", "--config.validation.val_before_train=False",
+            # the length, validation and checkpoint cadence these tests were measured with (the
+            # shapes-world GRPO and DDRL recipes run 60 steps since 2026-12-04)
+            "--config.train.max_steps=20", "--config.validation.freq=10",
+            "--config.train.ckpt.save_freq=10",
             "--config.validation.dataset.local_dir=", "--config.validation.dataset.holdout_fraction=0.25",
             "--config.validation.batch_size=4"]
     if prompts:

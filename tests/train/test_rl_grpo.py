@@ -245,6 +245,7 @@ def _argv(tiny_dir, out_dir, *extra):
     return ["--config", RECIPE, f"--config.policy.model_name_or_path={tiny_dir}",
             f"--config.train.output_dir={out_dir}", "--config.train.train_policy.mini_batch=2",
             *toy.random_model_overrides(3e-3),
+            "--config.train.train_policy.kl_beta=0.0",  # as measured (the shapes recipe has 0.04)
             "--config.policy.diffusers.sample.guidance_scale=4.5", *extra]  # CFG path as measured
 
 
