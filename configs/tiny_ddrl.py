@@ -16,8 +16,8 @@ def get_config():
     # Small steps, three times as many, and exp_reward off (the schema's and cosmos-rl's): at
     # 5e-4 x 20 steps with exp_reward on the held-out reward moved +0.001 / -0.023 / -0.181
     # (seeds 3-5; the last run lost the colour); at 1e-4 x 60 with it off, +0.013 / +0.020 /
-    # +0.019 (seeds 2-4, untuned), no detected attribute falling (docs/tiny_rl_diagnosis.md,
-    # session 40). About 110 s on 2 cores.
+    # +0.019 / -0.003 (seeds 2-5, untuned; colour -0.05 on seed 5, no other detected attribute
+    # falling; docs/tiny_rl_diagnosis.md, session 40). About 100 s on 2 cores.
     c.train.max_steps = 60
     c.validation.freq = 20
     c.train.ckpt.save_freq = 20

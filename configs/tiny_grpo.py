@@ -19,7 +19,7 @@ def get_config():
     # noise, and Adam turns noise into full-size steps that damage the model (with the
     # advantages shuffled, 20 steps at lr 3e-4 lost 0.06 of held-out reward). At 3e-4 x 20 steps
     # without KL the held-out rise was +0.011 / +0.022 / +0.005 (seeds 3-5); at 1e-4 x 60 with
-    # kl_beta 0.04 it is +0.009 / +0.032 / +0.022 (seeds 2-4, untuned) and no attribute the
+    # kl_beta 0.04 it is +0.009 / +0.032 / +0.022 / +0.013 (seeds 2-5, untuned) and no attribute the
     # detector reads falls by more than 0.01 (docs/tiny_rl_diagnosis.md, session 40). About 90 s
     # on 2 cores.
     c.train.max_steps = 60
