@@ -542,3 +542,27 @@ def test_rl_heldout_base_is_the_recipes_one_and_must_be_shared(tmp_path):
         rl_curves.run(str(tmp_path / "rl.json"), steps=2, seed=0, heldout_per_prompt=4,
                       recipes={"NFT": "configs/tiny_nft.py", "SFT": "configs/tiny_sft.py"})
     assert not (tmp_path / "rl.json").exists()
+
+
+def test_time_back_to_back_syncs_once_after_every_call():
+    calls, synced = [], []
+    per_call = timing.time_back_to_back(lambda: calls.append(1) or len(calls), synced.append,
+                                        repeats=4)
+    assert len(calls) == 4 and synced == [4]  # one wait, on the last call's result
+    assert isinstance(per_call, float) and per_call >= 0.0
+
+
+@pytest.mark.slow
+def test_tiny_full_step_unrolled_on_request(tiny_result):
+    """--scan-layers off builds the SD3 blocks unrolled (the model's default is scanned, as the
+    shared tiny run records); both record the back-to-back step next to the waited one, and the
+    unrolled step trains the same numbers (same weights, same batch: same first loss)."""
+    result = runner.run_suite(get_suite("tiny"), only=["train_full"], stacks=("wfm_jax",),
+                              options=Options(scan_layers=False))
+    rec = result["workloads"]["train_full"]["stacks"]["wfm_jax"]
+    scanned = tiny_result[0]["workloads"]["train_full"]["stacks"]["wfm_jax"]
+    assert rec["status"] == "ok", rec.get("error")
+    assert (rec["scan_layers"], scanned["scan_layers"]) == (False, True)
+    for r in (rec, scanned):
+        assert isinstance(r["step_time_back_to_back_s"], float) and r["step_time_back_to_back_s"] > 0
+    assert rec["first_loss"] == pytest.approx(scanned["first_loss"], rel=1e-5, abs=1e-6)

@@ -57,6 +57,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--profile", metavar="DIR", default=None,
                    help="wfm_jax: write a jax.profiler trace of 3 steps of each workload, taken "
                         "after the timed steps, under DIR/<workload>")
+    p.add_argument("--scan-layers", choices=("on", "off"), default=None,
+                   help="wfm_jax train steps: the transformer blocks as one lax.scan (on) or "
+                        "unrolled (off); default: the model's own (SD3 on, Cosmos off)")
     p.add_argument("--torch-compile", action="store_true",
                    help="torch.compile the diffusers transformer (default eager)")
     p.add_argument("--steps", type=int, default=20, help="rl suite: train.max_steps of each run")
@@ -147,7 +150,8 @@ def main(argv=None) -> int:
     suite = get_suite(args.suite, repeats=args.repeats, warmup=args.warmup,
                       train_batch=args.train_batch, rollout_batch=args.rollout_batch)
     options = Options(attention=args.attention, remat=args.remat, torch_compile=args.torch_compile,
-                      profile=os.path.abspath(args.profile) if args.profile else None)
+                      profile=os.path.abspath(args.profile) if args.profile else None,
+                      scan_layers=None if args.scan_layers is None else args.scan_layers == "on")
     if args.xla_memory:
         return _run_xla_memory(suite, options, args.xla_devices, out, command)
     try:

@@ -49,6 +49,8 @@ def bench_recipe(suite, mode: str, options) -> Any:
     with c.ignore_type():  # the suites' alphas are floats (the schema's int is peft's usual)
         c.policy.lora.lora_alpha = suite.lora_alpha
     c.policy.attention_impl, c.policy.remat = options.attention_impl, options.remat
+    if options.scan_layers is not None:
+        c.policy.scan_layers = options.scan_layers
     c.policy.diffusers.weighting_scheme = "logit_normal"  # inputs.train_batch's density
     return c
 
@@ -57,6 +59,8 @@ def build_model(suite, mode: str, options, **model_options):
     """The transformer with identical random weights (and LoRA adapters for mode "lora")."""
     lora = mode == "lora"
     wl = suite.workload
+    if options.scan_layers is not None:
+        model_options.setdefault("scan_layers", options.scan_layers)
     model = weights.jax_module(wl.transformer_class, suite.transformer, dtype=jnp.bfloat16,
                                param_dtype=jnp.bfloat16 if lora else jnp.float32,
                                attention_impl=options.attention_impl, remat=options.remat,
@@ -120,6 +124,7 @@ def train(suite, mode: str, options, peak_flops: float | None) -> dict:
     model = build_model(suite, mode, options)
     timing.progress(f"train_{mode}/wfm_jax: weights built in {time.perf_counter() - start:.1f} s")
     attention_impl = resolved_attention(model, suite)
+    scan_layers = bool(getattr(model, "scan_layers", False))
     setup = bench_setup(suite, mode, options, model)
     del model
     step = build(setup).sft_step
@@ -142,18 +147,23 @@ def train(suite, mode: str, options, peak_flops: float | None) -> dict:
 
     t = timing.time_calls(call, jax.block_until_ready, warmup=suite.warmup, repeats=suite.repeats)
     t["first_call_s"] += compile_s
+    back_to_back = timing.time_back_to_back(call, jax.block_until_ready, repeats=suite.repeats)
+    timing.progress(f"train_{mode}/wfm_jax: {t['step_time_s'] * 1e3:.1f} ms a step waited for, "
+                    f"{back_to_back * 1e3:.1f} ms a step dispatched back to back")
     trace = timing.profile_calls(call, jax.block_until_ready, options.profile, f"train_{mode}")
     f = step_flops(suite, mode, options.remat)
     return timing.record(
         "wfm_jax", f"wfm_jax {suite.workload.transformer_class} "
         f"({'LoRA' if mode == 'lora' else 'full'}), "
-        f"programs.sft_step (jit + donation), attention={attention_impl}, remat={options.remat}",
+        f"programs.sft_step (jit + donation), attention={attention_impl}, remat={options.remat}, "
+        f"scan_layers={scan_layers}",
         t, samples=suite.train_batch, flops=f["model"], peak_flops=peak_flops,
         memory=devices.jax_peak_memory(),
         compile_time_s=t["first_call_s"] - t["step_time_s"],
         compile_note="first call (trace + lower + XLA compile + run) minus the steady step",
         extra={"first_loss": float(state["losses"][0]), "trained_params": int(n_trained),
-               "attention_impl": attention_impl, "profile_dir": trace,
+               "attention_impl": attention_impl, "scan_layers": scan_layers,
+               "profile_dir": trace, "step_time_back_to_back_s": back_to_back,
                "recompute_flops": f["recompute"],
                "xla_memory_plan_bytes": xla_plan_bytes(compiled)})
 

@@ -167,11 +167,14 @@ class Options:
     rematerialisation; anything but "none" also turns on diffusers' gradient checkpointing.
     torch_compile: torch.compile the transformer (default eager, as diffusers scripts run).
     profile: a directory; each wfm_jax workload writes a jax.profiler trace of
-    `timing.PROFILE_STEPS` steps, taken after the timed steps, under DIR/<workload>."""
+    `timing.PROFILE_STEPS` steps, taken after the timed steps, under DIR/<workload>.
+    scan_layers: wfm_jax's transformer blocks as one lax.scan (True) or unrolled (False); None
+    keeps the model class's default (SD3: scanned, Cosmos: unrolled)."""
     attention: str = "auto"
     remat: str = "everything_saveable"
     torch_compile: bool = False
     profile: str | None = None  # wfm_jax: a jax.profiler trace of a few steps under this dir
+    scan_layers: bool | None = None
 
     @property
     def attention_impl(self) -> str:

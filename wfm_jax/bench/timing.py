@@ -55,6 +55,20 @@ def time_calls(call: Callable[[], Any], sync: Callable[[Any], None], *, warmup: 
     return {"first_call_s": first, "step_times_s": times, "step_time_s": statistics.median(times)}
 
 
+def time_back_to_back(call: Callable[[], Any], sync: Callable[[Any], None], *,
+                      repeats: int) -> float:
+    """Seconds per call of `repeats` calls dispatched one after another with one `sync` at the
+    end: the step time of a loop that queues step N + 1 while step N runs, so the host's
+    dispatch (argument flattening, launch set-up) hides behind the device's work. Against
+    time_calls' step (each call waited for), the difference is host time the device sat idle."""
+    start = time.perf_counter()
+    out = None
+    for _ in range(max(1, repeats)):
+        out = call()
+    sync(out)
+    return (time.perf_counter() - start) / max(1, repeats)
+
+
 def record(stack: str, impl: str, timing: dict, *, samples: int, flops: float | None,
            peak_flops: float | None, memory: tuple[int | None, str],
            compile_time_s: float | None, compile_note: str, extra: dict | None = None,
