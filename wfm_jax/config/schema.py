@@ -354,7 +354,8 @@ CHOICES = {
                                        "edm", "unipc", "dpm_solver"),
     # jax.checkpoint_policies names, then the short aliases (models/layers/remat.py REMAT_ALIASES)
     "policy.remat": ("everything_saveable", "nothing_saveable", "dots_with_no_batch_dims_saveable",
-                     "dots_saveable", "offload_dot_with_no_batch_dims",
+                     "dots_saveable", "offload_dot_with_no_batch_dims", "attention_saveable",
+                     "dots_with_no_batch_dims_and_attention_saveable",
                      "none", "full", "dots", "dots_no_batch", "offload"),
     "policy.attention_impl": ("auto", "xla", "cudnn", "blockwise", "pallas"),
     "policy.context_parallel_impl": ("auto", "ulysses", "ring"),

@@ -32,6 +32,7 @@ from wfm_jax.models.layers.context_parallel import check_context_parallel_impl
 from wfm_jax.models.layers.linear import Linear
 from wfm_jax.models.layers.norms import LayerNorm, RMSNorm
 from wfm_jax.models.layers.pallas_attention import pallas_tpu_available
+from wfm_jax.models.layers.remat import keep_residuals
 
 ATTENTION_IMPLS = ("auto", "xla", "cudnn", "blockwise", "pallas", None)
 QKV_AXES = ("act_batch", "act_seq", "act_heads", None)
@@ -176,9 +177,14 @@ def padded_attention(q, k, v, *, implementation, multiple: int):
     return out[:, :t]
 
 
+def _cudnn_kernel(q, k, v):
+    return padded_attention(q, k, v, implementation="cudnn", multiple=CUDNN_SEQ_MULTIPLE)
+
+
 def _cudnn_attention(q, k, v):
     q, k, v = (split_heads_not_sequence(t) for t in (q, k, v))
-    out = padded_attention(q, k, v, implementation="cudnn", multiple=CUDNN_SEQ_MULTIPLE)
+    # residuals tagged for the *_attention_saveable remat policies (layers/remat.py)
+    out = keep_residuals(_cudnn_kernel)(q, k, v)
     return mesh.constrain(out, QKV_AXES)  # back to the sequence split the rest of the block uses
 
 
@@ -188,8 +194,8 @@ def _local_attention(q, k, v, impl):
         return _cudnn_attention(q, k, v)
     if impl in ("blockwise", "pallas"):
         if cp.has_mesh():
-            return cp.sharded_local_attention(q, k, v, impl=impl)
-        return cp.local_kernel(impl)(q, k, v, None)
+            return keep_residuals(lambda *a: cp.sharded_local_attention(*a, impl=impl))(q, k, v)
+        return keep_residuals(lambda *a: cp.local_kernel(impl)(*a, None))(q, k, v)
     q, k, v = (mesh.constrain(t, QKV_AXES) for t in (q, k, v))
     out = jax.nn.dot_product_attention(q, k, v, implementation=impl)
     return mesh.constrain(out, QKV_AXES)

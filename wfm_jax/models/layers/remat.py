@@ -13,6 +13,15 @@ Policies (per block) carry the names of `jax.checkpoint_policies`, saying what t
                                    outputs go to pinned host memory (GPU, TPU). The CPU backend
                                    has no separate host memory space: there it runs as
                                    dots_with_no_batch_dims_saveable (one warning line).
+Two more keep the flash attention kernel's residuals (its q, k, v, output and softmax
+statistics, tagged ATTENTION_RESIDUALS by `keep_residuals`) so that the backward never reruns the
+attention forward, which under the policies above it does (a cuDNN or Pallas call is not a dot):
+  attention_saveable               keep those only, recompute the rest of the block;
+  dots_with_no_batch_dims_and_attention_saveable
+                                   those and the linear layers' outputs.
+They matter where attention dominates (video DiTs at 25-33k tokens: 71% of Wan's forward FLOPs);
+on the XLA attention path nothing is tagged (its residual is the S x S softmax), so there they run
+as nothing_saveable / dots_with_no_batch_dims_saveable.
 The project's earlier short names stay accepted (REMAT_ALIASES: none, full, dots, dots_no_batch,
 offload); `check_remat` turns either into the JAX name, which is what a model stores.
 
@@ -27,17 +36,23 @@ import warnings
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
 
 from wfm_jax.models.layers.linear import Linear
 
 NO_REMAT = "everything_saveable"
 OFFLOAD = "offload_dot_with_no_batch_dims"
+ATTENTION_RESIDUALS = "attention_residuals"  # the checkpoint_name keep_residuals tags
+_KEEP_ATTENTION = jax.checkpoint_policies.save_only_these_names(ATTENTION_RESIDUALS)
 REMAT_POLICIES = {
     NO_REMAT: None,  # no jax.checkpoint at all: the same result, without the wrapper
     "nothing_saveable": jax.checkpoint_policies.nothing_saveable,
     "dots_with_no_batch_dims_saveable": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
     "dots_saveable": jax.checkpoint_policies.dots_saveable,
     OFFLOAD: jax.checkpoint_policies.offload_dot_with_no_batch_dims("device", "pinned_host"),
+    "attention_saveable": _KEEP_ATTENTION,
+    "dots_with_no_batch_dims_and_attention_saveable": jax.checkpoint_policies.save_from_both_policies(
+        jax.checkpoint_policies.dots_with_no_batch_dims_saveable, _KEEP_ATTENTION),
 }
 # the short names recipes used before the policies took JAX's names ("dots" read backwards)
 REMAT_ALIASES = {"none": NO_REMAT, "full": "nothing_saveable",
@@ -69,6 +84,32 @@ def resolve_remat(remat: str) -> str:
                       "running remat=dots_with_no_batch_dims_saveable instead", stacklevel=3)
         return "dots_with_no_batch_dims_saveable"
     return remat
+
+
+def keep_residuals(fn, name: str = ATTENTION_RESIDUALS):
+    """fn(*arrays) -> array with the same value and gradient, whose backward residuals carry
+    checkpoint_name(`name`), so a remat policy that saves the name keeps them.
+
+    Names on fn's output alone do not do it: a custom_vjp kernel (cuDNN, Pallas flash) makes
+    its residuals inside its own forward rule, out of a policy's reach, so the backward reruns
+    that forward. Here the forward is jax.vjp(fn) and its residuals, the leaves of the pullback,
+    are tagged where the policy sees them; the backward applies that pullback. The output is
+    tagged too: what the block does with it afterwards needs it, and an untagged output would
+    be recomputed by rerunning the kernel."""
+    @jax.custom_vjp
+    def call(*args):
+        return fn(*args)
+
+    def fwd(*args):
+        out, pullback = jax.vjp(fn, *args)
+        return out, jax.tree.map(lambda r: checkpoint_name(r, name)
+                                 if isinstance(r, jax.Array) else r, pullback)
+
+    def bwd(pullback, g):
+        return pullback(g)
+
+    call.defvjp(fwd, bwd)
+    return lambda *args: checkpoint_name(call(*args), name)
 
 
 def checkpointed(fn, remat: str, *, prevent_cse: bool = True):
