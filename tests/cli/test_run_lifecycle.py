@@ -45,28 +45,30 @@ def test_sigterm_saves_a_checkpoint_and_resumes(assets, tmp_path, monkeypatch, c
 
     def log_then_sigterm(self, step, metrics):
         record = real_log(self, step, metrics)
-        if step == 2:  # the scheduler preempts the job during step 2's bookkeeping
-            os.kill(os.getpid(), signal.SIGTERM)
+        if step == 2:  # the scheduler preempts the job during step 2's bookkeeping, when
+            os.kill(os.getpid(), signal.SIGTERM)  # step 3 is already queued (train/sft.py run)
         return record
 
     monkeypatch.setattr(MetricsLogger, "log", log_then_sigterm)
     rc = wmain.main(argv(assets, tmp_path))
     captured = capsys.readouterr()
     err = captured.err
-    assert f"checkpoint step 2 saved in {tmp_path}/checkpoints/2" in captured.out.splitlines()
+    # step 3, dispatched before step 2's metrics were in, is finished and saved: its state is
+    # the last one there (step 2's was donated to it)
+    assert f"checkpoint step 3 saved in {tmp_path}/checkpoints/3" in captured.out.splitlines()
     assert any(l.startswith("removed 1 half-written export(s)") for l in captured.out.splitlines())
     assert rc == wmain.EXIT_PREEMPTED, err
     assert [l for l in err.splitlines() if l.startswith("error:")] == [
-        "error: stopped by SIGTERM after step 2, its checkpoint is saved; resume with "
+        "error: stopped by SIGTERM after step 3, its checkpoint is saved; resume with "
         "--config.train.resume=True"]
-    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["2"]  # save_freq 10: forced
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["3"]  # save_freq 10: forced
     assert not stale.exists()
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler is uninstalled
 
     monkeypatch.setattr(MetricsLogger, "log", real_log)
     assert wmain.main(argv(assets, tmp_path, "--config.train.resume=True")) == 0
-    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["2", "4"]
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["3", "4"]
     assert sorted(os.listdir(tmp_path / "safetensors")) == ["step_4"]
     out = capsys.readouterr().out.splitlines()
-    assert f"resuming from step 2 (checkpoint {tmp_path}/checkpoints/2)" in out
+    assert f"resuming from step 3 (checkpoint {tmp_path}/checkpoints/3)" in out
     assert (f"exported step 4 to {tmp_path}/safetensors/step_4 (diffusers pipeline)") in out

@@ -148,17 +148,31 @@ def test_chunk_fetched_and_submitted_after_the_next_rollout_is_dispatched(run, m
     np.testing.assert_array_equal(out["reward"], want.total)
 
 
+# step N's metrics wait until step N + 1's data is encoded and, unless step N is saved, until
+# step N + 1 is dispatched: the device is idle neither while the host loads data nor while it
+# dispatches a step. save_freq 2: step 2's state must still be there when it is saved.
+SFT_EVENTS = {
+    100: [("encode", 1), ("step", 1), ("encode", 2), ("step", 2), ("fetch", 1), ("encode", 3),
+          ("step", 3), ("fetch", 2), ("encode", 4), ("step", 4), ("fetch", 3), ("fetch", 4),
+          ("save", 4)],  # the end of the run
+    2: [("encode", 1), ("step", 1), ("encode", 2), ("step", 2), ("fetch", 1), ("encode", 3),
+        ("fetch", 2), ("save", 2), ("step", 3), ("encode", 4), ("step", 4), ("fetch", 3),
+        ("fetch", 4), ("save", 4)]}
+
+
 @pytest.mark.slow  # four SFT steps end to end
 @pytest.mark.compile_bound  # a few steps of programs compiled once: -O0 (tests/_support/xla.py)
+@pytest.mark.parametrize("save_freq", sorted(SFT_EVENTS))
 def test_sft_fetches_a_step_after_the_next_is_loaded_and_encoded(pipe_dir, tmp_path,
-                                                                  monkeypatch):
+                                                                  monkeypatch, save_freq):
     from tests._rl_toy import metrics as logged
+    from wfm_jax.train import setup as setup_lib
     from wfm_jax.train import sft
     from wfm_jax.worlds.shapes.dataset import build_shapes_dataset
     values = {"policy.model_name_or_path": pipe_dir, "train.output_dir": str(tmp_path / "out"),
               "policy.parallelism.data": 1, "policy.parallelism.fsdp": 8,
               "policy.diffusers.inference_size": "(16, 16)", "train.max_steps": 4,
-              "train.log_freq": 1, "train.ckpt.save_freq": 100,
+              "train.log_freq": 1, "train.ckpt.save_freq": save_freq,
               "train.ckpt.export_safetensors": False,
               "train.train_policy.dataset.local_dir":
                   build_shapes_dataset(str(tmp_path / "shapes"), count=16, size=16, seed=0)}
@@ -187,12 +201,17 @@ def test_sft_fetches_a_step_after_the_next_is_loaded_and_encoded(pipe_dir, tmp_p
     monkeypatch.setattr(sft.SFTTrainer, "prepare", encode)
     monkeypatch.setattr(sft.SFTTrainer, "micro_step", step)
     monkeypatch.setattr(sft, "fetch_metrics", fetching)
+    save = setup_lib.TrainSetup.save
+
+    def saving(self, step, *args, **kwargs):
+        started = save(self, step, *args, **kwargs)
+        if started:  # the state saved is that step's own: its step counter says so
+            assert int(jax.device_get(self.state.step)) == step
+            events.append(("save", step))
+        return started
+    monkeypatch.setattr(setup_lib.TrainSetup, "save", saving)
     assert sft.run(config, on_step=lambda n, m: seen.update({n: m})) == 4
-    # step N's metrics wait only once step N + 1's data is encoded: the device is never idle
-    # while the host loads data
-    assert events == [("encode", 1), ("step", 1), ("encode", 2), ("fetch", 1), ("step", 2),
-                      ("encode", 3), ("fetch", 2), ("step", 3), ("encode", 4), ("fetch", 3),
-                      ("step", 4), ("fetch", 4)]
+    assert events == SFT_EVENTS[save_freq]
     rows = logged(str(tmp_path / "out"))
     for n, out in enumerate(jax.device_get(outs), start=1):  # each step's own outputs
         for m in (rows[n], seen[n]):

@@ -91,17 +91,19 @@ def test_sigterm_mid_build_says_so_and_the_rerun_resumes(tmp_path):
     assert first.returncode == 143, first.stderr[-2000:]
     last = first.stderr.strip().splitlines()[-1]
     assert last.startswith("error: stopped by SIGTERM during the pretrained build of")
-    assert "SFT step 2 of 4" in last and f"{d}.build" in last
+    # the signal comes while step 2's metrics are fetched, after step 3 is dispatched (the SFT
+    # loop queues a step behind one it need not save): step 3 is the last one done and saved
+    assert "SFT step 3 of 4" in last and f"{d}.build" in last
     assert "run the same command again to resume the build" in last
     assert "--config.train.resume" not in first.stderr  # the old, untrue advice
-    # what the message promises is there: the work, with the SFT checkpoint of step 2
+    # what the message promises is there: the work, with the SFT checkpoint of step 3
     assert _left(tmp_path) == ["shapes.build"]
-    assert sorted(os.listdir(os.path.join(work_dir(d), "sft", "checkpoints"))) == ["2"]
+    assert sorted(os.listdir(os.path.join(work_dir(d), "sft", "checkpoints"))) == ["3"]
 
     second = _build(d)
     assert second.returncode == 0, second.stderr[-2000:]
     assert "resuming the interrupted build" in second.stdout
-    assert "resuming from step 2" in second.stdout  # the SFT goes on, it does not start over
+    assert "resuming from step 3" in second.stdout  # the SFT goes on, it does not start over
     assert is_built(d, SETTINGS)
     assert _left(tmp_path) == ["shapes"]  # no work dir, temporary folder or lock left
 

@@ -9,7 +9,8 @@ Logs train/loss (= train/loss_avg), train/learning_rate, optimizer/grad_norm,
 train/iteration_time to metrics.jsonl / console / wandb; checkpoints every train.ckpt.save_freq
 steps (and at the end); exports to output_dir/safetensors/step_N with each checkpoint when
 train.ckpt.export_safetensors. A NaN/inf loss stops the run before anything is saved for it.
-A step's metrics are fetched after the next step's data is loaded and encoded (run()).
+A step's metrics are fetched after the next step's data is loaded and encoded and, unless the
+step is saved, after the next step is dispatched (run()).
 """
 from __future__ import annotations
 
@@ -126,9 +127,13 @@ class SFTTrainer:
 
         Step N's metrics are fetched (one device_get) once step N + 1's first batch is loaded
         and its text and VAE encoders are dispatched, so the host's data loading and the
-        device's encoding overlap step N; they are then checked, logged, saved and passed to
-        on_step before step N + 1's train step is dispatched (a NaN stops the run, a SIGTERM
-        checkpoints step N, exactly as when every step waited for its own metrics)."""
+        device's encoding overlap step N. Unless step N is a checkpoint step (or a SIGTERM
+        came), step N + 1's train step is dispatched before that fetch too: the host's ~30 ms of
+        dispatch (argument flattening, XLA's launch set-up) then overlaps step N on the device
+        instead of idling it (docs/bench_notes.md, "gpu 2026-12-04 H200"). Step N's metrics
+        are checked, logged and passed to on_step after that; a NaN still stops the run before
+        anything is saved for it, and a SIGTERM checkpoints the last step dispatched, once its
+        own metrics are in."""
         s, t = self.setup, self.config.train
         accum = int(t.grad_accum_steps)
         logger = MetricsLogger(t.output_dir, total_steps=t.max_steps,
@@ -141,13 +146,21 @@ class SFTTrainer:
                 start = time.perf_counter()
                 batch = next(self.loader)
                 self._prepared = (batch, self.prepare(batch))
-                if pending is not None:
+                # the previous step's state is needed only to save it (a due checkpoint, a
+                # SIGTERM): otherwise this step is queued behind it before its metrics are in.
+                # (With several processes preempt.requested() is an all-gather that waits for
+                # the previous step, so there the order is kept but nothing overlaps.)
+                ahead = pending is not None and not (s.checkpointer.should_save(pending[0])
+                                                     or preempt.requested())
+                if pending is not None and not ahead:
                     self._finish(logger, *pending)
                 outs = [self.micro_step(batch)]
                 outs += [self.micro_step(next(self.loader)) for _ in range(accum - 1)]
                 for leaf in jax.tree.leaves(outs):
                     leaf.copy_to_host_async()
                 outs = (outs, s.lr_schedule(step - 1))  # queued before step N + 1's work
+                if ahead:  # its state is donated to this step: nothing may save it now
+                    self._finish(logger, *pending, state_moved_on=True)
                 # the data position after this step's batches: a save of it must not count the
                 # next step's batch, loaded before this step's metrics are in
                 pending = (step, outs, self.loader.skipped, copy.deepcopy(self.loader.state()),
@@ -166,10 +179,11 @@ class SFTTrainer:
         return step
 
     def _finish(self, logger, step: int, outs: tuple, skipped: int, data_state: dict,
-                start: float) -> None:
+                start: float, state_moved_on: bool = False) -> None:
         """Step `step`'s bookkeeping: fetch its outputs (the micro-steps' and the learning
         rate), check and log its metrics (the micro-steps' mean loss), checkpoint and export
-        when due, on_step, and stop if preempted."""
+        when due, on_step, and stop if preempted. state_moved_on: the next step is dispatched
+        already (run()), so this step is not one to save and a SIGTERM waits for the next."""
         s, t = self.setup, self.config.train
         host, lr = fetch_metrics(outs)  # the step's one wait for the device
         loss = float(np.mean([float(o["loss"]) for o in host]))
@@ -182,14 +196,14 @@ class SFTTrainer:
         check_finite(step, metrics, keys=("train/loss", "optimizer/grad_norm"))
         if step % t.log_freq == 0 or step == t.max_steps:
             logger.log(step, metrics)
-        if s.save(step, data_state=data_state, extra={"loss": loss}):
+        if not state_moved_on and s.save(step, data_state=data_state, extra={"loss": loss}):
             self._saved = step
             if t.ckpt.export_safetensors:
                 export_step(s, step)
                 self._exported = step
         if self.on_step is not None:
             self.on_step(step, metrics)
-        if step < t.max_steps and preempt.requested():
+        if step < t.max_steps and preempt.requested() and not state_moved_on:
             if self._saved != step:  # the checkpoint only: exports can wait for the resume
                 s.save(step, data_state=data_state, force=True)
             raise preempt.Stopped(step)
