@@ -1,11 +1,58 @@
-"""Normalisations computed in fp32 whatever the compute dtype (design rule: norms stay fp32)."""
+"""Normalisations computed in fp32 whatever the compute dtype (design rule: norms stay fp32).
+
+Each is one jax.checkpoint that keeps only its inputs and its per-row statistics (NORM_STATS)
+for the backward: autodiff of the fp32 body would store three activation-sized fp32 arrays per
+call (the upcast input, the centred input, the normalised output), twice the bytes of the bf16
+activation itself, where recomputing them from that input is a few element-wise operations
+fused into the backward. On the SD3.5-M step this was the largest share of what the layer scan
+stores (docs/bench_notes.md, "gpu 2026-12-04 H200").
+"""
 from __future__ import annotations
+
+import functools
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
 
 from wfm_jax.models.layers.linear import param
+
+NORM_STATS = "norm_statistics"  # per-row mean / reciprocal std, (..., 1) fp32: kept
+# the policy of every such layer-internal checkpoint (norms, layers/modulation.py), which is how
+# a jaxpr tells them from the per-block remat of layers/remat.py
+KEEP_NORM_STATS = jax.checkpoint_policies.save_only_these_names(NORM_STATS)
+
+
+def layer_norm_f32(x, scale, bias, eps: float):
+    """torch.nn.LayerNorm's arithmetic over the last axis of fp32 `x`; scale / bias optional."""
+    mean = checkpoint_name(jnp.mean(x, axis=-1, keepdims=True), NORM_STATS)
+    var = jnp.mean(jnp.square(x - mean), axis=-1, keepdims=True)
+    y = (x - mean) * checkpoint_name(jax.lax.rsqrt(var + eps), NORM_STATS)
+    if scale is not None:
+        y = y * scale.astype(jnp.float32)
+    if bias is not None:
+        y = y + bias.astype(jnp.float32)
+    return y
+
+
+@functools.partial(jax.checkpoint, policy=KEEP_NORM_STATS, static_argnums=(3,))
+def _layer_norm(x, scale, bias, eps):
+    return layer_norm_f32(x.astype(jnp.float32), scale, bias, eps).astype(x.dtype)
+
+
+@functools.partial(jax.checkpoint, policy=KEEP_NORM_STATS, static_argnums=(2,))
+def _rms_norm(x, scale, eps):
+    f = x.astype(jnp.float32)
+    y = f * checkpoint_name(jax.lax.rsqrt(jnp.mean(jnp.square(f), axis=-1, keepdims=True) + eps),
+                            NORM_STATS)
+    if scale is not None:
+        y = y * scale.astype(jnp.float32)
+    return y.astype(x.dtype)
+
+
+def _value(p):
+    return None if p is None else p[...]
 
 
 class LayerNorm(nnx.Module):
@@ -17,17 +64,12 @@ class LayerNorm(nnx.Module):
         self.scale = param(jnp.ones((dim,), param_dtype), axes) if affine else None
         self.bias = param(jnp.zeros((dim,), param_dtype), axes) if affine and bias else None
 
+    def params(self) -> tuple:
+        """(scale, bias) arrays, None where absent (for fused callers: layers/modulation.py)."""
+        return _value(self.scale), _value(self.bias)
+
     def __call__(self, x: jax.Array) -> jax.Array:
-        dtype = x.dtype
-        x = x.astype(jnp.float32)
-        mean = jnp.mean(x, axis=-1, keepdims=True)
-        var = jnp.mean(jnp.square(x - mean), axis=-1, keepdims=True)
-        y = (x - mean) * jax.lax.rsqrt(var + self.eps)
-        if self.scale is not None:
-            y = y * self.scale[...].astype(jnp.float32)
-        if self.bias is not None:
-            y = y + self.bias[...].astype(jnp.float32)
-        return y.astype(dtype)
+        return _layer_norm(x, *self.params(), self.eps)
 
 
 class RMSNorm(nnx.Module):
@@ -39,9 +81,4 @@ class RMSNorm(nnx.Module):
         self.scale = param(jnp.ones((dim,), param_dtype), axes) if affine else None
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        dtype = x.dtype
-        x = x.astype(jnp.float32)
-        y = x * jax.lax.rsqrt(jnp.mean(jnp.square(x), axis=-1, keepdims=True) + self.eps)
-        if self.scale is not None:
-            y = y * self.scale[...].astype(jnp.float32)
-        return y.astype(dtype)
+        return _rms_norm(x, _value(self.scale), self.eps)
