@@ -66,3 +66,16 @@ def test_attention_policies_are_named_and_compose_jax_policies():
     assert check_remat("attention_saveable") == "attention_saveable"
     both = REMAT_POLICIES["dots_with_no_batch_dims_and_attention_saveable"]
     assert both is not REMAT_POLICIES["attention_saveable"] and callable(both)
+
+
+def test_other_policies_trace_the_kernel_untouched():
+    """keep_residuals wraps the kernel only inside a block traced under an attention policy:
+    every other run's program is what it was."""
+    w, x = _inputs()
+
+    def wrapped(remat):
+        text = str(jax.make_jaxpr(_grad(remat, _blockwise))(w, x))
+        return "attention_residuals" in text  # the checkpoint name keep_residuals tags
+    assert wrapped("attention_saveable")
+    assert not any(wrapped(r) for r in ("everything_saveable", "nothing_saveable",
+                                        "dots_with_no_batch_dims_saveable"))

@@ -31,6 +31,8 @@ blocks' weights inside the traced step (a copy in each layer's compute dtype, sh
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import warnings
 
 import jax
@@ -59,6 +61,9 @@ REMAT_ALIASES = {"none": NO_REMAT, "full": "nothing_saveable",
                  "dots": "dots_with_no_batch_dims_saveable", "dots_no_batch": "dots_saveable",
                  "offload": OFFLOAD}
 REMAT_NAMES = (*REMAT_POLICIES, *REMAT_ALIASES)
+ATTENTION_POLICIES = ("attention_saveable", "dots_with_no_batch_dims_and_attention_saveable")
+# set while a block under one of ATTENTION_POLICIES is traced: keep_residuals acts only then
+_TAGGING = contextvars.ContextVar("wfm_jax_tag_attention_residuals", default=False)
 
 
 def check_remat(remat: str) -> str:
@@ -95,7 +100,8 @@ def keep_residuals(fn, name: str = ATTENTION_RESIDUALS):
     that forward. Here the forward is jax.vjp(fn) and its residuals, the leaves of the pullback,
     are tagged where the policy sees them; the backward applies that pullback. The output is
     tagged too: what the block does with it afterwards needs it, and an untagged output would
-    be recomputed by rerunning the kernel."""
+    be recomputed by rerunning the kernel. Outside a block traced under ATTENTION_POLICIES
+    (`checkpointed`) it is fn itself: no other run's program changes."""
     @jax.custom_vjp
     def call(*args):
         return fn(*args)
@@ -109,7 +115,19 @@ def keep_residuals(fn, name: str = ATTENTION_RESIDUALS):
         return pullback(g)
 
     call.defvjp(fwd, bwd)
-    return lambda *args: checkpoint_name(call(*args), name)
+
+    def maybe(*args):
+        return checkpoint_name(call(*args), name) if _TAGGING.get() else fn(*args)
+    return maybe
+
+
+@contextlib.contextmanager
+def _tagging():
+    token = _TAGGING.set(True)
+    try:
+        yield
+    finally:
+        _TAGGING.reset(token)
 
 
 def checkpointed(fn, remat: str, *, prevent_cse: bool = True):
@@ -117,7 +135,14 @@ def checkpointed(fn, remat: str, *, prevent_cse: bool = True):
     remat = resolve_remat(remat)
     if remat == NO_REMAT:
         return fn
-    return jax.checkpoint(fn, policy=REMAT_POLICIES[remat], prevent_cse=prevent_cse)
+    checkpoint = jax.checkpoint(fn, policy=REMAT_POLICIES[remat], prevent_cse=prevent_cse)
+    if remat not in ATTENTION_POLICIES:
+        return checkpoint
+
+    def tagged(*args):  # fn is traced inside this call: keep_residuals sees the flag
+        with _tagging():
+            return checkpoint(*args)
+    return tagged
 
 
 def call_block(block: nnx.Module, remat: str, *args):
