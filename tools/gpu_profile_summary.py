@@ -42,9 +42,8 @@ def category(name: str) -> str:
     return "fusion/elementwise"
 
 
-def summarise(path: str, top: int) -> dict:
-    from jax.profiler import ProfileData
-    data = ProfileData.from_file(path)
+def summarise(path: str, data, top: int) -> dict:
+    """`data`: the jax.profiler.ProfileData read from `path`."""
     out: dict = {"file": path, "planes": {}}
     for plane in data.planes:
         if not plane.name.startswith("/device:"):
@@ -105,12 +104,12 @@ def _op_kind(phase: str, shape: str, op_name: str) -> str:
     return f"{phase}: {last}"
 
 
-def phases(path: str, hlo: str, steps: int) -> dict:
-    """Per-step kernel time by phase and by operation kind, and the long idle gaps."""
-    from jax.profiler import ProfileData
+def phases(data, hlo: str, steps: int) -> dict:
+    """Per-step kernel time by phase and by operation kind, and the long idle gaps, of the
+    profile `data` (a jax.profiler.ProfileData)."""
     ops = hlo_ops(hlo)
     events = []
-    for plane in ProfileData.from_file(path).planes:
+    for plane in data.planes:
         if plane.name.startswith("/device:"):
             for line in plane.lines:
                 if "Compute" in line.name:
@@ -146,10 +145,12 @@ def main() -> None:
     p.add_argument("--hlo", default=None, help="the profiled step's optimised HLO (text dump)")
     p.add_argument("--steps", type=int, default=3, help="--hlo: steps in the profile")
     args = p.parse_args()
+    from jax.profiler import ProfileData
     results = {}
     for path in sorted(glob.glob(os.path.join(args.dir, "**", "*.xplane.pb"), recursive=True)):
         workload = os.path.relpath(path, args.dir).split(os.sep)[0]
-        results[workload] = summarise(path, args.top)
+        data = ProfileData.from_file(path)  # read once: summarise and phases share it
+        results[workload] = summarise(path, data, args.top)
         for plane, s in results[workload]["planes"].items():
             print(f"== {workload} {plane}: kernels {s['kernel_ms']:.1f} ms over modules "
                   f"{s['module_ms']:.1f} ms (busy {s['busy']})")
@@ -158,7 +159,7 @@ def main() -> None:
             for k in s["top_kernels"][:12]:
                 print(f"   {k['ms']:9.2f} ms x{k['calls']:<5d} {k['category']:12s} {k['name'][:90]}")
         if args.hlo:
-            ph = results[workload]["phases"] = phases(path, args.hlo, args.steps)
+            ph = results[workload]["phases"] = phases(data, args.hlo, args.steps)
             print(f"   per step (span {ph['span_ms_per_step']:.1f} ms):")
             for k, ms in ph["phase_ms_per_step"].items():
                 print(f"     {k:28s} {ms:8.2f} ms")

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from tests.conformance.model import checkpoints
 from wfm_jax.models.cosmos.transformer import CosmosTransformer
-from wfm_jax.models.layers.norms import KEEP_NORM_STATS
 from wfm_jax.models.layers.remat import REMAT_POLICIES, block_groups, check_remat, resolve_remat
 from wfm_jax.models.sana.transformer import SanaTransformer
 from wfm_jax.models.sana.video import SanaVideoTransformer
@@ -121,16 +121,6 @@ def test_scan_keeps_the_parameter_layout(family):
     assert shapes(scanned) == shapes(unrolled)
 
 
-def _eqns(jaxpr):
-    for eqn in jaxpr.eqns:
-        yield eqn
-        for value in eqn.params.values():
-            for sub in value if isinstance(value, (list, tuple)) else [value]:
-                sub = getattr(sub, "jaxpr", sub)
-                if hasattr(sub, "eqns"):
-                    yield from _eqns(sub)
-
-
 @pytest.mark.parametrize("family", ["wan", "cosmos", "sana", "sana_video"])
 def test_identical_blocks_run_as_one_scan_with_the_policy_inside(family):
     model = nnx.eval_shape(lambda: _model(family, scan_layers=True, remat="dots"))
@@ -141,9 +131,8 @@ def test_identical_blocks_run_as_one_scan_with_the_policy_inside(family):
     jaxpr = jax.make_jaxpr(lambda s, kw: nnx.merge(graph, s)(**kw))(state, kwargs).jaxpr
     scans = [e for e in jaxpr.eqns if e.primitive.name == "scan"]
     assert len(scans) == 1 and scans[0].params["length"] == 3
-    checkpoints = [e for e in _eqns(jaxpr) if e.primitive.name in ("checkpoint", "remat2")
-                   and e.params["policy"] is not KEEP_NORM_STATS]  # the norms' own are not
-    assert len(checkpoints) == 1 and checkpoints[0].params["policy"] is (
+    found = checkpoints(jaxpr)  # the per-block ones, not the norms' own
+    assert len(found) == 1 and found[0].params["policy"] is (
         REMAT_POLICIES["dots_with_no_batch_dims_saveable"])
 
 
