@@ -552,6 +552,18 @@ def test_time_back_to_back_syncs_once_after_every_call():
     assert isinstance(per_call, float) and per_call >= 0.0
 
 
+def test_gpu_suite_unrolls_as_its_recipe_trains():
+    """The gpu suite times SD3.5-M with its blocks unrolled, as configs/sd35_sft.py trains it
+    (faster and smaller on an H200); --scan-layers still decides, and a suite that says nothing
+    keeps the model class's default."""
+    from wfm_jax.bench import jax_side
+    gpu, tiny = get_suite("gpu"), get_suite("tiny")
+    assert jax_side.bench_recipe(gpu, "full", Options()).policy.scan_layers is False
+    assert jax_side.bench_recipe(gpu, "full", Options(scan_layers=True)).policy.scan_layers is True
+    assert Options().scan_layers_for(tiny) is None
+    assert Options(scan_layers=False).scan_layers_for(tiny) is False
+
+
 @pytest.mark.slow
 def test_tiny_full_step_unrolled_on_request(tiny_result):
     """--scan-layers off builds the SD3 blocks unrolled (the model's default is scanned, as the

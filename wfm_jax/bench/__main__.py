@@ -59,7 +59,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "after the timed steps, under DIR/<workload>")
     p.add_argument("--scan-layers", choices=("on", "off"), default=None,
                    help="wfm_jax train steps: the transformer blocks as one lax.scan (on) or "
-                        "unrolled (off); default: the model's own (SD3 on, Cosmos off)")
+                        "unrolled (off); default: the suite's (gpu: off, as configs/sd35_sft.py "
+                        "trains), else the model's own (SD3 on, Cosmos off)")
     p.add_argument("--torch-compile", action="store_true",
                    help="torch.compile the diffusers transformer (default eager)")
     p.add_argument("--steps", type=int, default=20, help="rl suite: train.max_steps of each run")

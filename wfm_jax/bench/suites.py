@@ -88,6 +88,9 @@ class Suite:
     fast_compile: bool = False
     family: str = "sd3"  # a bench/families.py FAMILIES key
     frames: int = 1  # latent frames (video families; the video has 4 (frames - 1) + 1)
+    # wfm_jax's blocks as one lax.scan (True) or unrolled (False) unless --scan-layers says;
+    # None: the model class's default
+    scan_layers: bool | None = None
 
     @property
     def workload(self):
@@ -122,7 +125,10 @@ SUITES = {
     # gradient checkpointing) should fit an 80 GB H100; try --train-batch 8 on an H200.
     "gpu": Suite("gpu", SD35_MEDIUM, SD3_VAE, latent_size=64, text_len=333, train_batch=4,
                  rollout_batch=24, rollout_steps=10, reward_shape=(8, 512, 512, 3), lora_rank=32,
-                 lora_alpha=64.0, warmup=2, repeats=10),
+                 lora_alpha=64.0, warmup=2, repeats=10,
+                 # unrolled, as configs/sd35_sft.py trains: on an H200 at batch 8, 186 ms and
+                 # 50 GiB a step against 243 ms and 62 GiB scanned (docs/bench_notes.md)
+                 scan_layers=False),
     "cpu": Suite("cpu", CPU_TRANSFORMER, CPU_VAE, latent_size=32, text_len=64, train_batch=2,
                  rollout_batch=4, rollout_steps=10, reward_shape=(8, 512, 512, 3), lora_rank=32,
                  lora_alpha=64.0, warmup=1, repeats=3),
@@ -169,7 +175,8 @@ class Options:
     profile: a directory; each wfm_jax workload writes a jax.profiler trace of
     `timing.PROFILE_STEPS` steps, taken after the timed steps, under DIR/<workload>.
     scan_layers: wfm_jax's transformer blocks as one lax.scan (True) or unrolled (False); None
-    keeps the model class's default (SD3: scanned, Cosmos: unrolled)."""
+    keeps the suite's choice (Suite.scan_layers), else the model class's default (SD3: scanned,
+    Cosmos: unrolled)."""
     attention: str = "auto"
     remat: str = "everything_saveable"
     torch_compile: bool = False
@@ -179,3 +186,8 @@ class Options:
     @property
     def attention_impl(self) -> str:
         return self.attention
+
+    def scan_layers_for(self, suite: Suite) -> bool | None:
+        """The scan choice a run of `suite` makes: this option's, else the suite's (None: the
+        model class's default)."""
+        return suite.scan_layers if self.scan_layers is None else self.scan_layers
