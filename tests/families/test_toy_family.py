@@ -174,6 +174,8 @@ def test_bench_times_the_toy_familys_programs(tmp_path, toy_family):
     for rec in result["programs"].values():
         assert len(rec["step_times_s"]) == 2 and rec["step_time_s"] > 0
         assert rec["flops"] == 0 and rec["xla_flops_per_device"] > 0 and rec["samples_per_s"] > 0
+        # XLA's plan of the program's bytes; the allocator's peak only where the backend has one
+        assert rec["xla_memory_plan_bytes"] > 0 and rec["peak_memory_bytes"] is None
     assert (tmp_path / "bench" / "toy.md").read_text().count("|") > 10
     # a recipe the benchmark cannot lay out: one line, exit 2
     assert bench_main(["--recipe", recipe, "--devices", "64", "--out", str(out)]) == 2

@@ -91,6 +91,8 @@ def time_program(program, repeats: int, warmup: int = 1, name: str = "program") 
     arguments after `warmup` untimed ones: {compile_seconds, step_time_s, step_times_s, flops,
     xla_flops_per_device}. A progress line after the compile and each call (stderr), so a run
     killed at its time limit still says how far it got."""
+    from wfm_jax.bench.devices import jax_peak_memory
+    from wfm_jax.bench.jax_side import xla_plan_bytes
     from wfm_jax.bench.timing import progress
     from wfm_jax.core import mesh as wmesh
     from wfm_jax.programs.stats import count_jaxpr_flops
@@ -102,7 +104,9 @@ def time_program(program, repeats: int, warmup: int = 1, name: str = "program") 
         start = time.perf_counter()
         compiled = traced.lower().compile()
         compile_s = time.perf_counter() - start
-    progress(f"{name}: compiled in {compile_s:.1f} s")
+    plan_bytes = xla_plan_bytes(compiled)
+    progress(f"{name}: compiled in {compile_s:.1f} s"
+             + (f", XLA plans {plan_bytes / 2 ** 30:.2f} GiB a device" if plan_bytes else ""))
     flops = float(count_jaxpr_flops(traced.jaxpr))
     cost = compiled.cost_analysis()
     cost = (cost[0] if isinstance(cost, (list, tuple)) else cost) or {}
@@ -123,8 +127,14 @@ def time_program(program, repeats: int, warmup: int = 1, name: str = "program") 
         progress(f"{name}: call {i + 1} of {warmup + repeats} "
                  f"({'timed' if i >= warmup else 'warm-up'}) {elapsed * 1e3:.1f} ms")
         del args
+    peak_bytes, peak_source = jax_peak_memory()
+    # the record is written once every program has run: this line keeps the figures of a run
+    # cut short by its time limit (as on a lent GPU)
+    progress(f"{name}: median {statistics.median(times) * 1e3:.1f} ms, " + (
+        f"peak {peak_bytes / 2 ** 30:.2f} GiB" if peak_bytes else "peak n/a"))
     return {"compile_seconds": round(compile_s, 2), "step_time_s": statistics.median(times),
-            "step_times_s": times, "flops": flops,
+            "step_times_s": times, "flops": flops, "xla_memory_plan_bytes": plan_bytes,
+            "peak_memory_bytes": peak_bytes, "peak_memory_source": peak_source,
             # XLA's count, element-wise work included, per device (a loop body counted once)
             "xla_flops_per_device": float(cost.get("flops", 0.0))}
 
@@ -192,11 +202,15 @@ def markdown(result: dict) -> str:
             f"{result['devices']} {result['device_kind']} device(s), mesh {result['mesh']}; "
             f"median of {result['repeats']} calls after {result['warmup']} warm-up, random "
             f"weights and inputs.\n\n")
-    rows = ["| program | step (ms) | samples/s | TFLOP/call | TFLOP/s | MFU | compile (s) |",
-            "|---|---|---|---|---|---|---|"]
+    rows = ["| program | step (ms) | samples/s | TFLOP/call | TFLOP/s | MFU | peak (GiB) | "
+            "compile (s) |", "|---|---|---|---|---|---|---|---|"]
     for name, r in result["programs"].items():
         mfu = "n/a" if r["mfu"] is None else f"{r['mfu']:.1%}"
         rows.append(f"| {name} | {r['step_time_s'] * 1e3:.1f} | {r['samples_per_s']:.2f} | "
                     f"{r['flops'] / 1e12:.4g} | {r['tflops_per_s']:.4g} | {mfu} | "
-                    f"{r['compile_seconds']} |")
+                    f"{_gib(r.get('peak_memory_bytes'))} | {r['compile_seconds']} |")
     return head + "\n".join(rows) + "\n"
+
+
+def _gib(n: int | None) -> str:
+    return "n/a" if n is None else f"{n / 2 ** 30:.2f}"
