@@ -18,6 +18,10 @@ keys:
   half-sides by count as fractions of the image side, e.g. `half_side=2:0.17-0.23,3:0.14-0.18`
   (grammar.HALF_SIDE; the drawings of this process only); snap=N, every box's corners and side
   on an N-px lattice (N/2 from the edge; sides rounded to N);
+- layout=fixed (with jitter=J px, default 1): every scene of a count drawn at the same places
+  (one shape centred; two side by side; three in a triangle), each box moved by up to J px, so
+  the model has one layout per count to learn instead of a continuum (an experiment);
+  fixed_half=2:0.19,3:0.17 sets its half-sides by count;
 - scoring: heldout_per_prompt (default 8); the held-out scores are also given by count;
 - sampling: guidance (when scoring);
 - boost: the grammar words' token embeddings made orthogonal, at `boost` times the init scale, in
@@ -80,6 +84,24 @@ def snapped_box(snap: int):
     return box
 
 
+# (centre x, centre y, half-side) per box, as fractions of the image side, by count
+FIXED_LAYOUTS = {1: [(0.5, 0.5, 0.28)], 2: [(0.25, 0.5, 0.17), (0.75, 0.5, 0.17)],
+                 3: [(0.27, 0.28, 0.14), (0.73, 0.28, 0.14), (0.5, 0.72, 0.14)]}
+
+
+def fixed_layout(jitter: float):
+    """grammar._layout with one place per box and count (FIXED_LAYOUTS), each box shifted by up
+    to `jitter` px."""
+    def layout(count, size, rng, max_tries):
+        boxes = []
+        for cx, cy, half in FIXED_LAYOUTS[count]:
+            dx, dy = rng.uniform(-jitter, jitter, size=2)
+            x, y, h = cx * size + dx, cy * size + dy, half * size
+            boxes.append((x - h, y - h, x + h, y + h))
+        return boxes
+    return layout
+
+
 def empty_captions(data: str, out: str, fraction: float, seed: int) -> str:
     """A copy of the paired dataset `data` with `fraction` of its captions emptied."""
     shutil.copytree(data, out)
@@ -134,6 +156,12 @@ def main(argv=None) -> int:
             grammar.HALF_SIDE[int(count)] = (float(lo), float(hi))
     if "snap" in kv:
         grammar._box = snapped_box(int(kv["snap"]))
+    if "fixed_half" in kv:  # e.g. 2:0.19,3:0.17: the fixed layout's half-sides by count
+        for part in kv["fixed_half"].split(","):
+            count, half = part.split(":")
+            FIXED_LAYOUTS[int(count)] = [(x, y, float(half)) for x, y, _ in FIXED_LAYOUTS[int(count)]]
+    if kv.get("layout") == "fixed":
+        grammar._layout = fixed_layout(float(kv.get("jitter", 1.0)))
     if "boost" in kv:
         boost_grammar_words(base, float(kv["boost"]))
     if "shift" in kv:
