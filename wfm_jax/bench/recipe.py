@@ -89,8 +89,9 @@ def hash_uniform(shape: tuple[int, ...], salt) -> jax.Array:
 def time_program(program, repeats: int, warmup: int = 1, name: str = "program") -> dict:
     """Compile `program` on its abstract arguments, then time `repeats` calls on fresh random
     arguments after `warmup` untimed ones: {compile_seconds, step_time_s, step_times_s, flops,
-    xla_flops_per_device, xla_memory_plan_bytes, peak_memory_bytes, peak_memory_source}. A progress line after the compile and each call (stderr), so a run
-    killed at its time limit still says how far it got."""
+    xla_flops_per_device, xla_memory_plan_bytes, peak_memory_bytes, peak_memory_source}. A
+    progress line after the compile and each call (stderr), so a run killed at its time limit
+    still says how far it got."""
     from wfm_jax.bench.devices import jax_peak_memory
     from wfm_jax.bench.jax_side import xla_plan_bytes
     from wfm_jax.bench.timing import progress
