@@ -49,8 +49,9 @@ def bench_recipe(suite, mode: str, options) -> Any:
     with c.ignore_type():  # the suites' alphas are floats (the schema's int is peft's usual)
         c.policy.lora.lora_alpha = suite.lora_alpha
     c.policy.attention_impl, c.policy.remat = options.attention_impl, options.remat
-    if options.scan_layers_for(suite) is not None:
-        c.policy.scan_layers = options.scan_layers_for(suite)
+    scan_layers = options.scan_layers_for(suite)
+    if scan_layers is not None:
+        c.policy.scan_layers = scan_layers
     c.policy.diffusers.weighting_scheme = "logit_normal"  # inputs.train_batch's density
     return c
 
@@ -59,8 +60,9 @@ def build_model(suite, mode: str, options, **model_options):
     """The transformer with identical random weights (and LoRA adapters for mode "lora")."""
     lora = mode == "lora"
     wl = suite.workload
-    if options.scan_layers_for(suite) is not None:
-        model_options.setdefault("scan_layers", options.scan_layers_for(suite))
+    scan_layers = options.scan_layers_for(suite)
+    if scan_layers is not None:
+        model_options.setdefault("scan_layers", scan_layers)
     model = weights.jax_module(wl.transformer_class, suite.transformer, dtype=jnp.bfloat16,
                                param_dtype=jnp.bfloat16 if lora else jnp.float32,
                                attention_impl=options.attention_impl, remat=options.remat,
