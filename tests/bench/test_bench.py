@@ -107,6 +107,12 @@ def test_peak_table_lookup():
     assert peak_flops_for("cpu") is None
 
 
+def test_bytes_read_as_gib_the_same_everywhere():
+    assert timing.gib(3 * 2 ** 30) == "3.00"
+    assert timing.gib(1536 * 2 ** 20) == "1.50"
+    assert timing.gib(None) == timing.gib(float("nan")) == "n/a"
+
+
 def test_ratios_and_markdown_with_a_failed_stack():
     ok = {"stack": "wfm_jax", "status": "ok", "step_time_s": 0.5, "samples_per_s": 4.0,
           "flops_per_step": 1e9, "tflops_per_s": 2e-3, "mfu": None, "peak_memory_bytes": None,

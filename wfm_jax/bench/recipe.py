@@ -23,6 +23,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from wfm_jax.bench.timing import gib
+
 
 class RecipeBenchError(ValueError):
     """A recipe the benchmark cannot run (bad devices, a recipe that does not resolve)."""
@@ -107,7 +109,7 @@ def time_program(program, repeats: int, warmup: int = 1, name: str = "program") 
         compile_s = time.perf_counter() - start
     plan_bytes = xla_plan_bytes(compiled)
     progress(f"{name}: compiled in {compile_s:.1f} s"
-             + (f", XLA plans {_gib(plan_bytes)} GiB a device" if plan_bytes else ""))
+             + (f", XLA plans {gib(plan_bytes)} GiB a device" if plan_bytes else ""))
     flops = float(count_jaxpr_flops(traced.jaxpr))
     cost = compiled.cost_analysis()
     cost = (cost[0] if isinstance(cost, (list, tuple)) else cost) or {}
@@ -131,7 +133,7 @@ def time_program(program, repeats: int, warmup: int = 1, name: str = "program") 
     peak_bytes, peak_source = jax_peak_memory()
     # the record is written once every program has run: this line keeps the figures of a run
     # cut short by its time limit (as on a lent GPU)
-    progress(f"{name}: median {statistics.median(times) * 1e3:.1f} ms, peak {_gib(peak_bytes)}"
+    progress(f"{name}: median {statistics.median(times) * 1e3:.1f} ms, peak {gib(peak_bytes)}"
              + (" GiB" if peak_bytes is not None else ""))
     return {"compile_seconds": round(compile_s, 2), "step_time_s": statistics.median(times),
             "step_times_s": times, "flops": flops, "xla_memory_plan_bytes": plan_bytes,
@@ -209,10 +211,6 @@ def markdown(result: dict) -> str:
         mfu = "n/a" if r["mfu"] is None else f"{r['mfu']:.1%}"
         rows.append(f"| {name} | {r['step_time_s'] * 1e3:.1f} | {r['samples_per_s']:.2f} | "
                     f"{r['flops'] / 1e12:.4g} | {r['tflops_per_s']:.4g} | {mfu} | "
-                    f"{_gib(r.get('peak_memory_bytes'))} | {r['compile_seconds']} |")
+                    f"{gib(r.get('peak_memory_bytes'))} | {r['compile_seconds']} |")
     return head + "\n".join(rows) + "\n"
 
-
-def _gib(n: int | None) -> str:
-    """Bytes as GiB for the progress lines and the table; "n/a" where none were measured."""
-    return "n/a" if n is None else f"{n / 2 ** 30:.2f}"

@@ -5,7 +5,7 @@ import dataclasses
 import json
 import os
 
-from wfm_jax.bench.timing import FIGURES, finite
+from wfm_jax.bench.timing import FIGURES, finite, gib
 from wfm_jax.io.atomic import write_text_atomic
 
 SCHEMA_VERSION = 1
@@ -116,7 +116,7 @@ def markdown(result: dict) -> str:
                 name, stack, _num(rec["step_time_s"], ".1f", 1e3),
                 _num(rec["samples_per_s"], ".2f"), _num(rec["flops_per_step"], ".3g", 1e-12),
                 _num(rec["tflops_per_s"], ".3g"), _num(rec["mfu"], ".1%"),
-                _num(rec["peak_memory_bytes"], ".2f", 2.0 ** -30),
+                gib(rec["peak_memory_bytes"]),
                 _num(rec["compile_time_s"], ".1f")]) + " |")
         r = w["ratio_wfm_jax_over_torch"]
         lines.append("| " + " | ".join([

@@ -19,6 +19,7 @@ import tempfile
 
 from wfm_jax.bench import report
 from wfm_jax.bench.suites import Options, Suite
+from wfm_jax.bench.timing import gib
 
 WORKLOADS = {
     "train_full": "full fine-tune train step: flow-matching loss, AdamW, bf16 compute",
@@ -102,7 +103,7 @@ def _announce(name: str, stack: str, rec: dict) -> None:
     mem = rec.get("peak_memory_bytes")
     timing.progress(f"{name}/{stack}: step {rec['step_time_s'] * 1e3:.1f} ms, "
                     f"MFU {rec['mfu'] if rec['mfu'] is None else round(rec['mfu'], 4)}, "
-                    f"peak {None if mem is None else round(mem / 2**30, 2)} GiB, "
+                    f"peak {gib(mem)} GiB, "
                     f"compile {rec['compile_time_s']} s; record {json.dumps(rec)}")
 
 

@@ -105,3 +105,9 @@ def failed(stack: str, impl: str, error: BaseException) -> dict:
 
 def finite(x) -> bool:
     return isinstance(x, (int, float)) and math.isfinite(x)
+
+
+def gib(n) -> str:
+    """Bytes as GiB with two decimals, as every bench table and progress line writes them; "n/a"
+    where none were measured."""
+    return f"{n / 2 ** 30:.2f}" if finite(n) else "n/a"

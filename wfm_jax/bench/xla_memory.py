@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import time
 
-GiB = 2 ** 30
+from wfm_jax.bench.timing import gib
 
 
 def compile_step(suite, mode: str, options, *, devices: int = 8, scan: bool = True) -> dict:
@@ -118,7 +118,7 @@ def run(suite, options, devices: int = 8) -> dict:
 
 
 def describe(rec: dict) -> str:
-    g = lambda k: f"{rec[k] / GiB:.2f}" if rec.get(k) is not None else "n/a"
+    g = lambda k: gib(rec.get(k))
     return (f"arguments {g('argument_bytes')} GiB, temp {g('temp_bytes')} GiB, peak "
             f"{g('peak_bytes')} GiB per device (compiled in {rec['compile_seconds']} s)")
 
@@ -137,7 +137,7 @@ def markdown(result: dict) -> str:
         if "error" in r:
             lines.append(f"| {name} | error: {r['error'][:80]} |" + " |" * 9)
             continue
-        cells = [f"{r[k] / GiB:.2f}" if r.get(k) is not None else "n/a" for k in
+        cells = [gib(r.get(k)) for k in
                  ("params_bytes", "optimizer_bytes", "frozen_bytes", "argument_bytes",
                   "output_bytes", "alias_bytes", "temp_bytes", "plan_bytes", "peak_bytes")]
         lines.append("| " + " | ".join([name, *cells, str(r["compile_seconds"])]) + " |")
