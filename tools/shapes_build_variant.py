@@ -22,6 +22,9 @@ keys:
   (one shape centred; two side by side; three in a triangle), each box moved by up to J px, so
   the model has one layout per count to learn instead of a continuum (an experiment);
   fixed_half=2:0.19,3:0.17 sets its half-sides by count;
+- rl_split=1: a third split for RL (`rl_scenes`: each colour with another shape and background
+  than its held-out ones, 12 scenes) is left out of the SFT data too, so the base is trained on
+  48 scenes; its prompts are written to OUT/NAME/rl_prompts.txt and it is scored as "rl";
 - scoring: heldout_per_prompt (default 8); the held-out scores are also given by count;
 - sampling: guidance (when scoring);
 - boost: the grammar words' token embeddings made orthogonal, at `boost` times the init scale, in
@@ -102,6 +105,18 @@ def fixed_layout(jitter: float):
     return layout
 
 
+def rl_scenes() -> list:
+    """12 scenes neither held out nor trained on (rl_split=1): colour i with shape i+1 and
+    background i+1 (mod their counts), every count; disjoint from grammar.heldout_scenes()."""
+    out = []
+    for i, colour in enumerate(grammar.COLOURS):
+        shape = grammar.SHAPES[(i + 1) % len(grammar.SHAPES)]
+        background = list(grammar.BACKGROUNDS)[(i + 1) % len(grammar.BACKGROUNDS)]
+        out += [grammar.Scene(colour, shape, n, background) for n in grammar.COUNT_WORDS]
+    assert not set(out) & set(grammar.heldout_scenes())
+    return out
+
+
 def empty_captions(data: str, out: str, fraction: float, seed: int) -> str:
     """A copy of the paired dataset `data` with `fraction` of its captions emptied."""
     shutil.copytree(data, out)
@@ -171,6 +186,13 @@ def main(argv=None) -> int:
         scheduler["shift"] = float(kv["shift"])
         with open(path, "w") as f:
             json.dump(scheduler, f)
+    if kv.get("rl_split") == "1":
+        rl = rl_scenes()
+        trained = [sc for sc in grammar.train_scenes() if sc not in set(rl)]
+        grammar.SPLIT_SCENES["train"] = lambda: trained
+        grammar.SPLIT_SCENES["rl"] = lambda: rl
+        with open(os.path.join(root, "rl_prompts.txt"), "w") as f:
+            f.write("".join(sc.prompt + "\n" for sc in rl))
     data = build_shapes_dataset(os.path.join(root, "data"), count=s.dataset_count, size=s.size,
                                 seed=s.seed, split="train")
     if "empty_captions" in kv:
@@ -194,7 +216,8 @@ def main(argv=None) -> int:
     exported = step_dir(out, s.sft_steps)
     guidance = float(kv.get("guidance", 1.0))
     heldout = int(kv.get("heldout_per_prompt", 8))
-    for split, per_prompt in (("heldout", heldout), ("train", 2)):
+    splits = (("heldout", heldout), ("train", 2)) + ((("rl", heldout),) if "rl" in grammar.SPLIT_SCENES else ())
+    for split, per_prompt in splits:
         result[split] = score_directory(exported, split, per_prompt=per_prompt, size=s.size,
                                         guidance=guidance)
     pipe = SD3Pipeline.load(exported)
