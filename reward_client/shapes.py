@@ -5,13 +5,15 @@ image analysis: every pixel goes to its nearest palette colour (the four shape c
 two backgrounds), the border's majority is the background, the non-background pixels split into
 8-connected components (specks dropped: under a size floor, or under a quarter of the largest
 component, so that a blob with a stray fleck is one shape, not two), and each component's shape is read
-from its extent (area / bounding-box area: square ~1, circle ~pi/4, triangle ~1/2).
+from its width profiles (`shape_of`): the widths of its rows and the heights of its columns, each
+over its largest, against those of a filled square (flat), circle (a half-ellipse) and upward triangle
+(rows growing linearly, columns a tent), in squared error weighted by each row's or column's pixels.
 
 Scores in [0, 1], one per attribute, returned as extra keys like GenEval's:
   background  1 if the border's colour is the asked background
   colour      fraction of the foreground pixels in the asked colour (0 without a foreground)
   count       max(0, 1 - |n - N| / N) over the n components (GenEval's partial credit)
-  shape       fraction of the components whose extent reads as the asked shape
+  shape       fraction of the components whose width profiles read as the asked shape
 and `shapes_alignment`, their mean.
 
 A prompt outside the grammar is an error naming the sample (`shapes_alignment`); the
@@ -31,8 +33,6 @@ PALETTE_NAMES = list(COLOURS) + list(BACKGROUNDS)
 PALETTE = np.asarray([*COLOURS.values(), *BACKGROUNDS.values()], np.float32)
 N_COLOURS = len(COLOURS)
 KEYS = ("background", "colour", "count", "shape")
-# extent thresholds between the three shapes, midway between pixelated small-shape values
-SQUARE_MIN_EXTENT, CIRCLE_MIN_EXTENT = 0.88, 0.64
 MIN_AREA_AT_32 = 4  # pixels of a 32x32 image below which a component is a speck
 # ... and below this fraction of the largest component: the world draws a scene's shapes at most
 # (0.13 / 0.19)^2 = 0.47 apart in area, while RL was seen to score "two circles" with one
@@ -46,10 +46,29 @@ def classify_pixels(image: np.ndarray) -> np.ndarray:
     return d.argmin(-1)
 
 
-def shape_of(extent: float) -> str:
-    if extent >= SQUARE_MIN_EXTENT:
-        return "square"
-    return "circle" if extent >= CIRCLE_MIN_EXTENT else "triangle"
+def _profiles(n: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """(row widths, column heights) of each shape filling an n x n box, at the n centres, over
+    their largest."""
+    t = (np.arange(n) + 0.5) / n
+    round_ = np.sqrt(np.clip(1.0 - (2.0 * t - 1.0) ** 2, 0.0, 1.0))
+    return {"square": (np.ones(n), np.ones(n)), "circle": (round_, round_),
+            "triangle": (t, 1.0 - np.abs(2.0 * t - 1.0))}
+
+
+def shape_of(mask: np.ndarray) -> str:
+    """The shape whose width profiles are nearest the component's ([h, w] bool, its bounding
+    box). Each row's (column's) error is weighted by its pixels, so that a thin tip or whisker,
+    which stretches the box by a few rows of one or two pixels, barely moves the reading: with
+    the box's fill ratio alone (the reading until 2026-12-04) a 3 px tip on a 10-14 px circle made
+    it a triangle, and RL learnt to draw such tips (docs/shapes_world.md, session 43)."""
+    rows, cols = mask.sum(1).astype(np.float64), mask.sum(0).astype(np.float64)
+    rows_t, cols_t = _profiles(len(rows)), _profiles(len(cols))
+
+    def error(counts, template):
+        return float(np.sum(counts * (counts / counts.max() - template) ** 2) / counts.sum())
+
+    errors = {shape: error(rows, rows_t[shape][0]) + error(cols, cols_t[shape][1]) for shape in rows_t}
+    return min(errors, key=errors.__getitem__)
 
 
 def analyse(image: np.ndarray) -> dict:
@@ -67,9 +86,10 @@ def analyse(image: np.ndarray) -> dict:
     min_area = max(floor, MIN_FRACTION_OF_LARGEST * int(stats[1:, cv2.CC_STAT_AREA].max(initial=0)))
     shapes = []
     for i in range(1, n):
-        w, h, area = stats[i, cv2.CC_STAT_WIDTH], stats[i, cv2.CC_STAT_HEIGHT], stats[i, cv2.CC_STAT_AREA]
+        x, y, w, h, area = (int(stats[i, k]) for k in (cv2.CC_STAT_LEFT, cv2.CC_STAT_TOP, cv2.CC_STAT_WIDTH,
+                                                        cv2.CC_STAT_HEIGHT, cv2.CC_STAT_AREA))
         if area >= min_area:
-            shapes.append(shape_of(area / float(w * h)))
+            shapes.append(shape_of(comp[y:y + h, x:x + w] == i))
     return {"background": background, "colour_fractions": dict(zip(COLOURS, fractions.tolist())),
             "foreground": int(foreground.sum()), "shapes": shapes}
 

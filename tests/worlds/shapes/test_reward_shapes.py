@@ -81,6 +81,68 @@ def test_hand_made_images_pin_each_attribute():
         "background": 1.0, "colour": 0.0, "count": 0.0, "shape": 0.0, "shapes_alignment": 0.25}
 
 
+def _drawn_with_a_tip(shape: str, size: int, side: str, length: int, width: int) -> np.ndarray:
+    """One blue `shape` filling a size x size box at (6, 6), with a `width` px wide tip of
+    `length` px sticking out of the middle of its `side`."""
+    image, draw = _canvas("white")
+    x0 = y0 = 6
+    x1 = y1 = 6 + size - 1
+    if shape == "circle":
+        draw.ellipse((x0, y0, x1, y1), fill=COLOURS["blue"])
+    elif shape == "square":
+        draw.rectangle((x0, y0, x1, y1), fill=COLOURS["blue"])
+    else:
+        draw.polygon([((x0 + x1) / 2, y0), (x0, y1), (x1, y1)], fill=COLOURS["blue"])
+    cx = cy = (x0 + x1) // 2
+    # the triangle's left and right edges at mid-height
+    half = (size - 1) / 4 if shape == "triangle" else (size - 1) / 2
+    left, right = int((x0 + x1) / 2 - half), int((x0 + x1) / 2 + half)
+    box = {"top": (cx, y0 - length, cx + width - 1, y0), "bottom": (cx, y1, cx + width - 1, y1 + length),
+           "left": (left - length, cy, left, cy + width - 1),
+           "right": (right, cy, right + length, cy + width - 1)}[side]
+    draw.rectangle(box, fill=COLOURS["blue"])
+    return np.asarray(image)
+
+
+@pytest.mark.parametrize("shape", ["circle", "square", "triangle"])
+def test_a_thin_tip_does_not_change_the_shape(shape):
+    """RL learnt to add tips: with the bounding box's fill ratio as the reading, a 3 px tip on a
+    10-14 px circle read as a triangle, a 2 px one on a square as a circle (31 of these 120
+    pictures misread per side; session 43)."""
+    from reward_client.shapes import analyse
+
+    wrong = []
+    for size in (12, 14, 18, 22):
+        for side in ("top", "bottom", "left", "right"):
+            for length in (1, 2, 3, 4):
+                for width in (1, 2):
+                    seen = analyse(_drawn_with_a_tip(shape, size, side, length, width))["shapes"]
+                    if seen != [shape]:
+                        wrong.append((size, side, length, width, seen))
+    assert not wrong
+
+
+def test_softened_drawings_keep_their_shape():
+    """The world's drawings blurred (Gaussian, sigma 0.8 px) and noised (sigma 15) as a model's
+    samples are: every shape still reads right in at least 97% of them (the fill ratio read
+    0.92, small triangles 0.68-0.76)."""
+    from PIL import ImageFilter
+
+    from reward_client.shapes import analyse
+    from wfm_jax.worlds.shapes.grammar import all_scenes, draw_scene
+
+    rng = np.random.default_rng(1)
+    right = []
+    for scene in all_scenes():
+        for _ in range(4):
+            image, _ = draw_scene(scene, 32, rng)
+            pixels = np.asarray(image.filter(ImageFilter.GaussianBlur(0.8)), np.float64)
+            pixels = np.clip(pixels + rng.normal(0.0, 15.0, pixels.shape), 0, 255).astype(np.uint8)
+            shapes = analyse(pixels)["shapes"]
+            right.append(np.mean([s == scene.shape for s in shapes]) if shapes else 0.0)
+    assert np.mean(right) >= 0.97
+
+
 def test_a_fleck_beside_a_blob_is_not_a_second_shape():
     # what DiffusionNFT learnt to draw for "two red circles": one big blob and a 4-px fleck
     image, draw = _canvas("white")
