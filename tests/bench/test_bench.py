@@ -109,7 +109,7 @@ def test_peak_table_lookup():
 
 def test_bytes_read_as_gib_the_same_everywhere():
     assert timing.gib(3 * 2 ** 30) == "3.00"
-    assert timing.gib(1536 * 2 ** 20) == "1.50"
+    assert timing.gib(1536 * 2 ** 20) == timing.gib(np.int64(1536 * 2 ** 20)) == "1.50"
     assert timing.gib(None) == timing.gib(float("nan")) == "n/a"
 
 

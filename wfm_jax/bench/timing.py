@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 import statistics
 import sys
 import time
@@ -109,5 +110,6 @@ def finite(x) -> bool:
 
 def gib(n) -> str:
     """Bytes as GiB with two decimals, as every bench table and progress line writes them; "n/a"
-    where none were measured."""
-    return f"{n / 2 ** 30:.2f}" if finite(n) else "n/a"
+    where none were measured. Any real number (numpy's integers too, which `finite` refuses)."""
+    real = isinstance(n, numbers.Real) and not isinstance(n, bool)
+    return f"{float(n) / 2 ** 30:.2f}" if real and math.isfinite(n) else "n/a"
