@@ -188,7 +188,8 @@ def main(argv=None) -> int:
             json.dump(scheduler, f)
     if kv.get("rl_split") == "1":
         rl = rl_scenes()
-        trained = [sc for sc in grammar.train_scenes() if sc not in set(rl)]
+        left_out = set(rl)
+        trained = [sc for sc in grammar.train_scenes() if sc not in left_out]
         grammar.SPLIT_SCENES["train"] = lambda: trained
         grammar.SPLIT_SCENES["rl"] = lambda: rl
         with open(os.path.join(root, "rl_prompts.txt"), "w") as f:
