@@ -41,6 +41,8 @@ def _argv(tiny_dir, out_dir, *extra):
             "--config.train.train_policy.timesteps_fraction=0.5",
             "--config.train.train_batch_per_replica=16",  # (the recipe: 32, on the shapes world)
             "--config.train.train_policy.kl_beta=1e-4",  # (the recipe: 0.1, on the shapes world)
+            # 20 steps, validation at 10 and 20 (the recipe: 40 at half the rate, on the shapes world)
+            "--config.train.max_steps=20", "--config.validation.freq=10",
             *toy.random_model_overrides(3e-3), *extra]
 
 
