@@ -208,3 +208,64 @@ def test_attention_in_the_kernels_layout_equals_xla_attention(joint, lora, monke
     # orders differ by a few 1e-6 relative (2.3e-5 absolute on CI's AVX2 host): bound both
     for g, w in zip(jax.tree.leaves(got[1]), jax.tree.leaves(want[1]), strict=True):
         np.testing.assert_allclose(g, w, atol=ATOL, rtol=1e-5)
+
+
+@pytest.mark.parametrize("cross,lora,heads", [(False, False, 1), (True, False, 1), (False, True, 1),
+                                              (False, False, 2)])
+def test_wan_attention_in_the_kernels_layout_equals_xla_attention(cross, lora, heads, monkeypatch):
+    # Wan's attention on the Pallas path with the sequence unsplit: q, k, v projected into the
+    # kernel's (B, N, T, H) layout, q and k RMS-normed over all heads together there, RoPE on
+    # that layout, the output projection contracting it. Outputs and gradients (weights, LoRA,
+    # inputs) against the same module on XLA attention. One head under the 8-device mesh (the
+    # interpreter's limit, module docstring); two heads (the norm across heads) on one device.
+    from flax import nnx
+
+    from wfm_jax.models.wan.attention import WanAttention
+    from wfm_jax.models.wan.rope import rope_tables
+    b, grid, l, dim, head_dim = 8, (2, 4, 5), 7, 16, 8
+    t = grid[0] * grid[1] * grid[2]
+    module = WanAttention(dim, heads, head_dim, rngs=nnx.Rngs(0), attention_impl="xla")
+    if lora:
+        for lin in (module.to_q, module.to_k, module.to_v, module.to_out[0]):
+            lin.add_lora(4, 8.0, nnx.Rngs(1))
+    graphdef, params = nnx.split(module)
+    params = jax.tree.map(lambda p: p + 0.1 * jax.random.normal(jax.random.key(3), p.shape), params)
+    x, c = _arrays([(b, t, dim), (b, l, dim)])
+    weights = _arrays([(b, t, dim)], seed=1)[0]
+    rope = None if cross else tuple(jnp.asarray(a) for a in rope_tables(head_dim, grid))
+    taken = []
+    for name in ("sharded_heads_first_attention",):
+        original = getattr(cp, name)
+        monkeypatch.setattr(cp, name, lambda *a, f=original: taken.append(1) or f(*a))
+
+    def loss(params, x, c, impl):
+        m = nnx.merge(graphdef, params)
+        m.attention_impl = impl
+        return jnp.sum(m(x, c if cross else None, rope) * weights)
+
+    want = jax.jit(jax.value_and_grad(lambda *a: loss(*a, "xla"), argnums=(0, 1, 2)))(params, x, c)
+    grad = jax.value_and_grad(lambda *a: loss(*a, "pallas"), argnums=(0, 1, 2))
+    with pltpu.force_tpu_interpret_mode():
+        if heads == 1:
+            _check_interpretable(b // 8, heads, max(t, l))
+            got = wmesh.mesh_jit(grad, mesh=wmesh.make_mesh(data=8))(params, x, c)
+        else:
+            got = jax.jit(grad)(params, x, c)
+    assert bool(taken) == (heads == 1)  # under the mesh: the kernel's layout, no transposing wrapper
+    # a weighted sum of 5120 outputs near 1 in size that nearly cancel (0.42): fp32 in two orders
+    np.testing.assert_allclose(got[0], want[0], atol=1e-4, rtol=0)
+    for g, w in zip(jax.tree.leaves(got[1]), jax.tree.leaves(want[1]), strict=True):
+        np.testing.assert_allclose(g, w, atol=ATOL, rtol=1e-5)
+
+
+def test_rms_norm_over_heads_is_rms_norm_of_the_merged_heads():
+    from wfm_jax.models.layers.norms import RMSNorm, rms_norm_over_heads
+    x, scale = _arrays([(2, 3, 5, 4), (12,)])
+    norm = RMSNorm(12, eps=1e-6)
+    norm.scale[...] = scale
+    want = norm(x.transpose(0, 2, 1, 3).reshape(2, 5, 12)).reshape(2, 5, 3, 4).transpose(0, 2, 1, 3)
+    np.testing.assert_allclose(rms_norm_over_heads(x, scale, 1e-6), want, atol=1e-6, rtol=1e-6)
+    g = jax.grad(lambda x: jnp.sum(rms_norm_over_heads(x, scale, 1e-6) * x))(x)
+    g_want = jax.grad(lambda x: jnp.sum(norm(x.reshape(2, 5, 12)) * x.reshape(2, 5, 12)))(
+        x.transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3)
+    np.testing.assert_allclose(g, g_want, atol=1e-5, rtol=1e-5)
