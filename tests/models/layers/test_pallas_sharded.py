@@ -210,21 +210,36 @@ def test_attention_in_the_kernels_layout_equals_xla_attention(joint, lora, monke
         np.testing.assert_allclose(g, w, atol=ATOL, rtol=1e-5)
 
 
-@pytest.mark.parametrize("cross,lora,heads", [(False, False, 1), (True, False, 1), (False, True, 1),
-                                              (False, False, 2)])
-def test_wan_attention_in_the_kernels_layout_equals_xla_attention(cross, lora, heads, monkeypatch):
-    # Wan's attention on the Pallas path with the sequence unsplit: q, k, v projected into the
-    # kernel's (B, N, T, H) layout, q and k RMS-normed over all heads together there, RoPE on
-    # that layout, the output projection contracting it. Outputs and gradients (weights, LoRA,
-    # inputs) against the same module on XLA attention. One head under the 8-device mesh (the
-    # interpreter's limit, module docstring); two heads (the norm across heads) on one device.
+def _video_attention(family, dim, heads, head_dim, grid):
+    """(module, rope tables) of Wan's or Cosmos' attention on XLA attention."""
     from flax import nnx
+    if family == "wan":
+        from wfm_jax.models.wan.attention import WanAttention
+        from wfm_jax.models.wan.rope import rope_tables
+        return (WanAttention(dim, heads, head_dim, rngs=nnx.Rngs(0), attention_impl="xla"),
+                rope_tables(head_dim, grid))
+    from wfm_jax.models.cosmos.attention import CosmosAttention
+    from wfm_jax.models.cosmos.rope import rope_tables as cosmos_rope_tables
+    return (CosmosAttention(dim, heads, head_dim, rngs=nnx.Rngs(0), attention_impl="xla"),
+            cosmos_rope_tables(head_dim, grid, max(grid)))
 
-    from wfm_jax.models.wan.attention import WanAttention
-    from wfm_jax.models.wan.rope import rope_tables
-    b, grid, l, dim, head_dim = 8, (2, 4, 5), 7, 16, 8
+
+@pytest.mark.parametrize("family,cross,lora,heads", [
+    ("wan", False, False, 1), ("wan", True, False, 1), ("wan", False, True, 1), ("wan", False, False, 2),
+    ("cosmos", False, True, 1), ("cosmos", True, False, 2)])
+def test_video_attention_in_the_kernels_layout_equals_xla_attention(family, cross, lora, heads,
+                                                                   monkeypatch):
+    # Wan's and Cosmos' attention on the Pallas path with the sequence unsplit: q, k, v projected
+    # into the kernel's (B, N, T, H) layout, q and k RMS-normed there (Wan: over all heads
+    # together), RoPE on that layout, the output projection contracting it. Outputs and
+    # gradients (weights, LoRA, inputs) against the same module on XLA attention. One head under
+    # the 8-device mesh (the interpreter's limit, module docstring); two heads (Wan: the norm
+    # across heads) on one device.
+    from flax import nnx
+    b, grid, l, dim = 8, (2, 4, 5), 7, 16
+    head_dim = 8 if family == "wan" else 12  # Cosmos' RoPE needs 12 at least
     t = grid[0] * grid[1] * grid[2]
-    module = WanAttention(dim, heads, head_dim, rngs=nnx.Rngs(0), attention_impl="xla")
+    module, tables = _video_attention(family, dim, heads, head_dim, grid)
     if lora:
         for lin in (module.to_q, module.to_k, module.to_v, module.to_out[0]):
             lin.add_lora(4, 8.0, nnx.Rngs(1))
@@ -232,11 +247,11 @@ def test_wan_attention_in_the_kernels_layout_equals_xla_attention(cross, lora, h
     params = jax.tree.map(lambda p: p + 0.1 * jax.random.normal(jax.random.key(3), p.shape), params)
     x, c = _arrays([(b, t, dim), (b, l, dim)])
     weights = _arrays([(b, t, dim)], seed=1)[0]
-    rope = None if cross else tuple(jnp.asarray(a) for a in rope_tables(head_dim, grid))
+    rope = None if cross else tuple(jnp.asarray(a) for a in tables)
     taken = []
-    for name in ("sharded_heads_first_attention",):
-        original = getattr(cp, name)
-        monkeypatch.setattr(cp, name, lambda *a, f=original: taken.append(1) or f(*a))
+    heads_first = cp.sharded_heads_first_attention
+    monkeypatch.setattr(cp, "sharded_heads_first_attention",
+                        lambda *a: taken.append(1) or heads_first(*a))
 
     def loss(params, x, c, impl):
         m = nnx.merge(graphdef, params)

@@ -3,7 +3,10 @@ cross-attention, no biases, a per-head RMS norm of q and k (eps 1e-5, width head
 on self-attention, the rotate-half 3D RoPE.
 
 Module names follow diffusers (to_q, to_k, to_v, to_out.0, norm_q, norm_k), so checkpoints and
-LoRA target names map one-to-one. The kernel is layers.attention.dot_product_attention.
+LoRA target names map one-to-one. The kernel is layers.attention.dot_product_attention; on the
+Pallas path with the sequence unsplit q, k and v are projected straight into the kernel's
+(B, N, T, H) layout and the output projection contracts it (layers/attention.py
+`runs_heads_first`), so no transpose surrounds the kernel.
 """
 from __future__ import annotations
 
@@ -15,7 +18,11 @@ from wfm_jax.models.layers.attention import (
     check_context_parallel_impl,
     cross_attention,
     dot_product_attention,
+    from_heads,
+    heads_first_kernel,
+    into_heads,
     resolve_attention_impl,
+    runs_heads_first,
 )
 from wfm_jax.models.layers.linear import Linear
 from wfm_jax.models.layers.norms import RMSNorm
@@ -44,10 +51,23 @@ class CosmosAttention(nnx.Module):
     def _heads(self, x):
         return x.reshape(*x.shape[:2], self.heads, self.head_dim)
 
+    def _call_heads_first(self, x, kv, rope):
+        """The Pallas kernel with the sequence unsplit, in its own (B, N, T, H) layout; the
+        per-head norms and the RoPE work on the last axis in either layout."""
+        n, h = self.heads, self.head_dim
+        q, k, v = (into_heads(lin, a, n, h) for lin, a in ((self.to_q, x), (self.to_k, kv), (self.to_v, kv)))
+        q, k = self.norm_q(q), self.norm_k(k)
+        if rope is not None:
+            q, k = (apply_rope(t, *rope, heads_first=True) for t in (q, k))
+        return from_heads(self.to_out[0], heads_first_kernel(q, k, v), n, h)
+
     def __call__(self, x, context=None, rope=None):
         """x (B, S, D); context (B, L, context_dim) for cross-attention (None: self-attention);
         rope: (cos, sin) tables of rope.rope_tables for the S tokens, or None."""
         kv = x if context is None else context
+        if runs_heads_first(self.attention_impl, x.dtype, self.heads, self.head_dim,
+                            max(x.shape[1], kv.shape[1])):
+            return self._call_heads_first(x, kv, rope)
         q, k, v = self._heads(self.to_q(x)), self._heads(self.to_k(kv)), self._heads(self.to_v(kv))
         q, k = self.norm_q(q), self.norm_k(k)
         if rope is not None:

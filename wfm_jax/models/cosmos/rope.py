@@ -65,11 +65,13 @@ def rope_tables(head_dim: int, grid: tuple[int, int, int], max_positions: int,
     return np.cos(full).astype(np.float32), np.sin(full).astype(np.float32)
 
 
-def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
-    """Rotate-half RoPE on x (B, S, N, head_dim) in fp32; returns x's dtype."""
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array, *, heads_first: bool = False
+               ) -> jax.Array:
+    """Rotate-half RoPE on x (B, S, N, head_dim), or (B, N, S, head_dim) with `heads_first`, in
+    fp32; returns x's dtype."""
     xf = x.astype(jnp.float32)
     half = x.shape[-1] // 2
     x1, x2 = xf[..., :half], xf[..., half:]
-    c, s = cos[None, :, None, :], sin[None, :, None, :]
+    c, s = (cos[None, None], sin[None, None]) if heads_first else (cos[None, :, None, :], sin[None, :, None, :])
     out = jnp.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
     return out.astype(x.dtype)

@@ -258,6 +258,38 @@ def joint_attention(sample_qkv, context_qkv, *, implementation="xla", context_pa
     return out[:, :n], out[:, n:]
 
 
+def runs_heads_first(impl, dtype, heads: int, head_dim: int, seq_len: int) -> bool:
+    """True when a call runs the Pallas kernel with the sequence unsplit: then a model can keep
+    attention in the kernel's (B, N, T, H) layout from its projections (into_heads) to its output
+    projection (from_heads) and save the transposes pallas_tpu_attention makes around the
+    kernel. On v5p, SD3.5-M's 16-row SFT step: 0.496 -> 0.441 s estimated, peak 86.2 -> 77.8 GB
+    (docs/tpu_tuning.md). `seq_len`: the longer of the query and key sequences."""
+    if cp.sequence_axes():
+        return False
+    probe = jax.ShapeDtypeStruct((1, 1, heads, head_dim), dtype)
+    return kernel_for(impl, probe, seq_len) == "pallas"
+
+
+def into_heads(lin: Linear, x, heads: int, head_dim: int):
+    """(B, T, D) through `lin` into (B, N, T, H): the projection writes the kernel's layout
+    (LoRA included, Linear.einsum)."""
+    return lin.einsum("btd,dnh->bnth", x, (x.shape[-1], heads, head_dim), (heads, 1, head_dim))
+
+
+def from_heads(lin: Linear, y, heads: int, head_dim: int):
+    """(B, N, T, H) through the output projection `lin` into (B, T, D)."""
+    return lin.einsum("bnth,nhd->btd", y, (heads, head_dim, -1))
+
+
+def heads_first_kernel(q, k, v):
+    """The Pallas kernel on (B, N, T, H) q and (B, N, S, H) k, v: under a mesh inside shard_map
+    over the batch and heads (context_parallel.sharded_heads_first_attention)."""
+    if cp.has_mesh():
+        return cp.sharded_heads_first_attention(q, k, v)
+    from wfm_jax.models.layers.pallas_attention import heads_first_attention
+    return heads_first_attention(q, k, v)
+
+
 def make_qk_norm(kind: str | None, head_dim: int, *, eps: float, param_dtype):
     """diffusers Attention's per-head q/k norm for the kinds SD3-style blocks use."""
     if kind is None:
@@ -322,28 +354,12 @@ class Attention(nnx.Module):
         return x.reshape(*x.shape[:2], self.heads * self.head_dim)
 
     def _heads_first(self, hidden_states, encoder_hidden_states) -> bool:
-        """True when this call runs the Pallas kernel with the sequence unsplit: then attention
-        stays in the kernel's (B, N, T, H) layout from the projections (LoRA included,
-        Linear.einsum) to the output projection. On v5p, SD3.5-M's 16-row SFT step: 0.496 ->
-        0.441 s estimated, peak 86.2 -> 77.8 GB, as the transposes around the kernel go
-        (docs/tpu_tuning.md)."""
-        if cp.sequence_axes():
-            return False
         n = hidden_states.shape[1] + (encoder_hidden_states.shape[1] if self.joint else 0)
-        probe = jax.ShapeDtypeStruct((1, 1, self.heads, self.head_dim), hidden_states.dtype)
-        return kernel_for(self.attention_impl, probe, n) == "pallas"
-
-    def _into_heads(self, lin: Linear, x):
-        """(B, T, D) through `lin` into (B, N, T, H): the projection writes the kernel's layout."""
-        n, h = self.heads, self.head_dim
-        return lin.einsum("btd,dnh->bnth", x, (x.shape[-1], n, h), (n, 1, h))
-
-    def _from_heads(self, lin: Linear, y):
-        """(B, N, T, H) through the output projection `lin` into (B, T, D)."""
-        return lin.einsum("bnth,nhd->btd", y, (self.heads, self.head_dim, -1))
+        return runs_heads_first(self.attention_impl, hidden_states.dtype, self.heads,
+                                self.head_dim, n)
 
     def _qkv_heads_first(self, x, to_q, to_k, to_v, norm_q, norm_k):
-        q, k, v = (self._into_heads(lin, x) for lin in (to_q, to_k, to_v))
+        q, k, v = (into_heads(lin, x, self.heads, self.head_dim) for lin in (to_q, to_k, to_v))
         if norm_q is not None:  # over H, the last axis in either layout
             q = norm_q(q)
         if norm_k is not None:
@@ -358,15 +374,12 @@ class Attention(nnx.Module):
             c = self._qkv_heads_first(encoder_hidden_states, self.add_q_proj, self.add_k_proj,
                                       self.add_v_proj, self.norm_added_q, self.norm_added_k)
             q, k, v = (jnp.concatenate(p, axis=2) for p in zip((q, k, v), c, strict=True))
-        if cp.has_mesh():
-            out = cp.sharded_heads_first_attention(q, k, v)
-        else:
-            from wfm_jax.models.layers.pallas_attention import heads_first_attention
-            out = heads_first_attention(q, k, v)
-        sample = self._from_heads(self.to_out[0], out[:, :, :t])
+        out = heads_first_kernel(q, k, v)
+        sample = from_heads(self.to_out[0], out[:, :, :t], self.heads, self.head_dim)
         if not self.joint:
             return sample
-        ctx = self._from_heads(self.to_add_out, out[:, :, t:]) if self.to_add_out is not None else None
+        ctx = (from_heads(self.to_add_out, out[:, :, t:], self.heads, self.head_dim)
+               if self.to_add_out is not None else None)
         return sample, ctx
 
     def __call__(self, hidden_states, encoder_hidden_states=None):

@@ -7,21 +7,22 @@ LoRA target names map one-to-one. The kernels are layers.attention's: dot_produc
 self-attention, cross_attention for the text (whose K/V every context shard keeps whole). On the
 Pallas path with the sequence unsplit, q, k and v are projected straight into the kernel's
 (B, N, T, H) layout and the output projection contracts it, as SD3's attention does
-(layers/attention.py `Attention._heads_first`), so no transpose surrounds the kernel.
+(layers/attention.py `runs_heads_first`), so no transpose surrounds the kernel.
 """
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from wfm_jax.models.layers import context_parallel as cp
 from wfm_jax.models.layers.attention import (
     check_context_parallel_impl,
     cross_attention,
     dot_product_attention,
-    kernel_for,
+    from_heads,
+    heads_first_kernel,
+    into_heads,
     resolve_attention_impl,
+    runs_heads_first,
 )
 from wfm_jax.models.layers.linear import Linear
 from wfm_jax.models.layers.norms import RMSNorm, rms_norm_over_heads
@@ -51,40 +52,23 @@ class WanAttention(nnx.Module):
     def _heads(self, x):
         return x.reshape(*x.shape[:2], self.heads, self.head_dim)
 
-    def _heads_first(self, x, kv) -> bool:
-        """True when this call runs the Pallas kernel with the sequence unsplit."""
-        if cp.sequence_axes():
-            return False
-        probe = jax.ShapeDtypeStruct((1, 1, self.heads, self.head_dim), x.dtype)
-        return kernel_for(self.attention_impl, probe, max(x.shape[1], kv.shape[1])) == "pallas"
-
-    def _into_heads(self, lin: Linear, x, norm: RMSNorm | None = None):
-        """(B, T, D) through `lin` (and `norm`, over all heads) into (B, N, T, H)."""
-        n, h = self.heads, self.head_dim
-        y = lin.einsum("btd,dnh->bnth", x, (x.shape[-1], n, h), (n, 1, h))
-        if norm is None:
-            return y
-        scale = None if norm.scale is None else norm.scale[...]
-        return rms_norm_over_heads(y, scale, norm.eps)
-
     def _call_heads_first(self, x, kv, rope):
-        q = self._into_heads(self.to_q, x, self.norm_q)
-        k = self._into_heads(self.to_k, kv, self.norm_k)
-        v = self._into_heads(self.to_v, kv)
+        """The Pallas kernel with the sequence unsplit, in its own (B, N, T, H) layout
+        (layers/attention.py `runs_heads_first`); q and k RMS-normed over all heads there."""
+        n, h = self.heads, self.head_dim
+        q, k, v = (into_heads(lin, a, n, h) for lin, a in ((self.to_q, x), (self.to_k, kv), (self.to_v, kv)))
+        q, k = (rms_norm_over_heads(t, norm.scale[...], norm.eps)
+                for t, norm in ((q, self.norm_q), (k, self.norm_k)))
         if rope is not None:
             q, k = (apply_rope(t, *rope, heads_first=True) for t in (q, k))
-        if cp.has_mesh():
-            out = cp.sharded_heads_first_attention(q, k, v)
-        else:
-            from wfm_jax.models.layers.pallas_attention import heads_first_attention
-            out = heads_first_attention(q, k, v)
-        return self.to_out[0].einsum("bnth,nhd->btd", out, (self.heads, self.head_dim, -1))
+        return from_heads(self.to_out[0], heads_first_kernel(q, k, v), n, h)
 
     def __call__(self, x, context=None, rope=None):
         """x (B, S, D); context (B, L, D) for cross-attention (None: self-attention);
         rope: (cos, sin) tables of rope.rope_tables for the S tokens, or None."""
         kv = x if context is None else context
-        if self._heads_first(x, kv):
+        if runs_heads_first(self.attention_impl, x.dtype, self.heads, self.head_dim,
+                            max(x.shape[1], kv.shape[1])):
             return self._call_heads_first(x, kv, rope)
         q, k, v = self.to_q(x), self.to_k(kv), self.to_v(kv)
         q, k = self.norm_q(q), self.norm_k(k)
