@@ -210,36 +210,20 @@ def test_attention_in_the_kernels_layout_equals_xla_attention(joint, lora, monke
         np.testing.assert_allclose(g, w, atol=ATOL, rtol=1e-5)
 
 
-def _video_attention(family, dim, heads, head_dim, grid):
-    """(module, rope tables) of Wan's or Cosmos' attention on XLA attention."""
+@pytest.mark.parametrize("cross,lora,heads", [(False, True, 1), (True, False, 1), (False, False, 2)])
+def test_cosmos_attention_in_the_kernels_layout_equals_xla_attention(cross, lora, heads, monkeypatch):
+    # Cosmos' attention on the Pallas path with the sequence unsplit: q, k, v projected into the
+    # kernel's (B, N, T, H) layout, the per-head q and k norms and the RoPE there, the output
+    # projection contracting it. Outputs and gradients (weights, LoRA, inputs) against the same
+    # module on XLA attention. One head under the 8-device mesh (the interpreter's limit, module
+    # docstring); two heads on one device.
     from flax import nnx
-    if family == "wan":
-        from wfm_jax.models.wan.attention import WanAttention
-        from wfm_jax.models.wan.rope import rope_tables
-        return (WanAttention(dim, heads, head_dim, rngs=nnx.Rngs(0), attention_impl="xla"),
-                rope_tables(head_dim, grid))
+
     from wfm_jax.models.cosmos.attention import CosmosAttention
-    from wfm_jax.models.cosmos.rope import rope_tables as cosmos_rope_tables
-    return (CosmosAttention(dim, heads, head_dim, rngs=nnx.Rngs(0), attention_impl="xla"),
-            cosmos_rope_tables(head_dim, grid, max(grid)))
-
-
-@pytest.mark.parametrize("family,cross,lora,heads", [
-    ("wan", False, False, 1), ("wan", True, False, 1), ("wan", False, True, 1), ("wan", False, False, 2),
-    ("cosmos", False, True, 1), ("cosmos", True, False, 2)])
-def test_video_attention_in_the_kernels_layout_equals_xla_attention(family, cross, lora, heads,
-                                                                   monkeypatch):
-    # Wan's and Cosmos' attention on the Pallas path with the sequence unsplit: q, k, v projected
-    # into the kernel's (B, N, T, H) layout, q and k RMS-normed there (Wan: over all heads
-    # together), RoPE on that layout, the output projection contracting it. Outputs and
-    # gradients (weights, LoRA, inputs) against the same module on XLA attention. One head under
-    # the 8-device mesh (the interpreter's limit, module docstring); two heads (Wan: the norm
-    # across heads) on one device.
-    from flax import nnx
-    b, grid, l, dim = 8, (2, 4, 5), 7, 16
-    head_dim = 8 if family == "wan" else 12  # Cosmos' RoPE needs 12 at least
+    from wfm_jax.models.cosmos.rope import rope_tables
+    b, grid, l, dim, head_dim = 8, (2, 4, 5), 7, 16, 12  # Cosmos' RoPE needs a head_dim of 12 at least
     t = grid[0] * grid[1] * grid[2]
-    module, tables = _video_attention(family, dim, heads, head_dim, grid)
+    module = CosmosAttention(dim, heads, head_dim, rngs=nnx.Rngs(0), attention_impl="xla")
     if lora:
         for lin in (module.to_q, module.to_k, module.to_v, module.to_out[0]):
             lin.add_lora(4, 8.0, nnx.Rngs(1))
@@ -247,7 +231,7 @@ def test_video_attention_in_the_kernels_layout_equals_xla_attention(family, cros
     params = jax.tree.map(lambda p: p + 0.1 * jax.random.normal(jax.random.key(3), p.shape), params)
     x, c = _arrays([(b, t, dim), (b, l, dim)])
     weights = _arrays([(b, t, dim)], seed=1)[0]
-    rope = None if cross else tuple(jnp.asarray(a) for a in tables)
+    rope = None if cross else tuple(jnp.asarray(a) for a in rope_tables(head_dim, grid, max(grid)))
     taken = []
     heads_first = cp.sharded_heads_first_attention
     monkeypatch.setattr(cp, "sharded_heads_first_attention",
@@ -267,20 +251,7 @@ def test_video_attention_in_the_kernels_layout_equals_xla_attention(family, cros
         else:
             got = jax.jit(grad)(params, x, c)
     assert bool(taken) == (heads == 1)  # under the mesh: the kernel's layout, no transposing wrapper
-    # a weighted sum of 5120 outputs near 1 in size that nearly cancel (0.42): fp32 in two orders
+    # a weighted sum of 5120 outputs near 1 in size that nearly cancel: fp32 in two orders
     np.testing.assert_allclose(got[0], want[0], atol=1e-4, rtol=0)
     for g, w in zip(jax.tree.leaves(got[1]), jax.tree.leaves(want[1]), strict=True):
         np.testing.assert_allclose(g, w, atol=ATOL, rtol=1e-5)
-
-
-def test_rms_norm_over_heads_is_rms_norm_of_the_merged_heads():
-    from wfm_jax.models.layers.norms import RMSNorm, rms_norm_over_heads
-    x, scale = _arrays([(2, 3, 5, 4), (12,)])
-    norm = RMSNorm(12, eps=1e-6)
-    norm.scale[...] = scale
-    want = norm(x.transpose(0, 2, 1, 3).reshape(2, 5, 12)).reshape(2, 5, 3, 4).transpose(0, 2, 1, 3)
-    np.testing.assert_allclose(rms_norm_over_heads(x, scale, 1e-6), want, atol=1e-6, rtol=1e-6)
-    g = jax.grad(lambda x: jnp.sum(rms_norm_over_heads(x, scale, 1e-6) * x))(x)
-    g_want = jax.grad(lambda x: jnp.sum(norm(x.reshape(2, 5, 12)) * x.reshape(2, 5, 12)))(
-        x.transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3)
-    np.testing.assert_allclose(g, g_want, atol=1e-5, rtol=1e-5)

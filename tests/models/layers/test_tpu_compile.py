@@ -60,40 +60,31 @@ def test_auto_attention_compiles_to_the_pallas_kernel_for_tpu(topology_devices, 
     assert compiled.memory_analysis().temp_size_in_bytes > 0
 
 
-@pytest.mark.parametrize("family", ["wan", "cosmos"])
-def test_video_attention_in_the_kernels_layout_compiles_for_tpu(topology_devices, family):
-    """Wan's and Cosmos' self-attention (RoPE, q/k norms) on "auto" with the sequence unsplit
-    (fsdp 4) take the kernel's (B, N, T, H) layout (layers/attention.py `runs_heads_first`) and
-    compile to the three Mosaic kernels inside shard_map, with no (T x T) score tensor."""
+def test_cosmos_attention_in_the_kernels_layout_compiles_for_tpu(topology_devices, monkeypatch):
+    """Cosmos' self-attention (RoPE, per-head q/k norms) on "auto" with the sequence unsplit
+    (fsdp 4) takes the kernel's (B, N, T, H) layout (layers/attention.py `runs_heads_first`) and
+    compiles to the three Mosaic kernels inside shard_map, with no (T x T) score tensor."""
     from flax import nnx
 
+    from wfm_jax.models.cosmos.attention import CosmosAttention
+    from wfm_jax.models.cosmos.rope import rope_tables
     from wfm_jax.models.layers import context_parallel as cp
-    if family == "wan":
-        from wfm_jax.models.wan.attention import WanAttention as Module
-        from wfm_jax.models.wan.rope import rope_tables
-        tables = rope_tables(128, (4, 8, 8))
-    else:
-        from wfm_jax.models.cosmos.attention import CosmosAttention as Module
-        from wfm_jax.models.cosmos.rope import rope_tables as cosmos_tables
-        tables = cosmos_tables(128, (4, 8, 8), 8)
     m = wmesh.make_mesh(devices=topology_devices, data=1, fsdp=4)
-    module = Module(256, 2, 128, rngs=nnx.Rngs(0), dtype=jnp.bfloat16, attention_impl="auto")
+    module = CosmosAttention(256, 2, 128, rngs=nnx.Rngs(0), dtype=jnp.bfloat16, attention_impl="auto")
     graphdef, params = nnx.split(module)
     spec = NamedSharding(m, wmesh.logical_to_spec(("act_batch", "act_seq", "act_embed")))
     x = jax.ShapeDtypeStruct((4, 256, 256), jnp.bfloat16, sharding=spec)
-    rope = tuple(jnp.asarray(t) for t in tables)
+    rope = tuple(jnp.asarray(t) for t in rope_tables(128, (4, 8, 8), 8))
     taken = []
     heads_first = cp.sharded_heads_first_attention
+    monkeypatch.setattr(cp, "sharded_heads_first_attention",
+                        lambda *a: taken.append(1) or heads_first(*a))
 
     def loss(params, x):
         return jnp.sum(nnx.merge(graphdef, params)(x, None, rope).astype(jnp.float32))
 
     with jax.set_mesh(m):
-        cp.sharded_heads_first_attention = lambda *a: taken.append(1) or heads_first(*a)
-        try:
-            compiled = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(params, x).compile()
-        finally:
-            cp.sharded_heads_first_attention = heads_first
+        compiled = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(params, x).compile()
     hlo = compiled.as_text()
     assert taken  # the kernel's layout, not the transposing wrapper
     assert hlo.count(MOSAIC) == 3, hlo.count(MOSAIC)

@@ -51,19 +51,6 @@ def _rms_norm(x, scale, eps):
     return y.astype(x.dtype)
 
 
-@functools.partial(jax.checkpoint, policy=KEEP_NORM_STATS, static_argnums=(2,))
-def rms_norm_over_heads(x, scale, eps):
-    """RMSNorm of (B, N, T, H) `x` over each token's N x H features together, the same numbers as
-    RMSNorm over the (B, T, N * H) layout ("rms_norm_across_heads", Wan) in the attention
-    kernel's heads-first layout; `scale` is the (N * H,) weight."""
-    f = x.astype(jnp.float32)
-    ms = jnp.mean(jnp.square(f), axis=(1, 3), keepdims=True)
-    y = f * checkpoint_name(jax.lax.rsqrt(ms + eps), NORM_STATS)
-    if scale is not None:
-        y = y * scale.astype(jnp.float32).reshape(x.shape[1], 1, x.shape[3])
-    return y.astype(x.dtype)
-
-
 def _value(p):
     return None if p is None else p[...]
 

@@ -42,15 +42,10 @@ def rope_tables(head_dim: int, grid: tuple[int, int, int], max_seq_len: int = 10
     return np.cos(full).astype(np.float32), np.sin(full).astype(np.float32)
 
 
-def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array, *, heads_first: bool = False
-               ) -> jax.Array:
-    """Rotate interleaved pairs of x (B, S, N, head_dim), or (B, N, S, head_dim) with
-    `heads_first`, in fp32; returns x's dtype."""
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """Rotate interleaved pairs of x (B, S, N, head_dim) in fp32; returns x's dtype."""
     xf = x.astype(jnp.float32)
     x1, x2 = xf[..., 0::2], xf[..., 1::2]
-    if heads_first:
-        c, s = cos[None, None], sin[None, None]
-    else:
-        c, s = cos[None, :, None, :], sin[None, :, None, :]
+    c, s = cos[None, :, None, :], sin[None, :, None, :]
     out = jnp.stack([x1 * c - x2 * s, x1 * s + x2 * c], axis=-1)
     return out.reshape(x.shape).astype(x.dtype)
