@@ -29,6 +29,7 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
+from tests._support.attention import record_heads_first
 from wfm_jax.core import mesh as wmesh
 from wfm_jax.models.layers import context_parallel as cp
 from wfm_jax.models.layers.attention import cross_attention, dot_product_attention, joint_attention
@@ -59,6 +60,19 @@ def _outputs_and_grads(fn, args, weights):
     def loss(*a):
         return sum(jnp.sum(o * w) for o, w in zip(fn(*a), weights, strict=True))
     return fn(*args), jax.grad(loss, argnums=tuple(range(len(args))))(*args)
+
+
+def _split_perturbed(module):
+    """(graphdef, params) of `module`, every parameter moved off its initial value (LoRA's zero B
+    included, so its gradients flow through both factors)."""
+    from flax import nnx
+    graphdef, params = nnx.split(module)
+    return graphdef, jax.tree.map(lambda p: p + 0.1 * jax.random.normal(jax.random.key(3), p.shape), params)
+
+
+def _assert_grads_close(got, want):
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_allclose(g, w, atol=ATOL, rtol=1e-5)
 
 
 def _xla(q, k, v, kv_mask=None):
@@ -182,14 +196,10 @@ def test_attention_in_the_kernels_layout_equals_xla_attention(joint, lora, monke
         for name in ("to_q", "to_k", "to_v", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out"):
             getattr(module, name).add_lora(4, 8.0, nnx.Rngs(1))
         module.to_out[0].add_lora(4, 8.0, nnx.Rngs(2))
-    graphdef, params = nnx.split(module)
-    params = jax.tree.map(lambda p: p + 0.1 * jax.random.normal(jax.random.key(3), p.shape), params)
+    graphdef, params = _split_perturbed(module)
     x, c = _arrays([(b, t, dim), (b, l, 12)])
     weights = _arrays([(b, t, dim), (b, l, dim)], seed=1)
-    taken = []
-    heads_first = cp.sharded_heads_first_attention
-    monkeypatch.setattr(cp, "sharded_heads_first_attention",
-                        lambda *a: taken.append(1) or heads_first(*a))
+    taken = record_heads_first(monkeypatch)
 
     def loss(params, x, c, impl):
         m = nnx.merge(graphdef, params)
@@ -206,8 +216,7 @@ def test_attention_in_the_kernels_layout_equals_xla_attention(joint, lora, monke
     np.testing.assert_allclose(got[0], want[0], rtol=1e-6)  # a sum over 5120 outputs
     # the LoRA weights' gradients reach |g| ~ 40 here, where fp32 sums over 5120 terms in two
     # orders differ by a few 1e-6 relative (2.3e-5 absolute on CI's AVX2 host): bound both
-    for g, w in zip(jax.tree.leaves(got[1]), jax.tree.leaves(want[1]), strict=True):
-        np.testing.assert_allclose(g, w, atol=ATOL, rtol=1e-5)
+    _assert_grads_close(got[1], want[1])
 
 
 @pytest.mark.parametrize("cross,lora,heads", [(False, True, 1), (True, False, 1), (False, False, 2)])
@@ -227,15 +236,11 @@ def test_cosmos_attention_in_the_kernels_layout_equals_xla_attention(cross, lora
     if lora:
         for lin in (module.to_q, module.to_k, module.to_v, module.to_out[0]):
             lin.add_lora(4, 8.0, nnx.Rngs(1))
-    graphdef, params = nnx.split(module)
-    params = jax.tree.map(lambda p: p + 0.1 * jax.random.normal(jax.random.key(3), p.shape), params)
+    graphdef, params = _split_perturbed(module)
     x, c = _arrays([(b, t, dim), (b, l, dim)])
     weights = _arrays([(b, t, dim)], seed=1)[0]
     rope = None if cross else tuple(jnp.asarray(a) for a in rope_tables(head_dim, grid, max(grid)))
-    taken = []
-    heads_first = cp.sharded_heads_first_attention
-    monkeypatch.setattr(cp, "sharded_heads_first_attention",
-                        lambda *a: taken.append(1) or heads_first(*a))
+    taken = record_heads_first(monkeypatch)
 
     def loss(params, x, c, impl):
         m = nnx.merge(graphdef, params)
@@ -253,5 +258,4 @@ def test_cosmos_attention_in_the_kernels_layout_equals_xla_attention(cross, lora
     assert bool(taken) == (heads == 1)  # under the mesh: the kernel's layout, no transposing wrapper
     # a weighted sum of 5120 outputs near 1 in size that nearly cancel: fp32 in two orders
     np.testing.assert_allclose(got[0], want[0], atol=1e-4, rtol=0)
-    for g, w in zip(jax.tree.leaves(got[1]), jax.tree.leaves(want[1]), strict=True):
-        np.testing.assert_allclose(g, w, atol=ATOL, rtol=1e-5)
+    _assert_grads_close(got[1], want[1])

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import pytest
 from jax.sharding import NamedSharding
 
+from tests._support.attention import record_heads_first
 from wfm_jax.core import mesh as wmesh
 from wfm_jax.models.layers.attention import dot_product_attention, kernel_for
 
@@ -68,17 +69,13 @@ def test_cosmos_attention_in_the_kernels_layout_compiles_for_tpu(topology_device
 
     from wfm_jax.models.cosmos.attention import CosmosAttention
     from wfm_jax.models.cosmos.rope import rope_tables
-    from wfm_jax.models.layers import context_parallel as cp
     m = wmesh.make_mesh(devices=topology_devices, data=1, fsdp=4)
     module = CosmosAttention(256, 2, 128, rngs=nnx.Rngs(0), dtype=jnp.bfloat16, attention_impl="auto")
     graphdef, params = nnx.split(module)
     spec = NamedSharding(m, wmesh.logical_to_spec(("act_batch", "act_seq", "act_embed")))
     x = jax.ShapeDtypeStruct((4, 256, 256), jnp.bfloat16, sharding=spec)
     rope = tuple(jnp.asarray(t) for t in rope_tables(128, (4, 8, 8), 8))
-    taken = []
-    heads_first = cp.sharded_heads_first_attention
-    monkeypatch.setattr(cp, "sharded_heads_first_attention",
-                        lambda *a: taken.append(1) or heads_first(*a))
+    taken = record_heads_first(monkeypatch)
 
     def loss(params, x):
         return jnp.sum(nnx.merge(graphdef, params)(x, None, rope).astype(jnp.float32))
