@@ -14,7 +14,10 @@ Scores in [0, 1], one per attribute, returned as extra keys like GenEval's:
   colour      fraction of the foreground pixels in the asked colour (0 without a foreground)
   count       max(0, 1 - |n - N| / N) over the n components (GenEval's partial credit)
   shape       fraction of the components whose width profiles read as the asked shape
-and `shapes_alignment`, their mean.
+  size        only when the prompt asks one ("a small red circle ..."): the fraction of the
+              components whose bounding box's longer side is on the asked side of the world's
+              small / large boundary for that count (grammar.size_threshold); NaN otherwise
+and `shapes_alignment`, the mean of the attributes the prompt asks for.
 
 A prompt outside the grammar is an error naming the sample (`shapes_alignment`); the
 `shapes_alignment_lenient` variant scores it 0 on every key and warns once per batch.
@@ -27,7 +30,13 @@ import numpy as np
 
 from reward_client.errors import RewardValueError
 from reward_client.registry import register_reward
-from wfm_jax.worlds.shapes.grammar import BACKGROUNDS, COLOURS, PromptGrammarError, parse_prompt
+from wfm_jax.worlds.shapes.grammar import (
+    BACKGROUNDS,
+    COLOURS,
+    PromptGrammarError,
+    parse_prompt,
+    size_threshold,
+)
 
 PALETTE_NAMES = list(COLOURS) + list(BACKGROUNDS)
 PALETTE = np.asarray([*COLOURS.values(), *BACKGROUNDS.values()], np.float32)
@@ -84,14 +93,15 @@ def analyse(image: np.ndarray) -> dict:
     n, comp, stats, _ = cv2.connectedComponentsWithStats(foreground.astype(np.uint8), connectivity=8)
     floor = max(2, MIN_AREA_AT_32 * image.shape[0] * image.shape[1] // 1024)
     min_area = max(floor, MIN_FRACTION_OF_LARGEST * int(stats[1:, cv2.CC_STAT_AREA].max(initial=0)))
-    shapes = []
+    shapes, sides = [], []
     for i in range(1, n):
         x, y, w, h, area = (int(stats[i, k]) for k in (cv2.CC_STAT_LEFT, cv2.CC_STAT_TOP, cv2.CC_STAT_WIDTH,
                                                         cv2.CC_STAT_HEIGHT, cv2.CC_STAT_AREA))
         if area >= min_area:
             shapes.append(shape_of(comp[y:y + h, x:x + w] == i))
+            sides.append(max(w, h))
     return {"background": background, "colour_fractions": dict(zip(COLOURS, fractions.tolist())),
-            "foreground": int(foreground.sum()), "shapes": shapes}
+            "foreground": int(foreground.sum()), "shapes": shapes, "sides": sides}
 
 
 def score_image(image: np.ndarray, prompt: str) -> dict[str, float]:
@@ -106,7 +116,12 @@ def score_image(image: np.ndarray, prompt: str) -> dict[str, float]:
         "count": max(0.0, 1.0 - abs(n - scene.count) / scene.count),
         "shape": sum(s == scene.shape for s in seen["shapes"]) / n if n else 0.0,
     }
-    scores["shapes_alignment"] = float(np.mean([scores[k] for k in KEYS]))
+    if scene.size is not None:
+        threshold = size_threshold(scene.count, image.shape[0])
+        large = [side > threshold for side in seen["sides"]]
+        scores["size"] = (sum(is_large == (scene.size == "large") for is_large in large) / n
+                          if n else 0.0)
+    scores["shapes_alignment"] = float(np.mean(list(scores.values())))
     return scores
 
 
@@ -115,6 +130,7 @@ def _score_batch(images, prompts, *, lenient: bool) -> dict[str, np.ndarray]:
     if images.ndim != 4 or images.shape[-1] != 3:
         raise RewardValueError(f"shapes_alignment: images of shape {images.shape}, expected [N, H, W, 3]")
     out = {k: np.zeros(len(prompts)) for k in (*KEYS, "shapes_alignment")}
+    sized = np.full(len(prompts), np.nan)  # a prompt without a size word has no size score
     unparsed = []
     for i, (image, prompt) in enumerate(zip(images, prompts)):
         try:
@@ -125,8 +141,11 @@ def _score_batch(images, prompts, *, lenient: bool) -> dict[str, np.ndarray]:
                                        "shapes_alignment_lenient to score such prompts 0)") from None
             unparsed.append(i)
             continue
+        sized[i] = scores.pop("size", np.nan)
         for k, v in scores.items():
             out[k][i] = v
+    if not np.isnan(sized).all():
+        out["size"] = sized
     if unparsed:
         warnings.warn(f"shapes_alignment_lenient: {len(unparsed)} prompt(s) outside the shapes "
                       f"grammar scored 0 (samples {unparsed[:8]})", stacklevel=2)

@@ -22,6 +22,12 @@ keys:
   (one shape centred; two side by side; three in a triangle), each box moved by up to J px, so
   the model has one layout per count to learn instead of a continuum (an experiment);
   fixed_half=2:0.19,3:0.17 sets its half-sides by count;
+- sizes=1: every training image drawn small or large at random (grammar.SIZE_HALF; with
+  layout=fixed, at the layout's places), its caption without the size word; the tokenizers know
+  the size words, the model is never shown them. Scored also on the held-out scenes with each
+  size word ("heldout_sized", 24 prompts), and the sized prompts of the RL scenes (rl_split=1) or
+  of the training scenes are written to OUT/NAME/rl_prompts_sized.txt, with
+  heldout_sized.txt: RL can teach the size word, SFT did not;
 - rl_split=1: a third split for RL (`rl_scenes`: each colour with another shape and background
   than its held-out ones, 12 scenes) is left out of the SFT data too, so the base is trained on
   48 scenes; its prompts are written to OUT/NAME/rl_prompts.txt and it is scored as "rl";
@@ -94,12 +100,12 @@ FIXED_LAYOUTS = {1: [(0.5, 0.5, 0.28)], 2: [(0.25, 0.5, 0.17), (0.75, 0.5, 0.17)
 
 def fixed_layout(jitter: float):
     """grammar._layout with one place per box and count (FIXED_LAYOUTS), each box shifted by up
-    to `jitter` px."""
-    def layout(count, size, rng, max_tries):
+    to `jitter` px; a sized scene's `half` replaces the layout's half-side."""
+    def layout(count, size, rng, max_tries, half=None):
         boxes = []
-        for cx, cy, half in FIXED_LAYOUTS[count]:
+        for cx, cy, fixed_half in FIXED_LAYOUTS[count]:
             dx, dy = rng.uniform(-jitter, jitter, size=2)
-            x, y, h = cx * size + dx, cy * size + dy, half * size
+            x, y, h = cx * size + dx, cy * size + dy, (half or fixed_half) * size
             boxes.append((x - h, y - h, x + h, y + h))
         return boxes
     return layout
@@ -115,6 +121,18 @@ def rl_scenes() -> list:
         out += [grammar.Scene(colour, shape, n, background) for n in grammar.COUNT_WORDS]
     assert not set(out) & set(grammar.heldout_scenes())
     return out
+
+
+def sized_sample(index: int, seed: int, size: int, scenes: list):
+    """dataset.sample with the scene drawn small or large (its own generator), captioned
+    without the size word."""
+    order = np.random.default_rng(seed).permutation(len(scenes))
+    scene = scenes[int(order[index % len(scenes)])]
+    which = grammar.SIZES[int(np.random.default_rng([seed, index, 7]).integers(2))]
+    image, boxes = grammar.draw_scene(scene.sized(which), size, np.random.default_rng([seed, index]))
+    return image, {"prompt": scene.prompt, "colour": scene.colour, "shape": scene.shape,
+                   "count": scene.count, "background": scene.background, "size": which,
+                   "boxes": boxes}
 
 
 def empty_captions(data: str, out: str, fraction: float, seed: int) -> str:
@@ -156,6 +174,8 @@ def main(argv=None) -> int:
     shutil.rmtree(root, ignore_errors=True)
     os.makedirs(root)
     configs = pretrain.base_configs(s)
+    if kv.get("sizes") == "1":
+        configs["words"] = (*configs["words"], *grammar.SIZES)
     for key in ("patch_size", "qk_norm", "pos_embed_max_size"):
         if key in kv:
             configs["transformer"][key] = kv[key] if key == "qk_norm" else int(kv[key])
@@ -194,6 +214,14 @@ def main(argv=None) -> int:
         grammar.SPLIT_SCENES["rl"] = lambda: rl
         with open(os.path.join(root, "rl_prompts.txt"), "w") as f:
             f.write("".join(sc.prompt + "\n" for sc in rl))
+    if kv.get("sizes") == "1":
+        from wfm_jax.worlds.shapes import dataset as shapes_dataset
+        shapes_dataset.sample = sized_sample
+        held = grammar.sized(grammar.heldout_scenes())
+        rl_sized = grammar.sized(grammar.SPLIT_SCENES["rl" if "rl" in grammar.SPLIT_SCENES else "train"]())
+        for name, scenes in (("heldout_sized.txt", held), ("rl_prompts_sized.txt", rl_sized)):
+            with open(os.path.join(root, name), "w") as f:
+                f.write("".join(sc.prompt + "\n" for sc in scenes))
     data = build_shapes_dataset(os.path.join(root, "data"), count=s.dataset_count, size=s.size,
                                 seed=s.seed, split="train")
     if "empty_captions" in kv:
@@ -217,7 +245,8 @@ def main(argv=None) -> int:
     exported = step_dir(out, s.sft_steps)
     guidance = float(kv.get("guidance", 1.0))
     heldout = int(kv.get("heldout_per_prompt", 8))
-    splits = (("heldout", heldout), ("train", 2)) + ((("rl", heldout),) if "rl" in grammar.SPLIT_SCENES else ())
+    splits = (("heldout", heldout), ("train", 2)) + tuple(
+        (name, heldout) for name in ("rl", "heldout_sized") if name in grammar.SPLIT_SCENES)
     for split, per_prompt in splits:
         result[split] = score_directory(exported, split, per_prompt=per_prompt, size=s.size,
                                         guidance=guidance)

@@ -39,7 +39,8 @@ def score_pipeline(pipe, prompts, *, per_prompt: int = 4, steps: int = 10, size:
                        for p in prompts]
         scores.setdefault("chance", []).extend(np.mean(against_all, axis=0).tolist())
     detected = accuracy(np.concatenate(every), todo, chance_prompts=list(prompts))
-    return {**{k: float(np.mean(v)) for k, v in scores.items()}, "n": len(todo),
+    # nanmean: `size` is NaN for a prompt without a size word
+    return {**{k: float(np.nanmean(v)) for k, v in scores.items()}, "n": len(todo),
             "detected": {k: round(v, 4) for k, v in detected.items() if k != "n"}}
 
 

@@ -92,3 +92,22 @@ def test_mismatched_lengths_are_refused():
     images, prompts = _drawn(2, 32, seed=0)
     with pytest.raises(ValueError, match="2 images for 1 prompts"):
         accuracy(images, prompts[:1])
+
+
+@pytest.mark.parametrize("size", [32, 64])
+def test_reads_the_size_of_sized_scenes_and_only_where_asked(size):
+    from wfm_jax.worlds.shapes.grammar import SIZES, draw_scene
+
+    rng = np.random.default_rng(13)
+    scenes = [s.sized(z) for s in all_scenes() for z in SIZES]
+    images = np.stack([np.asarray(draw_scene(s, size, rng)[0]) for s in scenes])
+    prompts = [s.prompt for s in scenes]
+    got = accuracy(images, prompts)
+    assert got["size"] == 1.0 and got["shape"] == 1.0 and got["count"] == 1.0, got
+    # against every prompt: near 1 in 2 (the boundary moves with the asked count and shape)
+    assert got["chance_size"] == pytest.approx(1 / 2, abs=0.03)
+    soft = np.stack([cv2.GaussianBlur(x, (0, 0), 0.8 * size / 32) for x in images])
+    assert accuracy(soft, prompts)["size"] >= 0.95
+    wrong = [s.sized(SIZES[1 - SIZES.index(s.size)]).prompt for s in scenes]
+    assert accuracy(images, wrong)["size"] == 0.0
+    assert "size" not in accuracy(images, [s.sized(None).prompt for s in scenes])

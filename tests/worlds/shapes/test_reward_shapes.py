@@ -217,3 +217,51 @@ def test_extra_keys_shared_by_two_rewards_are_named_by_reward():
     out = extra_scores(specs, raw, 2, np.array([True, False]))
     assert set(out) == {"a.count", "b.count", "colour"}  # 'tag' is not numeric: left out
     np.testing.assert_array_equal(out["colour"], [0.25, np.nan])
+
+
+def _softened(image, rng):
+    from PIL import ImageFilter
+
+    pixels = np.asarray(image.filter(ImageFilter.GaussianBlur(0.8)), np.float64)
+    return np.clip(pixels + rng.normal(0.0, 15.0, pixels.shape), 0, 255).astype(np.uint8)
+
+
+def test_the_size_word_is_read_from_drawn_and_softened_sized_scenes():
+    """Every scene drawn small and large: the reward's size term is 1 on the drawings, at least
+    0.95 softened as samples are, and 0 for the other size word on the drawings."""
+    from wfm_jax.worlds.shapes.grammar import SIZES, all_scenes, draw_scene
+
+    rng = np.random.default_rng(2)
+    drawn, softened, other = [], [], []
+    for scene in all_scenes():
+        for size in SIZES:
+            sized = scene.sized(size)
+            image, _ = draw_scene(sized, 32, rng)
+            wrong = scene.sized(SIZES[1 - SIZES.index(size)]).prompt
+            drawn.append(_score(image, sized.prompt)["size"])
+            other.append(_score(image, wrong)["size"])
+            softened.append(_score(_softened(image, rng), sized.prompt)["size"])
+    assert min(drawn) == 1.0 and max(other) == 0.0
+    assert np.mean(softened) >= 0.95
+
+
+def test_the_size_term_joins_the_mean_only_when_asked(dataset):
+    images, prompts = dataset
+    plain = score_local("shapes_alignment", images[:4], prompts[:4])
+    assert "size" not in plain  # an unsized batch scores as before
+    sized = [parse_prompt(p).sized("large").prompt for p in prompts[:2]]
+    mixed = score_local("shapes_alignment", images[:4], sized + prompts[2:4])
+    assert np.isnan(mixed["size"][2:]).all() and not np.isnan(mixed["size"][:2]).any()
+    np.testing.assert_allclose(mixed["shapes_alignment"][2:], plain["shapes_alignment"][2:])
+    for i in range(2):  # the mean of five terms for a sized prompt
+        terms = [mixed[k][i] for k in ("background", "colour", "count", "shape", "size")]
+        assert mixed["shapes_alignment"][i] == pytest.approx(np.mean(terms))
+
+
+def test_the_size_word_parses_and_round_trips():
+    from wfm_jax.worlds.shapes.grammar import SIZES, all_scenes
+    assert all(parse_prompt(s.sized(z).prompt) == s.sized(z) for s in all_scenes() for z in SIZES)
+    assert parse_prompt("two Large red circles on a white background").size == "large"
+    assert parse_prompt("a red circle on a white background").size is None
+    with pytest.raises(PromptGrammarError):
+        parse_prompt("a huge red circle on a white background")

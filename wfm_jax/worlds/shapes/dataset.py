@@ -12,7 +12,7 @@ uniform, so the wrap leaves no seam); the JSON adds the direction and the frame 
 boxes are those of frame 0.
 
 Splits: `train` (60 scenes), `heldout` (12 scenes never in `train`, see shapes.heldout_scenes),
-`all` (72).
+`all` (72); `train_sized` and `heldout_sized`: those scenes asked small and large (grammar.SIZES).
 """
 from __future__ import annotations
 
@@ -38,7 +38,8 @@ def sample(index: int, seed: int, size: int, scenes: list[Scene]):
     scene = scenes[int(order[index % len(scenes)])]
     image, boxes = draw_scene(scene, size, np.random.default_rng([seed, index]))
     return image, {"prompt": scene.prompt, "colour": scene.colour, "shape": scene.shape,
-                   "count": scene.count, "background": scene.background, "boxes": boxes}
+                   "count": scene.count, "background": scene.background, "boxes": boxes,
+                   **({"size": scene.size} if scene.size else {})}
 
 
 DIRECTIONS = ((0, 1), (0, -1), (1, 0), (-1, 0))  # (dy, dx) per frame: right, left, down, up

@@ -16,6 +16,10 @@ yes/no answer per attribute, so accuracy against chance is a measure RL does not
   shape       each component against three templates drawn in its bounding box (a filled
               ellipse, rectangle and upward triangle, as the dataset draws them); the best
               intersection-over-union names it; the image's shape is the majority (ties: none)
+  size        (prompts with a size word only) each component's area against the area the asked
+              shape would have in a box of the world's small / large boundary side for the
+              asked count (grammar.size_threshold); the image's size is the majority (ties: none).
+              The reward reads the box's longer side instead
 
 A prompt's attribute is detected correctly when the image's reading equals it; `all` needs
 colour, shape and count together.
@@ -28,7 +32,7 @@ from collections import Counter
 import numpy as np
 from PIL import Image, ImageDraw
 
-from wfm_jax.worlds.shapes.grammar import COLOURS, SHAPES, parse_prompt
+from wfm_jax.worlds.shapes.grammar import COLOURS, SHAPES, parse_prompt, size_threshold
 
 CHROMA_MIN = 70
 MIN_AREA_AT_32 = 4
@@ -98,17 +102,30 @@ def read_image(image: np.ndarray) -> dict:
     floor = max(2, MIN_AREA_AT_32 * pixels.shape[0] * pixels.shape[1] // 1024)
     if len(areas):
         floor = max(floor, MIN_FRACTION_OF_LARGEST * areas.max())
-    shapes = []
+    shapes, areas_kept = [], []
     for i in range(1, n):
         if stats[i, cv2.CC_STAT_AREA] < floor:
             continue
+        areas_kept.append(int(stats[i, cv2.CC_STAT_AREA]))
         x, y, w, h = (int(stats[i, k]) for k in (cv2.CC_STAT_LEFT, cv2.CC_STAT_TOP,
                                                   cv2.CC_STAT_WIDTH, cv2.CC_STAT_HEIGHT))
         shapes.append(_shape_of(labels[y:y + h, x:x + w] == i))
     votes = Counter(shapes).most_common()
     shape = votes[0][0] if votes and (len(votes) == 1 or votes[0][1] > votes[1][1]) else None
     return {"background": background, "colour": _colour_of(pixels[foreground]),
-            "count": len(shapes), "shape": shape, "shapes": shapes}
+            "count": len(shapes), "shape": shape, "shapes": shapes, "areas": areas_kept,
+            "image_side": pixels.shape[0]}
+
+
+def _size_of(reading: dict, shape: str, count: int) -> str | None:
+    """"small" or "large" by the majority of the components' areas against the asked shape's
+    area at the boundary side; None without components or on a tie."""
+    side = size_threshold(count, reading["image_side"])
+    boundary = float(_template(shape, round(side), round(side)).sum())
+    votes = Counter("large" if a > boundary else "small" for a in reading["areas"]).most_common()
+    if not votes or (len(votes) > 1 and votes[0][1] == votes[1][1]):
+        return None
+    return votes[0][0]
 
 
 def correct(reading: dict, prompt: str) -> dict[str, bool]:
@@ -119,6 +136,8 @@ def correct(reading: dict, prompt: str) -> dict[str, bool]:
             "shape": reading["shape"] == scene.shape,
             "count": reading["count"] == scene.count}
     hits["all"] = hits["colour"] and hits["shape"] and hits["count"]
+    if scene.size is not None:
+        hits["size"] = _size_of(reading, scene.shape, scene.count) == scene.size
     return hits
 
 
@@ -129,11 +148,16 @@ def accuracy(images, prompts: list[str], *, chance_prompts: list[str] | None = N
     if len(images) != len(prompts):
         raise ValueError(f"{len(images)} images for {len(prompts)} prompts")
     readings = [read_image(im) for im in images]
-    keys = (*ATTRIBUTES, "all")
     hits = [correct(r, p) for r, p in zip(readings, prompts)]
-    out = {k: float(np.mean([h[k] for h in hits])) for k in keys}
+    # size: over the prompts that ask one
+    keys = (*ATTRIBUTES, "all", *(("size",) if any("size" in h for h in hits) else ()))
+
+    def mean(rows, k):
+        return float(np.mean([h[k] for h in rows if k in h]))
+
+    out = {k: mean(hits, k) for k in keys}
     others = chance_prompts or sorted(set(prompts))
-    against = [[correct(r, q) for q in others] for r in readings]
-    out.update({f"chance_{k}": float(np.mean([[h[k] for h in row] for row in against])) for k in keys})
+    against = [correct(r, q) for r in readings for q in others]
+    out.update({f"chance_{k}": mean(against, k) for k in keys})
     out["n"] = len(readings)
     return out

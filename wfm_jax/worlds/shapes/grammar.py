@@ -1,8 +1,11 @@
 """The shapes world: its prompt grammar, the parse of a prompt back into attributes, and the
 drawing of one scene. The dataset (tiny_dataset.py) and the `shapes_alignment` reward share it.
 
-Grammar:  "a {colour} {shape} on a {background} background"
-          "{two|three} {colour} {shape}s on a {background} background"
+Grammar:  "a [size] {colour} {shape} on a {background} background"
+          "{two|three} [size] {colour} {shape}s on a {background} background"
+
+The size word (small, large) is optional: the world's pretraining captions never carry it (its
+drawings mix both sizes), so following it is something only RL can teach (docs/shapes_world.md).
 """
 from __future__ import annotations
 
@@ -20,9 +23,14 @@ COLOURS = {"red": (220, 40, 40), "green": (40, 180, 60), "blue": (40, 70, 220),
 BACKGROUNDS = {"white": (245, 245, 245), "black": (15, 15, 15)}
 SHAPES = ("circle", "square", "triangle")
 COUNT_WORDS = {1: "a", 2: "two", 3: "three"}
+SIZES = ("small", "large")
+# half the side of a small and of a large shape's box, as fractions of the image side, by count:
+# the sized scenes' drawings. The large ones are the sizes the one-layout-per-count world reads
+# best at (docs/shapes_world.md, session 42); the small ones about 0.7x their side
+SIZE_HALF = {1: (0.20, 0.28), 2: (0.135, 0.19), 3: (0.12, 0.17)}
 
 _PATTERN = re.compile(
-    r"^\s*(?P<count>a|an|one|two|three)\s+(?P<colour>\w+)\s+(?P<shape>\w+?)(?P<plural>s?)"
+    r"^\s*(?P<count>a|an|one|two|three)\s+(?:(?P<size>small|large)\s+)?(?P<colour>\w+)\s+(?P<shape>\w+?)(?P<plural>s?)"
     r"\s+on\s+an?\s+(?P<background>\w+)\s+background\s*\.?\s*$", re.IGNORECASE)
 
 
@@ -32,11 +40,16 @@ class Scene:
     shape: str
     count: int
     background: str
+    size: str | None = None  # "small" or "large" when the prompt asks; None: either
 
     @property
     def prompt(self) -> str:
         noun = self.shape if self.count == 1 else self.shape + "s"
-        return f"{COUNT_WORDS[self.count]} {self.colour} {noun} on a {self.background} background"
+        size = f"{self.size} " if self.size else ""
+        return f"{COUNT_WORDS[self.count]} {size}{self.colour} {noun} on a {self.background} background"
+
+    def sized(self, size: str | None) -> Scene:
+        return Scene(self.colour, self.shape, self.count, self.background, size)
 
 
 class PromptGrammarError(UserError, ValueError):
@@ -47,7 +60,7 @@ def parse_prompt(prompt: str) -> Scene:
     """The scene a prompt asks for; PromptGrammarError (naming the part) if outside the grammar."""
     m = _PATTERN.match(prompt)
     if not m:
-        raise PromptGrammarError(f"prompt {prompt!r} is not '<a|two|three> <colour> <shape>[s] on a "
+        raise PromptGrammarError(f"prompt {prompt!r} is not '<a|two|three> [small|large] <colour> <shape>[s] on a "
                                  "<background> background'")
     words = {k: m.group(k).lower() for k in ("count", "colour", "shape", "background")}
     count = {"a": 1, "an": 1, "one": 1, "two": 2, "three": 3}[words["count"]]
@@ -57,7 +70,8 @@ def parse_prompt(prompt: str) -> Scene:
                                      f"(known: {', '.join(allowed)})")
     if (count > 1) != bool(m.group("plural")):
         raise PromptGrammarError(f"prompt {prompt!r}: count and plural disagree")
-    return Scene(words["colour"], words["shape"], count, words["background"])
+    size = m.group("size").lower() if m.group("size") else None
+    return Scene(words["colour"], words["shape"], count, words["background"], size)
 
 
 def all_scenes() -> list[Scene]:
@@ -93,11 +107,20 @@ def _box(half: float, size: int, rng: np.random.Generator) -> tuple[float, ...]:
     return (cx - half, cy - half, cx + half, cy + half)
 
 
-def _layout(count: int, size: int, rng: np.random.Generator, max_tries: int):
+def size_threshold(count: int, image_size: int) -> float:
+    """The box side in px between a small and a large shape of a `count`-shape scene: the
+    geometric mean of the two drawn sides."""
+    small, large = SIZE_HALF[count]
+    return 2.0 * image_size * float(np.sqrt(small * large))
+
+
+def _layout(count: int, size: int, rng: np.random.Generator, max_tries: int,
+            half: float | None = None):
     """Boxes (x0, y0, x1, y1) of `count` squares-around-shapes that neither overlap nor touch
     (a gap of 2 px keeps them separate components), inside the image; a layout that runs out of
-    room starts again."""
-    lo, hi = HALF_SIDE[count]
+    room starts again. `half`: every box's half-side as a fraction of the image side (a sized
+    scene); None draws each from HALF_SIDE."""
+    lo, hi = HALF_SIDE[count] if half is None else (half, half)
     for _ in range(max_tries):
         boxes = []
         for _ in range(50):
@@ -111,11 +134,12 @@ def _layout(count: int, size: int, rng: np.random.Generator, max_tries: int):
 
 
 def draw_scene(scene: Scene, size: int, rng: np.random.Generator, max_tries: int = 100):
-    """(PIL image, boxes [x0, y0, x1, y1] per shape)."""
+    """(PIL image, boxes [x0, y0, x1, y1] per shape); a sized scene's shapes at SIZE_HALF."""
     image = Image.new("RGB", (size, size), BACKGROUNDS[scene.background])
     draw = ImageDraw.Draw(image)
     colour = COLOURS[scene.colour]
-    boxes = _layout(scene.count, size, rng, max_tries)
+    half = None if scene.size is None else SIZE_HALF[scene.count][SIZES.index(scene.size)]
+    boxes = _layout(scene.count, size, rng, max_tries, half)
     for x0, y0, x1, y1 in boxes:
         if scene.shape == "circle":
             draw.ellipse((x0, y0, x1, y1), fill=colour)
@@ -126,4 +150,12 @@ def draw_scene(scene: Scene, size: int, rng: np.random.Generator, max_tries: int
     return image, [[round(float(v), 2) for v in b] for b in boxes]
 
 
-SPLIT_SCENES = {"train": train_scenes, "heldout": heldout_scenes, "all": all_scenes}
+def sized(scenes: list[Scene]) -> list[Scene]:
+    """Each scene asked small, then large."""
+    return [s.sized(z) for s in scenes for z in SIZES]
+
+
+# the *_sized splits: the same scenes with each size word (what RL on the size word uses)
+SPLIT_SCENES = {"train": train_scenes, "heldout": heldout_scenes, "all": all_scenes,
+                "train_sized": lambda: sized(train_scenes()),
+                "heldout_sized": lambda: sized(heldout_scenes())}
