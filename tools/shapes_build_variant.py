@@ -27,7 +27,10 @@ keys:
   the size words, the model is never shown them. Scored also on the held-out scenes with each
   size word ("heldout_sized", 24 prompts), and the sized prompts of the RL scenes (rl_split=1) or
   of the training scenes are written to OUT/NAME/rl_prompts_sized.txt, with
-  heldout_sized.txt: RL can teach the size word, SFT did not;
+  heldout_sized.txt: RL can teach the size word, SFT did not; sizes=noise: the same, but each
+  caption carries a size word drawn independently of the drawing (so the prompts RL sees are
+  worded as in SFT, and the word carries no information there); sizes=label: each caption
+  carries the drawn size's word (SFT teaches it);
 - rl_split=1: a third split for RL (`rl_scenes`: each colour with another shape and background
   than its held-out ones, 12 scenes) is left out of the SFT data too, so the base is trained on
   48 scenes; its prompts are written to OUT/NAME/rl_prompts.txt and it is scored as "rl";
@@ -123,14 +126,16 @@ def rl_scenes() -> list:
     return out
 
 
-def sized_sample(index: int, seed: int, size: int, scenes: list):
+def sized_sample(index: int, seed: int, size: int, scenes: list, caption: str = "none"):
     """dataset.sample with the scene drawn small or large (its own generator), captioned
-    without the size word."""
+    without the size word ("none"), with one drawn independently of the drawing ("noise"), or
+    with the drawn one ("label")."""
     order = np.random.default_rng(seed).permutation(len(scenes))
     scene = scenes[int(order[index % len(scenes)])]
-    which = grammar.SIZES[int(np.random.default_rng([seed, index, 7]).integers(2))]
+    which, said = (grammar.SIZES[int(i)] for i in np.random.default_rng([seed, index, 7]).integers(2, size=2))
     image, boxes = grammar.draw_scene(scene.sized(which), size, np.random.default_rng([seed, index]))
-    return image, {"prompt": scene.prompt, "colour": scene.colour, "shape": scene.shape,
+    word = {"none": None, "noise": said, "label": which}[caption]
+    return image, {"prompt": scene.sized(word).prompt, "colour": scene.colour, "shape": scene.shape,
                    "count": scene.count, "background": scene.background, "size": which,
                    "boxes": boxes}
 
@@ -174,7 +179,7 @@ def main(argv=None) -> int:
     shutil.rmtree(root, ignore_errors=True)
     os.makedirs(root)
     configs = pretrain.base_configs(s)
-    if kv.get("sizes") == "1":
+    if kv.get("sizes") in ("1", "noise", "label"):
         configs["words"] = (*configs["words"], *grammar.SIZES)
     for key in ("patch_size", "qk_norm", "pos_embed_max_size"):
         if key in kv:
@@ -214,9 +219,12 @@ def main(argv=None) -> int:
         grammar.SPLIT_SCENES["rl"] = lambda: rl
         with open(os.path.join(root, "rl_prompts.txt"), "w") as f:
             f.write("".join(sc.prompt + "\n" for sc in rl))
-    if kv.get("sizes") == "1":
+    if kv.get("sizes") in ("1", "noise", "label"):
+        import functools
+
         from wfm_jax.worlds.shapes import dataset as shapes_dataset
-        shapes_dataset.sample = sized_sample
+        shapes_dataset.sample = functools.partial(
+            sized_sample, caption={"1": "none"}.get(kv["sizes"], kv["sizes"]))
         held = grammar.sized(grammar.heldout_scenes())
         rl_sized = grammar.sized(grammar.SPLIT_SCENES["rl" if "rl" in grammar.SPLIT_SCENES else "train"]())
         for name, scenes in (("heldout_sized.txt", held), ("rl_prompts_sized.txt", rl_sized)):
