@@ -46,6 +46,14 @@ def test_the_recipes_target_is_where_it_is_planned():
     args = parse_args(["--config", cosmos, "--devices", "8"])  # the command line wins
     assert (args.topology, args.target, args.target_source) == (None, "h100:8", "command line")
     assert args.batch_per_device == 4 and not args.recipe_batch
+    for named in (["--topology", "v5p:2x2x1"], ["--config.plan.target=h100:8", "--devices", "8"]):
+        args = parse_args(["--config", cosmos, *named])  # naming the recipe's own target
+        assert args.target_source == "recipe plan.target" and args.recipe_batch, named
+        assert args.batch_per_device is None
+    for other in (["--topology", "v5p:2x2x2"], ["--topology", "v5p:2x2x1", "--num-slices", "2"],
+                  ["--config.plan.target=h100:8", "--devices", "8", "--device-kind", "h200"]):
+        args = parse_args(["--config", cosmos, *other])
+        assert args.target_source == "command line" and args.batch_per_device == 4, other
     args = parse_args(["--config", cosmos, "--config.plan.target=h200:16"])
     assert (args.topology, args.devices, args.device_kind) == (None, 16, "h200")
     tiny = os.path.join(CONFIGS, "tiny_sft.py")

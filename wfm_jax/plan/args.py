@@ -99,17 +99,21 @@ def resolve_target(args):
     """Where to plan: --topology / --devices as given; with neither, the recipe's plan.target
     (a TPU topology -> --topology, GPUs -> --devices and --device-kind); else 8 H100s.
     args.target: what was planned for ("v5p:2x2x1", "h100:8"), args.target_source: "command
-    line", "recipe plan.target" or "default"; args.recipe_batch: SFT's rows per device are the
-    recipe's (planned at its target with no --batch-per-device)."""
+    line", "recipe plan.target" (also when the command line names that target) or "default";
+    args.recipe_batch: SFT's rows per device are the recipe's (planned at its target with no
+    --batch-per-device)."""
+    from wfm_jax.config.recipe import ConfigError, load_config
+    from wfm_jax.config.targets import parse_target
+    try:
+        config = load_config(args.config, [tuple(kv.split("=", 1)) for kv in args.set])
+        target = parse_target(config.plan.target) if str(config.plan.target) else None
+    except ConfigError as e:
+        raise SystemExit(f"wfm_jax.plan: {e}") from None
     args.target_source = "command line"
+    if target is not None and _names_the_target(args, target):
+        # the recipe's own target given explicitly plans the same program as leaving it out
+        args.target_source = "recipe plan.target"
     if args.topology is None and args.devices is None:
-        from wfm_jax.config.recipe import ConfigError, load_config
-        from wfm_jax.config.targets import parse_target
-        try:
-            config = load_config(args.config, [tuple(kv.split("=", 1)) for kv in args.set])
-            target = parse_target(config.plan.target) if str(config.plan.target) else None
-        except ConfigError as e:
-            raise SystemExit(f"wfm_jax.plan: {e}") from None
         if target is None:
             args.target_source = "default"
         elif target[0] == "tpu":
@@ -125,6 +129,16 @@ def resolve_target(args):
     if args.batch_per_device is None and not args.recipe_batch:
         args.batch_per_device = 4
     return args
+
+
+def _names_the_target(args, target: tuple[str, str, int]) -> bool:
+    """Whether --topology / --devices (and --device-kind) name the recipe's plan.target."""
+    kind, name, count = target
+    if kind == "tpu":
+        return (str(args.topology).lower() == name and args.devices is None
+                and args.num_slices == 1)
+    return (args.topology is None and args.devices == count
+            and (args.device_kind or "h100") == name)
 
 
 def recipe_rows_per_device(args, config, mesh) -> int:
