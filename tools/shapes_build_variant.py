@@ -30,7 +30,8 @@ keys:
   heldout_sized.txt: RL can teach the size word, SFT did not; sizes=noise: the same, but each
   caption carries a size word drawn independently of the drawing (so the prompts RL sees are
   worded as in SFT, and the word carries no information there); sizes=label: each caption
-  carries the drawn size's word (SFT teaches it);
+  carries the drawn size's word (SFT teaches it); sizes=label:P: the drawn size's word on a
+  fraction P of the captions, none on the rest;
 - rl_split=1: a third split for RL (`rl_scenes`: each colour with another shape and background
   than its held-out ones, 12 scenes) is left out of the SFT data too, so the base is trained on
   48 scenes; its prompts are written to OUT/NAME/rl_prompts.txt and it is scored as "rl";
@@ -132,9 +133,13 @@ def sized_sample(index: int, seed: int, size: int, scenes: list, caption: str = 
     with the drawn one ("label")."""
     order = np.random.default_rng(seed).permutation(len(scenes))
     scene = scenes[int(order[index % len(scenes)])]
-    which, said = (grammar.SIZES[int(i)] for i in np.random.default_rng([seed, index, 7]).integers(2, size=2))
+    rng = np.random.default_rng([seed, index, 7])
+    which, said = (grammar.SIZES[int(i)] for i in rng.integers(2, size=2))
     image, boxes = grammar.draw_scene(scene.sized(which), size, np.random.default_rng([seed, index]))
-    word = {"none": None, "noise": said, "label": which}[caption]
+    kind, _, fraction = caption.partition(":")
+    if kind == "label" and fraction and rng.random() >= float(fraction):
+        kind = "none"
+    word = {"none": None, "noise": said, "label": which}[kind]
     return image, {"prompt": scene.sized(word).prompt, "colour": scene.colour, "shape": scene.shape,
                    "count": scene.count, "background": scene.background, "size": which,
                    "boxes": boxes}
@@ -179,7 +184,7 @@ def main(argv=None) -> int:
     shutil.rmtree(root, ignore_errors=True)
     os.makedirs(root)
     configs = pretrain.base_configs(s)
-    if kv.get("sizes") in ("1", "noise", "label"):
+    if "sizes" in kv:
         configs["words"] = (*configs["words"], *grammar.SIZES)
     for key in ("patch_size", "qk_norm", "pos_embed_max_size"):
         if key in kv:
@@ -219,7 +224,7 @@ def main(argv=None) -> int:
         grammar.SPLIT_SCENES["rl"] = lambda: rl
         with open(os.path.join(root, "rl_prompts.txt"), "w") as f:
             f.write("".join(sc.prompt + "\n" for sc in rl))
-    if kv.get("sizes") in ("1", "noise", "label"):
+    if "sizes" in kv:
         import functools
 
         from wfm_jax.worlds.shapes import dataset as shapes_dataset
