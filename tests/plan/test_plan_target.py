@@ -54,6 +54,9 @@ def test_the_recipes_target_is_where_it_is_planned():
                   ["--config.plan.target=h100:8", "--devices", "8", "--device-kind", "h200"]):
         args = parse_args(["--config", cosmos, *other])
         assert args.target_source == "command line" and args.batch_per_device == 4, other
+    # explicit devices and rows read no recipe (the trainer's memory check passes no --config)
+    args = parse_args(["--config", "no/such/recipe.py", "--devices", "8", "--batch-per-device", "2"])
+    assert (args.target_source, args.batch_per_device) == ("command line", 2)
     args = parse_args(["--config", cosmos, "--config.plan.target=h200:16"])
     assert (args.topology, args.devices, args.device_kind) == (None, 16, "h200")
     tiny = os.path.join(CONFIGS, "tiny_sft.py")

@@ -104,16 +104,21 @@ def resolve_target(args):
     --batch-per-device)."""
     from wfm_jax.config.recipe import ConfigError, load_config
     from wfm_jax.config.targets import parse_target
-    try:
-        config = load_config(args.config, [tuple(kv.split("=", 1)) for kv in args.set])
-        target = parse_target(config.plan.target) if str(config.plan.target) else None
-    except ConfigError as e:
-        raise SystemExit(f"wfm_jax.plan: {e}") from None
+    explicit = args.topology is not None or args.devices is not None
+    target = None
+    # an explicit target with explicit rows needs nothing from the recipe (the trainer's own
+    # memory check plans that way, with no --config)
+    if not explicit or args.batch_per_device is None:
+        try:
+            config = load_config(args.config, [tuple(kv.split("=", 1)) for kv in args.set])
+            target = parse_target(config.plan.target) if str(config.plan.target) else None
+        except ConfigError as e:
+            raise SystemExit(f"wfm_jax.plan: {e}") from None
     args.target_source = "command line"
     if target is not None and _names_the_target(args, target):
         # the recipe's own target given explicitly plans the same program as leaving it out
         args.target_source = "recipe plan.target"
-    if args.topology is None and args.devices is None:
+    if not explicit:
         if target is None:
             args.target_source = "default"
         elif target[0] == "tpu":

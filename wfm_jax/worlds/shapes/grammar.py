@@ -4,8 +4,10 @@ drawing of one scene. The dataset (tiny_dataset.py) and the `shapes_alignment` r
 Grammar:  "a [size] {colour} {shape} on a {background} background"
           "{two|three} [size] {colour} {shape}s on a {background} background"
 
-The size word (small, large) is optional: the world's pretraining captions never carry it (its
-drawings mix both sizes), so following it is something only RL can teach (docs/shapes_world.md).
+The size word (small, large) is optional and asks for a sized scene (SIZE_HALF). The default
+build's captions never carry it; tools/shapes_build_variant.py's `sizes=` builds draw both sizes
+with captions that do not say which, so that following the word is left for RL to teach
+(docs/shapes_world.md, "A size word only RL is asked for").
 """
 from __future__ import annotations
 
