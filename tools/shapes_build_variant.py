@@ -57,7 +57,7 @@ from wfm_jax.train import pretrain
 from wfm_jax.train.export import step_dir
 from wfm_jax.train.pretrain_eval import score_directory, score_pipeline
 from wfm_jax.worlds.shapes import grammar
-from wfm_jax.worlds.shapes.dataset import build_shapes_dataset
+from wfm_jax.worlds.shapes.dataset import build_shapes_dataset, record_of, scene_at
 
 TOKEN_TABLES = (("text_encoder", "tokenizer", "text_model.embeddings.token_embedding.weight"),
                 ("text_encoder_2", "tokenizer_2", "text_model.embeddings.token_embedding.weight"),
@@ -131,8 +131,7 @@ def sized_sample(index: int, seed: int, size: int, scenes: list, caption: str = 
     """dataset.sample with the scene drawn small or large (its own generator), captioned
     without the size word ("none"), with one drawn independently of the drawing ("noise"), or
     with the drawn one ("label")."""
-    order = np.random.default_rng(seed).permutation(len(scenes))
-    scene = scenes[int(order[index % len(scenes)])]
+    scene = scene_at(index, seed, scenes)
     rng = np.random.default_rng([seed, index, 7])
     which, said = (grammar.SIZES[int(i)] for i in rng.integers(2, size=2))
     image, boxes = grammar.draw_scene(scene.sized(which), size, np.random.default_rng([seed, index]))
@@ -140,9 +139,7 @@ def sized_sample(index: int, seed: int, size: int, scenes: list, caption: str = 
     if kind == "label" and fraction and rng.random() >= float(fraction):
         kind = "none"
     word = {"none": None, "noise": said, "label": which}[kind]
-    return image, {"prompt": scene.sized(word).prompt, "colour": scene.colour, "shape": scene.shape,
-                   "count": scene.count, "background": scene.background, "size": which,
-                   "boxes": boxes}
+    return image, {**record_of(scene.sized(which), boxes), "prompt": scene.sized(word).prompt}
 
 
 def empty_captions(data: str, out: str, fraction: float, seed: int) -> str:

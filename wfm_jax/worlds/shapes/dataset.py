@@ -30,16 +30,26 @@ from wfm_jax.worlds.shapes.grammar import SPLIT_SCENES, Scene, draw_scene
 SPLITS = SPLIT_SCENES
 
 
-def sample(index: int, seed: int, size: int, scenes: list[Scene]):
-    """(image, ground-truth record) of sample `index`: the scenes cycle in an order shuffled by
-    the seed, so any count covers them evenly; each sample draws from its own generator, so
-    sample i is the same whatever the count."""
+def scene_at(index: int, seed: int, scenes: list[Scene]) -> Scene:
+    """The scene of sample `index`: the scenes cycle in an order shuffled by the seed, so any
+    count covers them evenly."""
     order = np.random.default_rng(seed).permutation(len(scenes))
-    scene = scenes[int(order[index % len(scenes)])]
+    return scenes[int(order[index % len(scenes)])]
+
+
+def record_of(scene: Scene, boxes) -> dict:
+    """The ground-truth record of a drawing of `scene` (its prompt, attributes and boxes)."""
+    return {"prompt": scene.prompt, "colour": scene.colour, "shape": scene.shape,
+            "count": scene.count, "background": scene.background, "boxes": boxes,
+            **({"size": scene.size} if scene.size else {})}
+
+
+def sample(index: int, seed: int, size: int, scenes: list[Scene]):
+    """(image, ground-truth record) of sample `index` (scene_at); each sample draws from its own
+    generator, so sample i is the same whatever the count."""
+    scene = scene_at(index, seed, scenes)
     image, boxes = draw_scene(scene, size, np.random.default_rng([seed, index]))
-    return image, {"prompt": scene.prompt, "colour": scene.colour, "shape": scene.shape,
-                   "count": scene.count, "background": scene.background, "boxes": boxes,
-                   **({"size": scene.size} if scene.size else {})}
+    return image, record_of(scene, boxes)
 
 
 DIRECTIONS = ((0, 1), (0, -1), (1, 0), (-1, 0))  # (dy, dx) per frame: right, left, down, up
