@@ -31,7 +31,8 @@ keys:
   caption carries a size word drawn independently of the drawing (so the prompts RL sees are
   worded as in SFT, and the word carries no information there); sizes=label: each caption
   carries the drawn size's word (SFT teaches it); sizes=label:P: the drawn size's word on a
-  fraction P of the captions, none on the rest;
+  fraction P of the captions, none on the rest; small=P draws the small size with probability
+  P (default one half);
 - rl_split=1: a third split for RL (`rl_scenes`: each colour with another shape and background
   than its held-out ones, 12 scenes) is left out of the SFT data too, so the base is trained on
   48 scenes; its prompts are written to OUT/NAME/rl_prompts.txt and it is scored as "rl";
@@ -127,13 +128,16 @@ def rl_scenes() -> list:
     return out
 
 
-def sized_sample(index: int, seed: int, size: int, scenes: list, caption: str = "none"):
-    """dataset.sample with the scene drawn small or large (its own generator), captioned
-    without the size word ("none"), with one drawn independently of the drawing ("noise"), or
-    with the drawn one ("label")."""
+def sized_sample(index: int, seed: int, size: int, scenes: list, caption: str = "none",
+                 small: float | None = None):
+    """dataset.sample with the scene drawn small or large (its own generator; small with
+    probability `small`, default one half), captioned without the size word ("none"), with one
+    drawn independently of the drawing ("noise"), or with the drawn one ("label")."""
     scene = scene_at(index, seed, scenes)
     rng = np.random.default_rng([seed, index, 7])
     which, said = (grammar.SIZES[int(i)] for i in rng.integers(2, size=2))
+    if small is not None:
+        which = grammar.SIZES[0 if np.random.default_rng([seed, index, 8]).random() < small else 1]
     image, boxes = grammar.draw_scene(scene.sized(which), size, np.random.default_rng([seed, index]))
     kind, _, fraction = caption.partition(":")
     if kind == "label" and fraction and rng.random() >= float(fraction):
@@ -226,7 +230,8 @@ def main(argv=None) -> int:
 
         from wfm_jax.worlds.shapes import dataset as shapes_dataset
         shapes_dataset.sample = functools.partial(
-            sized_sample, caption={"1": "none"}.get(kv["sizes"], kv["sizes"]))
+            sized_sample, caption={"1": "none"}.get(kv["sizes"], kv["sizes"]),
+            small=float(kv["small"]) if "small" in kv else None)
         held = grammar.sized(grammar.heldout_scenes())
         rl_sized = grammar.sized(grammar.SPLIT_SCENES["rl" if "rl" in grammar.SPLIT_SCENES else "train"]())
         for name, scenes in (("heldout_sized.txt", held), ("rl_prompts_sized.txt", rl_sized)):
