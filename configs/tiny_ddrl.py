@@ -1,7 +1,8 @@
 """DDRL on the tiny SD3 pipeline pretrained on the shapes world (built once on first use, see
-configs/tiny_nft.py), rewarded by `shapes_alignment`, its data loss on the generated shapes
-dataset (16 images, 32x32, the train split's scenes, built on first use); no download, a few
-minutes on 2 CPU cores.
+configs/tiny_nft.py), rewarded by `shapes_alignment`, its data loss on a generated shapes
+dataset (16 images, 32x32, the training scenes asked small or large in the base's fixed layout,
+each drawn at the size its caption asks; built on first use); no download, a few minutes on 2
+CPU cores.
 
     python -m wfm_jax.main --config configs/tiny_ddrl.py
 """
@@ -24,8 +25,11 @@ def get_config():
     c.train.optm_lr = 1e-4
     c.train.optm_betas = (0.9, 0.99)
     tp = c.train.train_policy
-    tp.dataset.local_dir = "./outputs/tiny_shapes"
+    # the data term's captions ask a size and its images show it: the prompts RL samples are these
+    tp.dataset.local_dir = "./outputs/tiny_shapes_sized"
     tp.dataset.build_tiny = True
+    tp.dataset.build_tiny_split = "train_sized"
+    tp.dataset.build_tiny_layout = "fixed"
     tp.train_on = (0, 2, 4, 6, -1)
     tp.kl_beta = 0.0
     tp.data_on_first_only = True  # speed on 2 CPU cores: one data-loss forward per batch

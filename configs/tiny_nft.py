@@ -5,7 +5,7 @@ docs/benchmark.md's "RL on the shapes world").
 
     python -m wfm_jax.main --config configs/tiny_nft.py
 
-The pretrained pipeline is built at policy.model_name_or_path on first use (about 4 minutes on
+The pretrained pipeline is built at policy.model_name_or_path on first use (about 6 minutes on
 2 idle CPU cores: `python -m wfm_jax.tiny --pretrained DIR`) and reused after.
 """
 from wfm_jax.config.recipe import compose

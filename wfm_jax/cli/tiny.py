@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
                              "(SanaPipeline) or sana_video (SanaVideoPipeline)")
     parser.add_argument("--pretrained", metavar="DIR",
                         help="build (or reuse the cached) tiny pipeline SFT-trained on the shapes "
-                             "world at DIR instead (about 4 minutes on 2 idle CPU cores, once)")
+                             "world at DIR instead (about 6 minutes on 2 idle CPU cores, once)")
     args = parser.parse_args(argv)
     if args.pretrained:
         if args.family != "sd3":

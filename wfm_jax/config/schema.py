@@ -71,6 +71,10 @@ DEFAULTS = {
                 "layout": "paired",
                 "allow_pickle": False,  # .pickle text embeddings run code when loaded
                 "build_tiny": False,    # generate the tiny shapes dataset at local_dir if absent
+                # ... of this split's scenes (worlds/shapes/grammar.py SPLIT_SCENES; the sized
+                # splits' captions say the size drawn) in this layout (random, or fixed: the
+                # pretrained base's world)
+                "build_tiny_split": "train", "build_tiny_layout": "random",
                 # WebDataset split layout's data keys (one tar tree each, e.g. video, metas,
                 # t5_xxl); empty: paired tars, or the key dirs found under local_dir
                 "wds_keys": (),
@@ -344,6 +348,9 @@ CHOICES = {
     "train.train_policy.remote_reward.on_failure": ("raise", "drop"),
     "train.train_policy.remote_reward.media_type": ("pixels", "latent"),
     "train.train_policy.dataset.layout": ("paired", "wfm", "prompts", "mock", "conversations"),
+    "train.train_policy.dataset.build_tiny_split": ("train", "heldout", "all", "train_sized",
+                                                    "heldout_sized"),  # grammar.SPLIT_SCENES
+    "train.train_policy.dataset.build_tiny_layout": ("random", "fixed"),  # grammar.LAYOUTS
     "policy.lora.init_lora_weights": ("gaussian", "zeros", "default"),
     "policy.diffusers.weighting_scheme": ("logit_normal", "mode", "uniform", "none", "sigma_sqrt",
                                           "cosmap"),

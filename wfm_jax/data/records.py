@@ -59,7 +59,9 @@ def media_records(config) -> tuple[list, list]:
         from wfm_jax.worlds.shapes.dataset import ensure_shapes_dataset
         frames = int(d.train_frames) if d.is_video else 0
         primary_builds(
-            ds.local_dir, lambda p: ensure_shapes_dataset(p, frames=frames),
+            ds.local_dir, lambda p: ensure_shapes_dataset(
+                p, frames=frames, split=str(ds.build_tiny_split),
+                layout=str(ds.build_tiny_layout)),
             "the tiny shapes dataset (train.train_policy.dataset.build_tiny)")
     records = scan_records(ds.local_dir, bool(ds.allow_pickle))
     if bool(records[0].is_video) != bool(d.is_video):

@@ -70,8 +70,10 @@ def ensure_tiny_assets(config) -> None:
         from wfm_jax.worlds.shapes.dataset import ensure_shapes_dataset
         # video recipes: clips of the moving shapes, as many frames as a training window
         frames = config.policy.diffusers.train_frames if config.policy.diffusers.is_video else 0
-        primary_builds(dataset.local_dir, lambda p: ensure_shapes_dataset(p, frames=frames),
-                        "the tiny shapes dataset (train.train_policy.dataset.build_tiny)")
+        primary_builds(dataset.local_dir, lambda p: ensure_shapes_dataset(
+                           p, frames=frames, split=str(dataset.build_tiny_split),
+                           layout=str(dataset.build_tiny_layout)),
+                       "the tiny shapes dataset (train.train_policy.dataset.build_tiny)")
 
 
 def replicated(mesh) -> NamedSharding:

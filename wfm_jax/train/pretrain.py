@@ -25,27 +25,44 @@ import time
 
 import numpy as np
 
-from wfm_jax.worlds.shapes.grammar import BACKGROUNDS, COLOURS, COUNT_WORDS, SHAPES, heldout_scenes
+from wfm_jax.worlds.shapes.grammar import (
+    BACKGROUNDS,
+    COLOURS,
+    COUNT_WORDS,
+    SHAPES,
+    SIZES,
+    heldout_scenes,
+)
 
 MARKER = "wfm_pretrain.json"
-FORMAT = 2  # bump when the build changes what a cache holds
+FORMAT = 3  # bump when the build changes what a cache holds (3: fixed layout, two sizes, width 128)
+# the tokenizers' words; the size words are known to them but never in a pretraining caption
 GRAMMAR_WORDS = (*COUNT_WORDS.values(), "on", "background", *COLOURS, *SHAPES,
-                 *(s + "s" for s in SHAPES), *BACKGROUNDS)
+                 *(s + "s" for s in SHAPES), *BACKGROUNDS, *SIZES)
 
 
 @dataclasses.dataclass(frozen=True)
 class PretrainSettings:
-    """What a cache was built with; the defaults take about 4 minutes on 2 idle CPU cores."""
+    """What a cache was built with; the defaults take about 6 minutes on 2 idle CPU cores
+    (357 s, 2026-12-05).
+
+    The world (docs/shapes_world.md, sessions 42-46): one layout per count, so the model spends
+    its capacity on what the prompt says; each image drawn small (30%) or large with a caption
+    that never says which, so RL has a size word to teach; width 128, which two sizes need
+    (held-out shape 0.31 at width 64, 0.53 at 128, 0.61 with small at 30%)."""
     size: int = 32               # image side in pixels (latents: size / 2)
     dataset_count: int = 1200    # training images (train split: 60 scenes, 20 each)
     vae_steps: int = 400
-    sft_steps: int = 1500        # 1500 x 16 beat 600 x 32: held-out 0.59 vs 0.45 (both adaLN-Zero)
+    sft_steps: int = 2000        # 1500 x 16 beat 600 x 32: held-out 0.59 vs 0.45 (both adaLN-Zero)
     batch: int = 16
     num_layers: int = 4
     heads: int = 4
-    head_dim: int = 16
+    head_dim: int = 32
     seed: int = 0
     eval_per_prompt: int = 4     # images per held-out prompt for the recorded score; 0: none
+    lr: float = 4e-3             # 2e-3 at 1500 steps: held-out shape 0.56 where 4e-3 x 2000 gave 0.72
+    layout: str = "fixed"        # grammar.LAYOUTS
+    small: float | None = 0.3    # P(an image is drawn small); None: the scenes' own sizes
 
 
 QUICK = PretrainSettings(dataset_count=48, vae_steps=2, sft_steps=2, batch=8, num_layers=1,
@@ -115,12 +132,12 @@ def pretrain_recipe():
     c = default_config()
     c.train.output_dir = "./outputs/tiny_pretrain"
     c.train.train_policy.type = "sft"
-    c.train.max_steps = 1500
+    c.train.max_steps = PretrainSettings.sft_steps
     c.train.seed = 0
     c.train.param_dtype = "float32"
     c.train.compute_dtype = "float32"
     c.train.train_batch_per_replica = 16
-    c.train.optm_lr = 2e-3
+    c.train.optm_lr = PretrainSettings.lr
     c.train.optm_weight_decay = 1e-4
     c.train.optm_warmup_steps = 20
     c.train.lr_schedule = "cosine"  # decays to 0 by the last step
@@ -152,6 +169,7 @@ def _sft_config(s: PretrainSettings, base: str, data: str, out: str):
     c.policy.model_name_or_path, c.train.train_policy.dataset.local_dir = base, data
     c.train.output_dir, c.train.max_steps, c.train.seed = out, s.sft_steps, s.seed
     c.train.train_batch_per_replica = s.batch
+    c.train.optm_lr = s.lr
     c.train.optm_warmup_steps = min(20, s.sft_steps // 10)
     c.train.resume = True  # an interrupted build resumes its SFT (no checkpoint: from step 0)
     c.policy.diffusers.inference_size = (s.size, s.size)
@@ -195,7 +213,7 @@ def build_pretrained(directory: str, settings: PretrainSettings = PretrainSettin
             log(f"pretrain: {directory} is not a complete build with these settings; rebuilding it")
         else:
             log(f"pretrain: building the pretrained tiny shapes pipeline at {directory} "
-                "(about 4 minutes on 2 idle CPU cores, once)")
+                "(about 6 minutes on 2 idle CPU cores, once)")
         stale = remove_stale_temporaries(directory)
         if stale:
             log(f"pretrain: removed {len(stale)} temporary folder(s) a killed build left: "
@@ -246,7 +264,8 @@ def _build(directory: str, s: PretrainSettings, log, start: float) -> None:
     for path in (base, data):
         remove_stale_temporaries(path)
     if not os.path.isdir(data):
-        build_shapes_dataset(data, count=s.dataset_count, size=s.size, seed=s.seed, split="train")
+        build_shapes_dataset(data, count=s.dataset_count, size=s.size, seed=s.seed, split="train",
+                             layout=s.layout, small=s.small)
         log(f"pretrain: {s.dataset_count} shapes images written")
     check_stop("after the dataset")
     if not os.path.isdir(base):
@@ -276,9 +295,10 @@ def _build(directory: str, s: PretrainSettings, log, start: float) -> None:
                   "sft_final_loss": _final_loss(out)}
         if s.eval_per_prompt:
             from wfm_jax.train.pretrain_eval import score_directory
-            marker["heldout"] = score_directory(tmp, "heldout", per_prompt=s.eval_per_prompt,
+            for split in ("heldout", "heldout_sized"):
+                marker[split] = score_directory(tmp, split, per_prompt=s.eval_per_prompt,
                                                 size=s.size)
-            log(f"pretrain: held-out shapes_alignment {marker['heldout']['shapes_alignment']:.3f}")
+                log(f"pretrain: {split} shapes_alignment {marker[split]['shapes_alignment']:.3f}")
         marker.update(complete=True, build_seconds=round(time.perf_counter() - start, 1))
         with open(os.path.join(tmp, MARKER), "w") as f:
             json.dump(marker, f, indent=2)

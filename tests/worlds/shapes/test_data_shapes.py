@@ -9,7 +9,19 @@ import pytest
 from PIL import Image
 
 from wfm_jax.worlds.shapes import dataset as tiny_dataset
-from wfm_jax.worlds.shapes.grammar import BACKGROUNDS, COLOURS, all_scenes, heldout_scenes, parse_prompt, train_scenes
+from wfm_jax.worlds.shapes.detector import accuracy
+from wfm_jax.worlds.shapes.grammar import (
+    BACKGROUNDS,
+    COLOURS,
+    FIXED_JITTER,
+    FIXED_LAYOUTS,
+    SIZE_HALF,
+    SIZES,
+    all_scenes,
+    heldout_scenes,
+    parse_prompt,
+    train_scenes,
+)
 
 
 def test_same_seed_same_bytes_other_seed_other_images(tmp_path):
@@ -55,3 +67,55 @@ def test_bad_split_and_command_line(tmp_path, capsys):
     assert len(os.listdir(tmp_path / "y")) == 6
     assert tiny_dataset.main([str(tmp_path / "y")]) == 2
     assert "not empty" in capsys.readouterr().err
+
+
+def test_fixed_layout_places_each_count_at_its_places(tmp_path):
+    """--layout fixed: every box of a count centred within FIXED_JITTER px of its place, at the
+    large size of an unsized scene; the ground truth still matches the pixels."""
+    d = tiny_dataset.build_shapes_dataset(str(tmp_path / "f"), count=72, size=32, seed=3,
+                                          split="all", layout="fixed")
+    for i in range(72):
+        rec = json.load(open(os.path.join(d, f"{i:04d}.json")))
+        image = np.asarray(Image.open(os.path.join(d, f"{i:04d}.png")).convert("RGB"))
+        assert "size" not in rec
+        for (x0, y0, x1, y1), (cx, cy) in zip(rec["boxes"], FIXED_LAYOUTS[rec["count"]], strict=True):
+            assert abs((x0 + x1) / 2 - cx * 32) <= FIXED_JITTER + 0.01
+            assert abs((y0 + y1) / 2 - cy * 32) <= FIXED_JITTER + 0.01
+            assert abs((x1 - x0) - 2 * 32 * SIZE_HALF[rec["count"]][1]) < 0.02
+            centre = image[int((y0 + y1) / 2) + 1, int((x0 + x1) / 2)]
+            assert tuple(centre) == COLOURS[rec["colour"]]
+    with pytest.raises(ValueError, match="layout"):
+        tiny_dataset.build_shapes_dataset(str(tmp_path / "x"), layout="grid")
+
+
+def test_small_draws_both_sizes_and_never_says_which(tmp_path):
+    """small=P: about P of the images drawn small, captions of the unsized grammar, the record
+    saying the drawn size; the detector's size reading agrees with the record."""
+    d = tiny_dataset.build_shapes_dataset(str(tmp_path / "s"), count=120, size=32, seed=0,
+                                          layout="fixed", small=0.3)
+    sizes, images, asked = [], [], []
+    for i in range(120):
+        rec = json.load(open(os.path.join(d, f"{i:04d}.json")))
+        assert parse_prompt(rec["prompt"]).size is None
+        side = rec["boxes"][0][2] - rec["boxes"][0][0]
+        assert abs(side - 2 * 32 * SIZE_HALF[rec["count"]][SIZES.index(rec["size"])]) < 0.02
+        sizes.append(rec["size"])
+        images.append(np.asarray(Image.open(os.path.join(d, f"{i:04d}.png")).convert("RGB")))
+        asked.append(parse_prompt(rec["prompt"]).sized(rec["size"]).prompt)
+    assert 0.2 <= sizes.count("small") / 120 <= 0.4
+    assert accuracy(np.stack(images), asked)["size"] == 1.0
+    with pytest.raises(ValueError, match="probability"):
+        tiny_dataset.build_shapes_dataset(str(tmp_path / "x"), small=1.5)
+
+
+def test_sized_split_captions_say_the_drawn_size(tmp_path):
+    """DDRL's data in the sized world: split train_sized, layout fixed; each caption asks the
+    size its image shows (tiny_ddrl's build_tiny_split / build_tiny_layout)."""
+    d = tiny_dataset.build_shapes_dataset(str(tmp_path / "t"), count=24, size=32, seed=0,
+                                          split="train_sized", layout="fixed")
+    recs = [json.load(open(os.path.join(d, f"{i:04d}.json"))) for i in range(24)]
+    assert {r["size"] for r in recs} == set(SIZES)
+    assert all(parse_prompt(r["prompt"]).size == r["size"] for r in recs)
+    images = np.stack([np.asarray(Image.open(os.path.join(d, f"{i:04d}.png")).convert("RGB"))
+                       for i in range(24)])
+    assert accuracy(images, [r["prompt"] for r in recs])["size"] == 1.0

@@ -4,7 +4,7 @@ background. Each JSON holds the prompt and the ground truth: colour, shape, coun
 and the boxes [x0, y0, x1, y1] in pixels. The tiny recipes train on it.
 
     python -m wfm_jax.data.tiny_dataset DIR [--count 16] [--size 32] [--seed 0] [--split train]
-                                            [--frames 0]
+                                            [--frames 0] [--layout random] [--small P]
 
 --frames N > 0 writes videos instead (X.mp4 + X.json, for the video recipes): the scene drifts
 one pixel per frame (sample i in DIRECTIONS[i % 4]), wrapping around (the background is
@@ -13,6 +13,10 @@ boxes are those of frame 0.
 
 Splits: `train` (60 scenes), `heldout` (12 scenes never in `train`, see shapes.heldout_scenes),
 `all` (72); `train_sized` and `heldout_sized`: those scenes asked small and large (grammar.SIZES).
+
+--layout fixed draws every scene of a count at the same places (grammar.FIXED_LAYOUTS); --small P
+draws each unsized scene small with probability P and large otherwise, its caption without the
+size word. The pretrained base trains on `--layout fixed --small 0.3` (train.pretrain).
 """
 from __future__ import annotations
 
@@ -25,7 +29,7 @@ import tempfile
 
 import numpy as np
 
-from wfm_jax.worlds.shapes.grammar import SPLIT_SCENES, Scene, draw_scene
+from wfm_jax.worlds.shapes.grammar import LAYOUTS, SIZES, SPLIT_SCENES, Scene, draw_scene
 
 SPLITS = SPLIT_SCENES
 
@@ -44,12 +48,19 @@ def record_of(scene: Scene, boxes) -> dict:
             **({"size": scene.size} if scene.size else {})}
 
 
-def sample(index: int, seed: int, size: int, scenes: list[Scene]):
+def sample(index: int, seed: int, size: int, scenes: list[Scene], layout: str = "random",
+           small: float | None = None):
     """(image, ground-truth record) of sample `index` (scene_at); each sample draws from its own
-    generator, so sample i is the same whatever the count."""
+    generator, so sample i is the same whatever the count. `small`: an unsized scene is drawn
+    small with this probability, large otherwise, its caption still without the size word (the
+    record says which was drawn)."""
     scene = scene_at(index, seed, scenes)
-    image, boxes = draw_scene(scene, size, np.random.default_rng([seed, index]))
-    return image, record_of(scene, boxes)
+    drawn = scene
+    if small is not None and scene.size is None:
+        drawn = scene.sized(SIZES[0 if np.random.default_rng([seed, index, 8]).random() < small
+                                  else 1])
+    image, boxes = draw_scene(drawn, size, np.random.default_rng([seed, index]), layout=layout)
+    return image, {**record_of(drawn, boxes), "prompt": scene.prompt}
 
 
 DIRECTIONS = ((0, 1), (0, -1), (1, 0), (-1, 0))  # (dy, dx) per frame: right, left, down, up
@@ -63,12 +74,17 @@ def drifting_clip(image, frames: int, direction: tuple[int, int]) -> np.ndarray:
 
 
 def build_shapes_dataset(directory: str, count: int = 16, size: int = 32, seed: int = 0,
-                         split: str = "train", frames: int = 0) -> str:
+                         split: str = "train", frames: int = 0, layout: str = "random",
+                         small: float | None = None) -> str:
     """Write `count` samples of the split's scenes into `directory` (created; must not hold
     samples already), all-or-nothing through a temporary sibling directory. frames > 0: mp4
-    clips of that many frames instead of PNG images."""
+    clips of that many frames instead of PNG images. `layout` and `small`: see sample()."""
     if split not in SPLITS:
         raise ValueError(f"split {split!r}: expected one of {sorted(SPLITS)}")
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout {layout!r}: expected one of {list(LAYOUTS)}")
+    if small is not None and not 0.0 <= small <= 1.0:
+        raise ValueError(f"small must be a probability in [0, 1], got {small}")
     if seed < 0:
         raise ValueError(f"seed must be >= 0, got {seed}")
     if frames < 0:
@@ -82,7 +98,7 @@ def build_shapes_dataset(directory: str, count: int = 16, size: int = 32, seed: 
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(directory)}.tmp-", dir=parent)
     try:
         for i in range(count):
-            image, record = sample(i, seed, size, scenes)
+            image, record = sample(i, seed, size, scenes, layout, small)
             stem = os.path.join(tmp, f"{i:04d}")
             if frames:
                 from wfm_jax.io.media import write_mp4
@@ -123,10 +139,14 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--split", default="train", choices=sorted(SPLITS))
     p.add_argument("--frames", type=int, default=0, help="> 0: mp4 clips of this many frames")
+    p.add_argument("--layout", default="random", choices=LAYOUTS,
+                   help="fixed: one layout per count (the pretrained base's world)")
+    p.add_argument("--small", type=float, default=None,
+                   help="draw unsized scenes small with this probability (captions unchanged)")
     args = p.parse_args(argv)
     try:
         print(build_shapes_dataset(args.directory, args.count, args.size, args.seed, args.split,
-                                   args.frames))
+                                   args.frames, args.layout, args.small))
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

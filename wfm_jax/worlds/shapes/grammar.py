@@ -4,10 +4,14 @@ drawing of one scene. The dataset (tiny_dataset.py) and the `shapes_alignment` r
 Grammar:  "a [size] {colour} {shape} on a {background} background"
           "{two|three} [size] {colour} {shape}s on a {background} background"
 
-The size word (small, large) is optional and asks for a sized scene (SIZE_HALF). The default
-build's captions never carry it; tools/shapes_build_variant.py's `sizes=` builds draw both sizes
-with captions that do not say which, so that following the word is left for RL to teach
-(docs/shapes_world.md, "A size word only RL is asked for").
+The size word (small, large) is optional and asks for a sized scene (SIZE_HALF). The pretrained
+base's captions never carry it: its images are drawn small or large at random with captions
+that do not say which, so following the word is left for RL to teach (docs/shapes_world.md,
+"A size word only RL is asked for").
+
+Two layouts: "random" places each box anywhere (the tiny SFT and video recipes' data); "fixed"
+puts every scene of a count at the same places (FIXED_LAYOUTS), each box moved by up to 1 px,
+so a model has one layout per count to learn (the pretrained base's world, session 42).
 """
 from __future__ import annotations
 
@@ -135,13 +139,37 @@ def _layout(count: int, size: int, rng: np.random.Generator, max_tries: int,
     raise RuntimeError(f"could not place {count} shapes on {size}x{size} px")
 
 
-def draw_scene(scene: Scene, size: int, rng: np.random.Generator, max_tries: int = 100):
-    """(PIL image, boxes [x0, y0, x1, y1] per shape); a sized scene's shapes at SIZE_HALF."""
+# the fixed layout's box centres (x, y) as fractions of the image side, by count: one shape
+# centred, two side by side, three in a triangle; an unsized scene's boxes take the large size
+FIXED_LAYOUTS = {1: ((0.5, 0.5),), 2: ((0.25, 0.5), (0.75, 0.5)),
+                 3: ((0.27, 0.28), (0.73, 0.28), (0.5, 0.72))}
+FIXED_JITTER = 1.0  # px each box centre may move, each axis
+LAYOUTS = ("random", "fixed")
+
+
+def _fixed_layout(count: int, size: int, rng: np.random.Generator, half: float | None = None):
+    """FIXED_LAYOUTS' boxes for `count` shapes of half-side `half` (default the large size)."""
+    half = SIZE_HALF[count][1] if half is None else half
+    boxes = []
+    for cx, cy in FIXED_LAYOUTS[count]:
+        dx, dy = rng.uniform(-FIXED_JITTER, FIXED_JITTER, size=2)
+        x, y, h = cx * size + dx, cy * size + dy, half * size
+        boxes.append((x - h, y - h, x + h, y + h))
+    return boxes
+
+
+def draw_scene(scene: Scene, size: int, rng: np.random.Generator, max_tries: int = 100,
+               layout: str = "random"):
+    """(PIL image, boxes [x0, y0, x1, y1] per shape); a sized scene's shapes at SIZE_HALF;
+    `layout` one of LAYOUTS."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout {layout!r}: expected one of {LAYOUTS}")
     image = Image.new("RGB", (size, size), BACKGROUNDS[scene.background])
     draw = ImageDraw.Draw(image)
     colour = COLOURS[scene.colour]
     half = None if scene.size is None else SIZE_HALF[scene.count][SIZES.index(scene.size)]
-    boxes = _layout(scene.count, size, rng, max_tries, half)
+    boxes = (_fixed_layout(scene.count, size, rng, half) if layout == "fixed"
+             else _layout(scene.count, size, rng, max_tries, half))
     for x0, y0, x1, y1 in boxes:
         if scene.shape == "circle":
             draw.ellipse((x0, y0, x1, y1), fill=colour)
