@@ -132,16 +132,18 @@ def rl_scenes() -> list:
     return out
 
 
-def sized_sample(index: int, seed: int, size: int, scenes: list, caption: str = "none",
-                 small: float | None = None):
+def sized_sample(index: int, seed: int, size: int, scenes: list, layout: str = "random",
+                 small: float | None = None, *, caption: str = "none", p_small: float | None = None):
     """dataset.sample with the scene drawn small or large (its own generator; small with
-    probability `small`, default one half), captioned without the size word ("none"), with one
+    probability `p_small`, default one half), captioned without the size word ("none"), with one
     drawn independently of the drawing ("noise"), or with the drawn one ("label")."""
     scene = scene_at(index, seed, scenes)
     rng = np.random.default_rng([seed, index, 7])
     which, said = (grammar.SIZES[int(i)] for i in rng.integers(2, size=2))
-    if small is not None:
-        which = grammar.SIZES[0 if np.random.default_rng([seed, index, 8]).random() < small else 1]
+    # `layout` and `small` are dataset.sample's (the library's own ways): this tool sets the
+    # layout through grammar._layout and the small fraction through p_small
+    if p_small is not None:
+        which = grammar.SIZES[0 if np.random.default_rng([seed, index, 8]).random() < p_small else 1]
     image, boxes = grammar.draw_scene(scene.sized(which), size, np.random.default_rng([seed, index]))
     kind, _, fraction = caption.partition(":")
     if kind == "label" and fraction and rng.random() >= float(fraction):
@@ -239,7 +241,7 @@ def main(argv=None) -> int:
         from wfm_jax.worlds.shapes import dataset as shapes_dataset
         shapes_dataset.sample = functools.partial(
             sized_sample, caption={"1": "none"}.get(kv["sizes"], kv["sizes"]),
-            small=float(kv["small"]) if "small" in kv else None)
+            p_small=float(kv["small"]) if "small" in kv else None)
         held = grammar.sized(grammar.heldout_scenes())
         rl_sized = grammar.sized(grammar.SPLIT_SCENES["rl" if "rl" in grammar.SPLIT_SCENES else "train"]())
         for name, scenes in (("heldout_sized.txt", held), ("rl_prompts_sized.txt", rl_sized)):
