@@ -76,9 +76,10 @@ def test_build_killed_midway_leaves_no_dir_and_resumes(tmp_path, monkeypatch):
     monkeypatch.setattr(wfm_jax.worlds.shapes.vae, "fit_vae", killed)
     with pytest.raises(KeyboardInterrupt):
         ensure_pretrained(str(tmp_path / "dst"), QUICK, log=lambda m: None)
-    # no DIR to load, no temporary: only the work dir, holding the finished dataset stage
+    # no DIR to load, no temporary: only the work dir, holding the finished dataset stage (the
+    # SFT images and the VAE's)
     assert os.listdir(tmp_path) == ["dst.build"]
-    assert sorted(os.listdir(tmp_path / "dst.build")) == ["build.json", "data"]
+    assert sorted(os.listdir(tmp_path / "dst.build")) == ["build.json", "data", "vae_data"]
     monkeypatch.setattr(wfm_jax.worlds.shapes.vae, "fit_vae", real_fit)
     said = []
     ensure_pretrained(str(tmp_path / "dst"), QUICK, log=said.append)
