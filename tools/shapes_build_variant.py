@@ -62,7 +62,7 @@ from wfm_jax.train import pretrain
 from wfm_jax.train.export import step_dir
 from wfm_jax.train.pretrain_eval import score_directory, score_pipeline
 from wfm_jax.worlds.shapes import grammar
-from wfm_jax.worlds.shapes.dataset import build_shapes_dataset, record_of, scene_at
+from wfm_jax.worlds.shapes.dataset import build_shapes_dataset, drawn_size, record_of, scene_at
 
 TOKEN_TABLES = (("text_encoder", "tokenizer", "text_model.embeddings.token_embedding.weight"),
                 ("text_encoder_2", "tokenizer_2", "text_model.embeddings.token_embedding.weight"),
@@ -103,20 +103,18 @@ def snapped_box(snap: int):
 
 
 # (centre x, centre y, half-side) per box, as fractions of the image side, by count
-FIXED_LAYOUTS = {1: [(0.5, 0.5, 0.28)], 2: [(0.25, 0.5, 0.17), (0.75, 0.5, 0.17)],
-                 3: [(0.27, 0.28, 0.14), (0.73, 0.28, 0.14), (0.5, 0.72, 0.14)]}
+# the fixed layout's half-sides of an unsized scene, by count (grammar.FIXED_LAYOUTS holds the
+# places): the first try's, 0.28 / 0.17 / 0.14; fixed_half=2:0.19,3:0.17 gives the default
+# build's (grammar.SIZE_HALF's large sizes)
+FIXED_HALF = {1: 0.28, 2: 0.17, 3: 0.14}
 
 
 def fixed_layout(jitter: float):
-    """grammar._layout with one place per box and count (FIXED_LAYOUTS), each box shifted by up
-    to `jitter` px; a sized scene's `half` replaces the layout's half-side."""
+    """grammar._layout drawing grammar's fixed layout, each box shifted by up to `jitter` px,
+    at FIXED_HALF unless the scene is sized."""
     def layout(count, size, rng, max_tries, half=None):
-        boxes = []
-        for cx, cy, fixed_half in FIXED_LAYOUTS[count]:
-            dx, dy = rng.uniform(-jitter, jitter, size=2)
-            x, y, h = cx * size + dx, cy * size + dy, (half or fixed_half) * size
-            boxes.append((x - h, y - h, x + h, y + h))
-        return boxes
+        return grammar._fixed_layout(count, size, rng, FIXED_HALF[count] if half is None else half,
+                                     jitter)
     return layout
 
 
@@ -143,7 +141,7 @@ def sized_sample(index: int, seed: int, size: int, scenes: list, layout: str = "
     # `layout` and `small` are dataset.sample's (the library's own ways): this tool sets the
     # layout through grammar._layout and the small fraction through p_small
     if p_small is not None:
-        which = grammar.SIZES[0 if np.random.default_rng([seed, index, 8]).random() < p_small else 1]
+        which = drawn_size(index, seed, p_small)
     image, boxes = grammar.draw_scene(scene.sized(which), size, np.random.default_rng([seed, index]))
     kind, _, fraction = caption.partition(":")
     if kind == "label" and fraction and rng.random() >= float(fraction):
@@ -215,7 +213,7 @@ def main(argv=None) -> int:
     if "fixed_half" in kv:  # e.g. 2:0.19,3:0.17: the fixed layout's half-sides by count
         for part in kv["fixed_half"].split(","):
             count, half = part.split(":")
-            FIXED_LAYOUTS[int(count)] = [(x, y, float(half)) for x, y, _ in FIXED_LAYOUTS[int(count)]]
+            FIXED_HALF[int(count)] = float(half)
     if kv.get("layout") == "fixed":
         grammar._layout = fixed_layout(float(kv.get("jitter", 1.0)))
     if "boost" in kv:

@@ -2,7 +2,8 @@
 rollouts of NFT, Flow-GRPO and DDRL (cosmos-rl's world-model stack conditions on frames of the
 dataset's videos). `media_records(config)` reads a dataset with media (paired dir or shards, or
 the WFM layout); algorithms.media.ItemMedia turns a rollout chunk's items into latents.
-`primary_builds`: process 0 builds a missing tiny asset, every process waits for it.
+`primary_builds`: process 0 builds a missing tiny asset, every process waits for it
+(`ensure_tiny_dataset`: the tiny shapes dataset).
 """
 from __future__ import annotations
 
@@ -23,6 +24,20 @@ def primary_builds(path: str, build, what: str) -> None:
     if jax.process_count() > 1:
         from jax.experimental import multihost_utils
         multihost_utils.sync_global_devices(f"build {path}")
+
+
+def ensure_tiny_dataset(config) -> None:
+    """train.train_policy.dataset.build_tiny: generate the tiny shapes dataset (its split and
+    layout; video recipes: clips of as many frames as a training window) at local_dir if absent."""
+    ds, d = config.train.train_policy.dataset, config.policy.diffusers
+    if not (ds.build_tiny and ds.local_dir):
+        return
+    from wfm_jax.worlds.shapes.dataset import ensure_shapes_dataset
+    frames = int(d.train_frames) if d.is_video else 0
+    primary_builds(
+        ds.local_dir, lambda p: ensure_shapes_dataset(
+            p, frames=frames, split=str(ds.build_tiny_split), layout=str(ds.build_tiny_layout)),
+        "the tiny shapes dataset (train.train_policy.dataset.build_tiny)")
 
 
 def scan_records(location: str, allow_pickle: bool = False) -> list:
@@ -55,14 +70,7 @@ def media_records(config) -> tuple[list, list]:
         raise DataError(f"train.train_policy.dataset.local_dir = {ds.local_dir!r} is a prompt "
                         f"file, but this recipe reads data items with media (DDRL's data term, "
                         f"or max_num_conditional_frames > 0: frames of the dataset's videos)")
-    if ds.build_tiny and ds.local_dir:
-        from wfm_jax.worlds.shapes.dataset import ensure_shapes_dataset
-        frames = int(d.train_frames) if d.is_video else 0
-        primary_builds(
-            ds.local_dir, lambda p: ensure_shapes_dataset(
-                p, frames=frames, split=str(ds.build_tiny_split),
-                layout=str(ds.build_tiny_layout)),
-            "the tiny shapes dataset (train.train_policy.dataset.build_tiny)")
+    ensure_tiny_dataset(config)
     records = scan_records(ds.local_dir, bool(ds.allow_pickle))
     if bool(records[0].is_video) != bool(d.is_video):
         raise DataError(f"{ds.local_dir} holds {'videos' if records[0].is_video else 'images'}"

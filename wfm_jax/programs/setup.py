@@ -18,7 +18,7 @@ from jax.sharding import PartitionSpec as P
 
 from wfm_jax.algorithms.base import Velocity
 from wfm_jax.core import mesh as wmesh
-from wfm_jax.data.records import primary_builds
+from wfm_jax.data.records import ensure_tiny_dataset, primary_builds
 from wfm_jax.families.base import family_named
 from wfm_jax.models.layers.embeddings import Buffer
 from wfm_jax.programs.optim import make_lr_schedule, make_optimizer, optimizer_updates
@@ -65,15 +65,7 @@ def ensure_tiny_assets(config) -> None:
         # (wfm_jax.cli.main.build_pretrained); a caller of the loops builds it the same way
         raise SetupError(f"the pretrained shapes pipeline {path} is not built: "
                          f"python -m wfm_jax.tiny --pretrained {path}")
-    dataset = config.train.train_policy.dataset
-    if dataset.build_tiny and dataset.local_dir:
-        from wfm_jax.worlds.shapes.dataset import ensure_shapes_dataset
-        # video recipes: clips of the moving shapes, as many frames as a training window
-        frames = config.policy.diffusers.train_frames if config.policy.diffusers.is_video else 0
-        primary_builds(dataset.local_dir, lambda p: ensure_shapes_dataset(
-                           p, frames=frames, split=str(dataset.build_tiny_split),
-                           layout=str(dataset.build_tiny_layout)),
-                       "the tiny shapes dataset (train.train_policy.dataset.build_tiny)")
+    ensure_tiny_dataset(config)
 
 
 def replicated(mesh) -> NamedSharding:

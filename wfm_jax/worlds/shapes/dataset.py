@@ -48,6 +48,12 @@ def record_of(scene: Scene, boxes) -> dict:
             **({"size": scene.size} if scene.size else {})}
 
 
+def drawn_size(index: int, seed: int, small: float) -> str:
+    """The size sample `index` is drawn at when `small` of the images are small (its own
+    generator, so the drawing's is untouched)."""
+    return SIZES[0 if np.random.default_rng([seed, index, 8]).random() < small else 1]
+
+
 def sample(index: int, seed: int, size: int, scenes: list[Scene], layout: str = "random",
            small: float | None = None):
     """(image, ground-truth record) of sample `index` (scene_at); each sample draws from its own
@@ -57,8 +63,7 @@ def sample(index: int, seed: int, size: int, scenes: list[Scene], layout: str = 
     scene = scene_at(index, seed, scenes)
     drawn = scene
     if small is not None and scene.size is None:
-        drawn = scene.sized(SIZES[0 if np.random.default_rng([seed, index, 8]).random() < small
-                                  else 1])
+        drawn = scene.sized(drawn_size(index, seed, small))
     image, boxes = draw_scene(drawn, size, np.random.default_rng([seed, index]), layout=layout)
     return image, {**record_of(drawn, boxes), "prompt": scene.prompt}
 

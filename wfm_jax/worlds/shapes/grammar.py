@@ -147,12 +147,14 @@ FIXED_JITTER = 1.0  # px each box centre may move, each axis
 LAYOUTS = ("random", "fixed")
 
 
-def _fixed_layout(count: int, size: int, rng: np.random.Generator, half: float | None = None):
-    """FIXED_LAYOUTS' boxes for `count` shapes of half-side `half` (default the large size)."""
+def _fixed_layout(count: int, size: int, rng: np.random.Generator, half: float | None = None,
+                  jitter: float = FIXED_JITTER):
+    """FIXED_LAYOUTS' boxes for `count` shapes of half-side `half` (default the large size),
+    each centre moved by up to `jitter` px."""
     half = SIZE_HALF[count][1] if half is None else half
     boxes = []
     for cx, cy in FIXED_LAYOUTS[count]:
-        dx, dy = rng.uniform(-FIXED_JITTER, FIXED_JITTER, size=2)
+        dx, dy = rng.uniform(-jitter, jitter, size=2)
         x, y, h = cx * size + dx, cy * size + dy, half * size
         boxes.append((x - h, y - h, x + h, y + h))
     return boxes
