@@ -535,6 +535,23 @@ def test_rl_heldout_verdict_needs_a_rise_and_no_broken_attribute(tmp_path):
     assert rl_heldout.final_export(str(tmp_path / "none")) is None
 
 
+def test_rl_heldout_reads_size_and_background_where_the_split_has_them(tmp_path):
+    from wfm_jax.bench import rl_curves, rl_heldout
+    base, after = _scores(0.64, 0.49, 0.39, 0.61), _scores(0.70, 0.52, 0.40, 0.66)
+    base["detected"].update(background=0.93, size=0.63)
+    after["detected"].update(background=0.99, size=0.55)  # the size word unlearnt: -0.08
+    v = rl_heldout.verdict(base, after)
+    assert set(v["change"]) == {"colour", "shape", "count", "background", "size"}
+    assert not v["passes"] and v["worst_change"] == pytest.approx(-0.08)
+    md = rl_heldout.markdown({**base, "split": "heldout_sized"}, {"GRPO": {0: {"after": after, **v}}})
+    assert "(heldout_sized)" in md and "colour / shape / count / background / size (change)" in md
+    assert "0.55 (-0.08) | no |" in md
+    with pytest.raises(rl_curves.RLBenchError, match="--heldout-split must be one of"):
+        rl_curves.run(str(tmp_path / "rl.json"), steps=2, seed=0, heldout_per_prompt=4,
+                      heldout_split="train")
+    assert not (tmp_path / "rl.json").exists()
+
+
 def test_rl_heldout_evaluate_fails_in_one_line_on_a_missing_pipeline(tmp_path):
     from wfm_jax.bench import rl_heldout
     with pytest.raises(RuntimeError, match="tiny_eval of .*nothing failed"):

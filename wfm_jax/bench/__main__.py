@@ -1,7 +1,7 @@
 """python -m wfm_jax.bench --suite cpu|gpu|cosmos_cpu|cosmos_gpu [--out results.json] [--only NAME ...]
 python -m wfm_jax.bench --suite cosmos_gpu --xla-memory [--xla-devices 8] [--remat full]
 python -m wfm_jax.bench --suite rl [--out rl.json] [--steps 20] [--seeds 0,1,2] [--batch N]
-    [--heldout-per-prompt 16]
+    [--heldout-per-prompt 16 [--heldout-split heldout_sized]]
 python -m wfm_jax.bench --recipe configs/X.py [--config.a.b=v ...] [--devices N] [--batch-per-device B]
 
 Runs each workload on wfm_jax and on the PyTorch diffusers (+ peft) stack, writes the JSON and a
@@ -18,6 +18,7 @@ import dataclasses
 import os
 import sys
 
+from wfm_jax.bench.rl_heldout import SPLITS
 from wfm_jax.models.layers.remat import REMAT_NAMES
 
 WORKLOAD_NAMES = ("train_full", "train_lora", "rollout", "reward")
@@ -76,6 +77,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="rl suite: score every run's final pipeline and the base on the held-out "
                         "prompts, N images each, by the reward and the independent detector "
                         "(issue W's pass / fail; 0: off)")
+    p.add_argument("--heldout-split", default=SPLITS[0], choices=SPLITS,
+                   help="rl suite: the held-out prompts of that check (the recipes train on "
+                        "sized prompts; heldout: the unsized ones)")
     p.add_argument("--xla-memory", action="store_true",
                    help="instead of timing: compile (not run) the suite's full and LoRA train "
                         "steps on --xla-devices simulated CPU devices (fsdp mesh, abstract "
@@ -230,7 +234,8 @@ def _run_rl(args, out: str, command: str) -> int:
                 raise rl_curves.RLBenchError(f"--seeds {args.seeds!r}: expected e.g. 0,1,2") from None
         result = rl_curves.run(out, steps=args.steps, seed=args.seed, batch=args.batch,
                                command=command, seeds=seeds, jobs=args.jobs,
-                               heldout_per_prompt=args.heldout_per_prompt)
+                               heldout_per_prompt=args.heldout_per_prompt,
+                               heldout_split=args.heldout_split)
     except rl_curves.RLBenchError as e:
         print(f"bench: {e}", file=sys.stderr)
         return 2

@@ -2,7 +2,7 @@
 DDRL) from the same pretrained tiny shapes pipeline, under one budget and one or more seeds.
 
     python -m wfm_jax.bench --suite rl [--out outputs/bench/rl.json] [--steps 20] [--seeds 0,1,2]
-        [--heldout-per-prompt 16]
+        [--heldout-per-prompt 16 [--heldout-split heldout_sized]]
 
 With several seeds it also writes rl.png (mean and spread over seeds against samples seen) and
 a table of the samples each recipe needs to reach fixed reward levels (bench/rl_compare.py).
@@ -225,7 +225,8 @@ def environment() -> dict:
 
 def run(out: str, *, steps: int, seed: int, batch: int | None = None, command: str = "",
         recipes: dict = RECIPES, timeout_s: float | None = None, keep: bool = False,
-        seeds: list | None = None, jobs: int = 1, heldout_per_prompt: int = 0) -> dict:
+        seeds: list | None = None, jobs: int = 1, heldout_per_prompt: int = 0,
+        heldout_split: str = "heldout_sized") -> dict:
     """Every recipe under every seed (`seeds`, default [seed]); the tables of the first seed
     as before, plus the over-seeds curves, the samples-to-reach table and the PNG; with
     heldout_per_prompt > 0 the held-out check of every run against its base."""
@@ -237,6 +238,9 @@ def run(out: str, *, steps: int, seed: int, batch: int | None = None, command: s
         raise RLBenchError(f"--batch must be >= 1, got {batch}")
     if heldout_per_prompt < 0:
         raise RLBenchError(f"--heldout-per-prompt must be >= 0, got {heldout_per_prompt}")
+    from wfm_jax.bench.rl_heldout import SPLITS
+    if heldout_split not in SPLITS:
+        raise RLBenchError(f"--heldout-split must be one of {', '.join(SPLITS)}, got {heldout_split!r}")
     missing = [p for p in recipes.values() if not os.path.exists(os.path.join(REPO_ROOT, p))]
     if missing:
         raise RLBenchError(f"recipe file(s) not found: {', '.join(missing)}")
@@ -265,7 +269,7 @@ def run(out: str, *, steps: int, seed: int, batch: int | None = None, command: s
         with ThreadPoolExecutor(max(1, jobs)) as pool:
             for name, s, rec in pool.map(lambda t: one(*t), todo):
                 per_seed[name][s] = rec
-        heldout = (heldout_checks(base_dir, per_seed, heldout_per_prompt)
+        heldout = (heldout_checks(base_dir, per_seed, heldout_per_prompt, heldout_split)
                    if base_dir is not None else None)
     finally:
         if not keep:
@@ -303,13 +307,14 @@ def heldout_base(recipes: dict) -> str:
     return bases.pop()
 
 
-def heldout_checks(base_dir: str, per_seed: dict, per_prompt: int) -> dict:
+def heldout_checks(base_dir: str, per_seed: dict, per_prompt: int,
+                   split: str = "heldout_sized") -> dict:
     """{"base": the base's held-out scores, "checks": {recipe: {seed: final pipeline's scores
     and verdict, or the error}}}."""
     from wfm_jax.bench import rl_heldout
     print(f"rl bench: held-out check of the base {base_dir}...", file=sys.stderr, flush=True)
     try:
-        base = rl_heldout.evaluate(base_dir, per_prompt, cwd=REPO_ROOT)
+        base = rl_heldout.evaluate(base_dir, per_prompt, cwd=REPO_ROOT, split=split)
     except RuntimeError as e:  # the runs' curves are still worth keeping
         return {"per_prompt": per_prompt, "base_dir": base_dir, "error": str(e)}
     checks: dict = {}
@@ -320,7 +325,7 @@ def heldout_checks(base_dir: str, per_seed: dict, per_prompt: int) -> dict:
                 checks.setdefault(name, {})[s] = {"error": rec.get("error", "no exported pipeline")}
                 continue
             try:
-                after = rl_heldout.evaluate(final, per_prompt, cwd=REPO_ROOT)
+                after = rl_heldout.evaluate(final, per_prompt, cwd=REPO_ROOT, split=split)
             except RuntimeError as e:
                 checks.setdefault(name, {})[s] = {"error": str(e)}
                 continue
