@@ -89,7 +89,8 @@ def check_ranges(config) -> None:
                        "validation.batch_size", "validation.freq", "policy.lora.r",
                        "policy.diffusers.train_frames", "policy.diffusers.sample.num_steps",
                        "policy.diffusers.sample.eval_num_steps",
-                       "train.train_policy.remote_reward.budget_s"])
+                       "train.train_policy.remote_reward.budget_s",
+                       "train.train_policy.dataset.build_tiny_count"])
     _positive(config, ["train.train_policy.std_ddof", "train.train_policy.clip_range", "train.train_policy.data_beta",
                        "train.train_policy.loss_scale", "train.train_policy.update_ref_every_iter",
                        "policy.diffusers.sample.sde_window_size",

@@ -75,6 +75,7 @@ DEFAULTS = {
                 # splits' captions say the size drawn) in this layout (random, or fixed: the
                 # pretrained base's world)
                 "build_tiny_split": "train", "build_tiny_layout": "random",
+                "build_tiny_count": 16,  # items built (a folder holding another count is refused)
                 # WebDataset split layout's data keys (one tar tree each, e.g. video, metas,
                 # t5_xxl); empty: paired tars, or the key dirs found under local_dir
                 "wds_keys": (),

@@ -27,17 +27,25 @@ def primary_builds(path: str, build, what: str) -> None:
 
 
 def ensure_tiny_dataset(config) -> None:
-    """train.train_policy.dataset.build_tiny: generate the tiny shapes dataset (its split and
-    layout; video recipes: clips of as many frames as a training window) at local_dir if absent."""
+    """train.train_policy.dataset.build_tiny: generate the tiny shapes dataset (its count, split
+    and layout; video recipes: clips of as many frames as a training window) at local_dir if
+    absent. A folder already there with another number of items is refused in one line: the run
+    would otherwise train on data its recipe does not describe."""
     ds, d = config.train.train_policy.dataset, config.policy.diffusers
     if not (ds.build_tiny and ds.local_dir):
         return
-    from wfm_jax.worlds.shapes.dataset import ensure_shapes_dataset
-    frames = int(d.train_frames) if d.is_video else 0
+    from wfm_jax.worlds.shapes.dataset import ensure_shapes_dataset, item_count
+    frames, count = (int(d.train_frames) if d.is_video else 0), int(ds.build_tiny_count)
     primary_builds(
         ds.local_dir, lambda p: ensure_shapes_dataset(
-            p, frames=frames, split=str(ds.build_tiny_split), layout=str(ds.build_tiny_layout)),
+            p, count=count, frames=frames, split=str(ds.build_tiny_split),
+            layout=str(ds.build_tiny_layout)),
         "the tiny shapes dataset (train.train_policy.dataset.build_tiny)")
+    found = item_count(ds.local_dir)
+    if found != count:
+        raise DataError(f"train.train_policy.dataset.local_dir = {ds.local_dir!r} holds {found} items "
+                        f"but build_tiny_count asks {count}: remove the folder to rebuild it, or "
+                        "point local_dir elsewhere")
 
 
 def scan_records(location: str, allow_pickle: bool = False) -> list:

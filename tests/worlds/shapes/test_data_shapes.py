@@ -119,3 +119,27 @@ def test_sized_split_captions_say_the_drawn_size(tmp_path):
     images = np.stack([np.asarray(Image.open(os.path.join(d, f"{i:04d}.png")).convert("RGB"))
                        for i in range(24)])
     assert accuracy(images, [r["prompt"] for r in recs])["size"] == 1.0
+
+
+def test_recipe_build_makes_its_count_and_refuses_a_folder_of_another(tmp_path):
+    """train.train_policy.dataset.build_tiny_count: the recipe's dataset is built with that many
+    items; an existing folder holding another number is one line, not a silent smaller run."""
+    from wfm_jax.config.recipe import ConfigError, load_config
+    from wfm_jax.data import DataError
+    from wfm_jax.data.records import ensure_tiny_dataset
+
+    def config(count):  # a local_dir given on the command line is built only when asked
+        return load_config("configs/tiny_ddrl.py", [
+            ("train.train_policy.dataset.local_dir", str(tmp_path / "d")),
+            ("train.train_policy.dataset.build_tiny", "True"),
+            ("train.train_policy.dataset.build_tiny_count", str(count))])
+
+    ensure_tiny_dataset(config(20))
+    assert tiny_dataset.item_count(str(tmp_path / "d")) == 20
+    recs = [json.load(open(tmp_path / "d" / f"{i:04d}.json")) for i in range(20)]
+    assert all(parse_prompt(r["prompt"]).size == r["size"] for r in recs)  # the recipe's split
+    ensure_tiny_dataset(config(20))  # present: kept
+    with pytest.raises(DataError, match="holds 20 items but build_tiny_count asks 16"):
+        ensure_tiny_dataset(config(16))
+    with pytest.raises(ConfigError, match="build_tiny_count' must be > 0"):
+        config(0)

@@ -123,6 +123,12 @@ def build_shapes_dataset(directory: str, count: int = 16, size: int = 32, seed: 
     return directory
 
 
+def item_count(directory: str) -> int:
+    """Items of a dataset build_shapes_dataset wrote (its NNNN.json records)."""
+    return sum(1 for name in os.listdir(directory)
+               if name.endswith(".json") and name[:-len(".json")].isdigit())
+
+
 def ensure_shapes_dataset(directory: str, **kwargs) -> str:
     """Build the dataset unless `directory` already holds one (safe if another process races)."""
     if os.path.isdir(directory) and os.listdir(directory):
