@@ -268,6 +268,7 @@ def _argv(dirs, out_dir, *extra):
     return ["--config", RECIPE, f"--config.policy.model_name_or_path={dirs[0]}",
             f"--config.train.train_policy.dataset.local_dir={dirs[1]}",
             f"--config.train.output_dir={out_dir}", "--config.train.train_policy.mini_batch=2",
+            "--config.train.train_batch_per_replica=16",  # the shapes recipe's 32 since session 47
             "--config.train.train_policy.exp_reward=False",
             *toy.random_model_overrides(5e-3, prompts=False), *extra]
 

@@ -17,6 +17,7 @@ from wfm_jax.worlds.shapes.grammar import (
     FIXED_LAYOUTS,
     SIZE_HALF,
     SIZES,
+    SPLIT_SCENES,
     all_scenes,
     heldout_scenes,
     parse_prompt,
@@ -136,6 +137,15 @@ def test_recipe_build_makes_its_count_and_refuses_a_folder_of_another(tmp_path):
 
     ensure_tiny_dataset(config(20))
     assert tiny_dataset.item_count(str(tmp_path / "d")) == 20
+    # the recipe's own count draws each of its split's prompts once (tiny_ddrl: the 120 that
+    # tiny_nft and tiny_grpo sample)
+    recipe = load_config("configs/tiny_ddrl.py")
+    ds = recipe.train.train_policy.dataset
+    full = tiny_dataset.build_shapes_dataset(str(tmp_path / "full"), count=ds.build_tiny_count,
+                                             split=ds.build_tiny_split, layout=ds.build_tiny_layout)
+    prompts = [json.load(open(os.path.join(full, f"{i:04d}.json")))["prompt"]
+               for i in range(ds.build_tiny_count)]
+    assert sorted(prompts) == sorted(s.prompt for s in SPLIT_SCENES["train_sized"]())
     recs = [json.load(open(tmp_path / "d" / f"{i:04d}.json")) for i in range(20)]
     assert all(parse_prompt(r["prompt"]).size == r["size"] for r in recs)  # the recipe's split
     ensure_tiny_dataset(config(20))  # present: kept

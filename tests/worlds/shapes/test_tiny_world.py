@@ -39,6 +39,7 @@ def test_rl_recipes_use_the_pretrained_shapes_world(name):
         assert ds.local_dir == TRAIN_PROMPTS
     else:  # DDRL trains on the paired shapes dataset's captions: the sized world's, drawn as asked
         assert ds.build_tiny and (ds.build_tiny_split, ds.build_tiny_layout) == ("train_sized", "fixed")
+        assert ds.build_tiny_count == len(open(TRAIN_PROMPTS).read().splitlines())  # every one
     # a model path given on the command line gets nothing built there
     c = load_config(os.path.join(ROOT, "configs", f"tiny_{name}.py"),
                     [("policy.model_name_or_path", "/elsewhere")])
