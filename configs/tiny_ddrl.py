@@ -15,7 +15,8 @@ def get_config():
     c = compose("base/tiny_rl.py", algorithm="ddrl")
     # On the sized world (build format 4), session 47's sweep (docs/shapes_world.md, "DDRL on
     # the training prompts"): 8 data items x 4 rollouts a step, all 120 training prompts as
-    # data: +0.066 / +0.066 / +0.058 held-out sized on seeds 0-2, no detected attribute falling.
+    # data: +0.066 / +0.066 / +0.058 held-out sized on seeds 0-2 (chosen on them), no detected
+    # attribute falling; untuned seeds 3-6: +0.008 / +0.073 / +0.042 / +0.073.
     # With the 16-item data of session 46 (its only RL prompts): +0.053 / +0.009 / +0.058, shape
     # -0.06 on seed 0; with 120 items at 4 a step: +0.067 / +0.056 / +0.037; at 4 a step a
     # longer run, lr 1.5e-4 or 2e-4 lost background or shape on some seed. The smaller batch's
