@@ -88,6 +88,26 @@ def test_build_killed_midway_leaves_no_dir_and_resumes(tmp_path, monkeypatch):
     assert os.listdir(tmp_path) == ["dst"] and is_built(str(tmp_path / "dst"), QUICK)
 
 
+def test_random_layout_build_fits_its_vae_on_the_sft_images(tmp_path, monkeypatch):
+    """SFT data drawn in the random layout, one size per scene, are the VAE's drawings: the
+    VAE is fitted on them, not on a second copy."""
+    import dataclasses
+
+    import wfm_jax.worlds.shapes.vae
+
+    fitted = []
+
+    def killed(directory, images, **k):
+        fitted.append(images)
+        raise KeyboardInterrupt
+    monkeypatch.setattr(wfm_jax.worlds.shapes.vae, "fit_vae", killed)
+    random_layout = dataclasses.replace(QUICK, layout="random", small=None)
+    with pytest.raises(KeyboardInterrupt):
+        ensure_pretrained(str(tmp_path / "dst"), random_layout, log=lambda m: None)
+    assert sorted(os.listdir(tmp_path / "dst.build")) == ["build.json", "data"]
+    assert len(fitted) == 1 and len(fitted[0]) == QUICK.dataset_count
+
+
 def test_eval_scores_every_attribute_and_chance(built):
     from wfm_jax.families.sd3.pipeline import SD3Pipeline
     from wfm_jax.train.pretrain_eval import score_pipeline

@@ -270,11 +270,14 @@ def _build(directory: str, s: PretrainSettings, log, start: float) -> None:
         build_shapes_dataset(data, count=s.dataset_count, size=s.size, seed=s.seed, split="train",
                              layout=s.layout, small=s.small)
         log(f"pretrain: {s.dataset_count} shapes images written")
-    if not os.path.isdir(vae_data):
-        # the VAE fits the random layout's drawings (every place, a range of sizes), not the
-        # SFT's fixed ones: with its VAE fitted on the fixed drawings the same build's GRPO rose
-        # +0.032 / +0.057 / +0.031 and left the size word unlearnt, against +0.060 / +0.056 /
-        # +0.074 with this one (docs/shapes_world.md, session 46)
+    # the VAE fits the random layout's drawings (every place, a range of sizes), not the
+    # SFT's fixed ones: with its VAE fitted on the fixed drawings the same build's GRPO rose
+    # +0.032 / +0.057 / +0.031 and left the size word unlearnt, against +0.060 / +0.056 /
+    # +0.074 with this one (docs/shapes_world.md, session 46). SFT data drawn that way already
+    # are those drawings, byte for byte: no second copy then.
+    if s.layout == "random" and s.small is None:
+        vae_data = data
+    elif not os.path.isdir(vae_data):
         build_shapes_dataset(vae_data, count=s.dataset_count, size=s.size, seed=s.seed,
                              split="train")
     check_stop("after the dataset")
