@@ -185,6 +185,47 @@ def test_step_loss_matches_numpy(rollout, rl_sigma):
     assert 0 < float(m["clipfrac"]) < 1
 
 
+def test_log_ratio_norm_std_divides_each_step_by_its_transition_std(rollout):
+    """log_ratio_norm "std": the rollout stores each trained step's transition std (0 after the
+    last step) and the policy term's log-ratio is divided by it; everything else as "none"."""
+    _, params, cond, latents, data_x0, _, _, key = rollout
+    algo = DDRL.from_recipe(ddrl_config(**{"train.train_policy.log_ratio_norm": "std",
+                                           "train.train_policy.kl_beta": 0.0,
+                                           "train.train_policy.data_beta": 0.0,
+                                           "train.train_policy.train_on": (0, 2, N - 1)}), 3.0)
+    f = jax.jit(lambda p, lat, c, k: algo.rollout(toy.velocity, toy.Holder(p), lat, c, k))(
+        params, latents, cond, key)
+    eta = edm_churn_eta(1.0, N)
+    steps, sn = np.asarray(f["step"]), np.asarray(f["sigma_next"], np.float64)
+    want = np.where(steps == N - 1, 0.0, sn * math.sqrt(eta**2 + 2 * eta))
+    np.testing.assert_allclose(np.asarray(f["std"]), want, rtol=1e-6)
+    assert (want[:, :2] > 0).all()
+    adv = np.array([-0.4, -1.7, 0.9, 6.0], np.float32)
+    batch = dict(f, cond=cond, advantage=jnp.asarray(adv))
+    rng = np.random.default_rng(1)
+    for j in range(3):
+        x_hat, x_next, x0p, sh, sn_j, sph, first = stored_np(f, j)
+        mu = mean_np(x_hat, sh, sn_j, x0_np(params, x_hat, sh, cond["pooled_projections"]), x0p,
+                     sph, first)
+        std = want[:, j]
+        mu_old = mu + np.array([1e-7, 1e-6, 1e-3, 3e-3])[:, None, None, None] * rng.normal(
+            size=mu.shape) * max(std.max(), 1e-3)
+        loss, (m, _) = jax.jit(lambda p, b, o, jj: algo.step_loss(toy.velocity, p, p, b, jj, o,
+                                                                   key), static_argnums=3)(
+            params, batch, jnp.asarray(mu_old, jnp.float32), j)
+        log_ratio = (-((x_next - mu) ** 2 - (x_next - mu_old) ** 2)).mean(axis=AXES)
+        log_ratio = log_ratio / np.where(std > 0, std, 1.0)
+        ratio = np.exp(log_ratio)
+        a = adv.astype(np.float64)
+        pol = np.maximum(-a * ratio, -np.clip(ratio, 1 - 1e-4, 1 + 1e-4) * a).mean()
+        # x' and mu are ~100 at step 0 (sigma up to 200): fp32 squares carry ~1e-6 relative
+        np.testing.assert_allclose(float(m["policy_loss"]), pol, rtol=1e-5, err_msg=str(j))
+        np.testing.assert_allclose(float(m["log_prob_ratio"]), log_ratio.mean(), atol=1e-5,
+                                   err_msg=str(j))
+        np.testing.assert_allclose(float(loss), 10.0 * pol, rtol=1e-5)
+        assert j == 2 or 0 < float(m["clipfrac"]) < 1  # the last step: x' is mu_old, ratio 1
+
+
 def test_first_inner_epoch_ratio_is_exactly_one_and_data_on_first_only(rollout):
     algo, params, cond, _, _, f, _, _ = rollout
     batch = dict(f, cond=cond, advantage=jnp.asarray([-0.5, -1.5, -1.0, -0.8]))

@@ -123,6 +123,9 @@ DEFAULTS = {
             "exp_reward": False,           # DDRL advantages A -> -exp(-A) (cosmos-rl: off)
             "update_ref_every_iter": 16,   # DDRL: copy the policy into the KL reference (0: never)
             "loss_scale": 10.0,            # DDRL total-loss factor
+            # DDRL: "none" (cosmos-rl) leaves each trained step's log-ratio unscaled, so its
+            # gradient grows with the step's noise; "std" divides it by the step's transition std
+            "log_ratio_norm": "none",
             "data_sigma_p_mean": 1.3862943611198906,  # log 4: DDRL data sigma ~ lognormal
             "data_sigma_p_std": 1.2,
             # GRPO of the vision-language model (policy.family in VLM_FAMILIES, type "grpo";
@@ -346,6 +349,7 @@ CHOICES = {
     "train.ckpt.upload_s3": ("", "final", "all"),
     "train.train_policy.type": ("sft", "nft", "grpo", "ddrl", "wfm_rl"),
     "train.train_policy.wfm.solver_option": ("2ab", "1euler", "2heun_edm"),
+    "train.train_policy.log_ratio_norm": ("none", "std"),  # algorithms/ddrl/loss.py
     "train.train_policy.remote_reward.on_failure": ("raise", "drop"),
     "train.train_policy.remote_reward.media_type": ("pixels", "latent"),
     "train.train_policy.dataset.layout": ("paired", "wfm", "prompts", "mock", "conversations"),

@@ -16,7 +16,8 @@ x0 prediction and churned sigma (the 2ab history, constants in training), the si
 initial unit noise (the data loss's epsilon under use_rl_sigma_and_noise).
 
 Update per trained step: mu_theta = deterministic step from x_hat_k with the trained network;
-log-ratio -mean[(x' - mu_theta)^2 - (x' - mu_old)^2]; PPO clip; optional reverse-KL surrogate to
+log-ratio -mean[(x' - mu_theta)^2 - (x' - mu_old)^2] (over the step's transition std under
+log_ratio_norm "std", not cosmos-rl's); PPO clip; optional reverse-KL surrogate to
 the reference; data loss on the real latent; x loss_scale; mean over the trained steps.
 mu_old is, as in Flow-GRPO here, the first inner epoch's own mu_theta under stop_gradient, so
 the ratio is exactly 1 there (the reference stores the sampler's mean; equal up to rounding);
@@ -46,7 +47,7 @@ from wfm_jax.algorithms.ddrl.loss import (
     ddrl_loss,
     draw_data_sigma,
     edm_noisy,
-    unscaled_log_ratio,
+    step_log_ratio,
 )
 from wfm_jax.algorithms.grpo.algorithm import cfg_velocity, full_uncond, guide_of
 from wfm_jax.sampling import steps as S
@@ -81,6 +82,7 @@ class DDRLConfig(AlgorithmConfig):
     data_sigma_p_mean: float = 1.3862943611198906  # log 4
     data_sigma_p_std: float = 1.2
     update_ref_every_iter: int = 16
+    log_ratio_norm: str = "none"
 
     @classmethod
     def from_recipe(cls, config) -> DDRLConfig:
@@ -100,7 +102,8 @@ class DDRLConfig(AlgorithmConfig):
                    exp_reward=bool(tp.exp_reward),
                    data_sigma_p_mean=float(tp.data_sigma_p_mean),
                    data_sigma_p_std=float(tp.data_sigma_p_std),
-                   update_ref_every_iter=int(tp.update_ref_every_iter))
+                   update_ref_every_iter=int(tp.update_ref_every_iter),
+                   log_ratio_norm=str(tp.log_ratio_norm))
 
 
 def resolve_train_on(train_on, num_steps: int) -> tuple[list[int], list[int], int]:
@@ -168,7 +171,12 @@ class DDRL(RLAlgorithm[DDRLConfig]):
         self.exp_reward = bool(c.exp_reward)
         self.data_sigma = (float(c.data_sigma_p_mean), float(c.data_sigma_p_std))
         self.update_ref_every = int(c.update_ref_every_iter)
-        self.train_fields = self._STEP_FIELDS + (("noise", "data_x0") if self.data_beta else ())
+        if c.log_ratio_norm not in ("none", "std"):
+            raise AlgorithmConfigError(f"config key 'train.train_policy.log_ratio_norm' = "
+                                       f"{c.log_ratio_norm!r} is not one of ['none', 'std']")
+        self.norm_by_std = c.log_ratio_norm == "std"
+        self.train_fields = (self._STEP_FIELDS + (("std",) if self.norm_by_std else ())
+                             + (("noise", "data_x0") if self.data_beta else ()))
         # the data latents and, for video2world, the first n latent frames of each item's clip
         self.reads_data = bool(self.data_beta) or self.media.conditions
 
@@ -245,6 +253,9 @@ class DDRL(RLAlgorithm[DDRLConfig]):
                   "sigma_next": shared(self.sigmas[steps + 1]),
                   "sigma_prev_hat": shared(out.sigmas_hat[prev]),
                   "step": shared(steps), "noise": latents, "final": out.latents}
+        if self.norm_by_std:  # the Gaussian from step k's mean to x_{k+1} (0 after the last)
+            assert out.stds is not None
+            fields["std"] = shared(out.stds[steps])
         if data_x0 is not None:
             fields["data_x0"] = data_x0
         return fields
@@ -287,11 +298,12 @@ class DDRL(RLAlgorithm[DDRLConfig]):
             data = (jax.lax.cond(j == 0, data_fn, lambda: jnp.zeros((), F32))
                     if self.data_on_first_only else data_fn())
         x_next = batch["x_next"][:, j]
+        std = batch["std"][:, j] if self.norm_by_std else None
         loss, metrics = ddrl_loss(x_next, mean, old, batch["advantage"],
                                   clip_ratio=self.clip_range, kl_beta=self.kl_beta,
                                   mean_ref=mean_ref, data_beta=self.data_beta, data_loss=data,
-                                  loss_scale=self.loss_scale)
-        ratio = jnp.exp(unscaled_log_ratio(x_next, mean, old))
+                                  loss_scale=self.loss_scale, std=std)
+        ratio = jnp.exp(step_log_ratio(x_next, mean, old, std))
         metrics = dict(metrics, ratio_abs_dev=jax.lax.stop_gradient(jnp.max(jnp.abs(ratio - 1))))
         return loss, (metrics, jax.lax.stop_gradient(mean))
 

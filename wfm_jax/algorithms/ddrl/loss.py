@@ -1,6 +1,7 @@
 """DDRL loss (spec algorithms.md §4; cosmos-rl wfm trainer `rl_training_step`). Per trained step k:
 
   log_ratio = -[(x_{k+1} - mu_theta)^2 - (x_{k+1} - mu_old)^2]  (deliberately no 1/(2 std^2))
+              / std_k  (only with log_ratio_norm "std"; not cosmos-rl's)
   ratio = exp(mean_{C,T,H,W} log_ratio)
   L_pol = mean max(-A ratio, -A clip(ratio, 1 - eps, 1 + eps))
   L_KL = mean (mu_ref - mu_theta)^2                     (only when kl_beta > 0)
@@ -26,9 +27,24 @@ def unscaled_log_ratio(x_next, mean_theta, mean_old):
     return mean_over_sample(-((x_next - mean_theta.astype(F32)) ** 2 - (x_next - mean_old) ** 2))
 
 
-def ddrl_policy_loss(x_next, mean_theta, mean_old, advantages, clip_ratio: float = 1e-4):
-    """(policy_loss, ratio (B,), log_ratio (B,))."""
+def step_log_ratio(x_next, mean_theta, mean_old, std=None):
+    """The per-sample log-ratio (B,), divided by the step's transition std (B,) when given.
+
+    Unscaled, its gradient is 2 (x' - mu) dmu/dtheta with x' - mu of the step's noise std, so the
+    noisiest trained step outweighs the others (on the tiny EDM grid, sigma_max 200, the first
+    step's factor std (1 - sigma'/sigma_hat) t is about 3x the third's and 100x the seventh's;
+    docs/shapes_world.md). Dividing by std gives every step a gradient of like scale. A std of 0
+    (the last step, no churn after it) is taken as 1: that step's x' equals mu_old."""
     log_ratio = unscaled_log_ratio(x_next, mean_theta, mean_old)
+    if std is None:
+        return log_ratio
+    std = jnp.asarray(std, F32)
+    return log_ratio / jnp.where(std > 0, std, 1.0)
+
+
+def ddrl_policy_loss(x_next, mean_theta, mean_old, advantages, clip_ratio: float = 1e-4, std=None):
+    """(policy_loss, ratio (B,), log_ratio (B,)); std: see step_log_ratio."""
+    log_ratio = step_log_ratio(x_next, mean_theta, mean_old, std)
     ratio = jnp.exp(log_ratio)
     adv = jnp.asarray(advantages, F32)
     unclipped = -adv * ratio
@@ -60,10 +76,13 @@ def draw_data_sigma(key, batch_size: int, p_mean: float, p_std: float):
 
 
 def ddrl_loss(x_next, mean_theta, mean_old, advantages, *, clip_ratio: float = 1e-4, kl_beta: float = 0.0,
-              mean_ref=None, data_beta: float = 0.0, data_loss=None, loss_scale: float = 10.0):
+              mean_ref=None, data_beta: float = 0.0, data_loss=None, loss_scale: float = 10.0,
+              std=None):
     """Total DDRL loss for one trained step. data_loss: the value of `ddrl_data_loss` (or None when
-    this step has none, e.g. data_on_first_only). Returns (loss, metrics)."""
-    policy_loss, ratio, log_ratio = ddrl_policy_loss(x_next, mean_theta, mean_old, advantages, clip_ratio)
+    this step has none, e.g. data_on_first_only); std: the step's transition std (B,) under
+    log_ratio_norm "std", else None. Returns (loss, metrics)."""
+    policy_loss, ratio, log_ratio = ddrl_policy_loss(x_next, mean_theta, mean_old, advantages,
+                                                     clip_ratio, std)
     if kl_beta:
         if mean_ref is None:
             raise ValueError("kl_beta > 0 needs mean_ref")
