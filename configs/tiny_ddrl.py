@@ -15,7 +15,7 @@ def get_config():
     c = compose("base/tiny_rl.py", algorithm="ddrl")
     # On the sized world (build format 4), session 47's sweep (docs/shapes_world.md, "DDRL on
     # the training prompts"): 8 data items x 4 rollouts a step, all 120 training prompts as
-    # data: +0.066 / +0.066 / +0.058 held-out sized on seeds 0-2 (chosen on them), no detected
+    # data, log-ratio unscaled: +0.066 / +0.066 / +0.058 held-out sized on seeds 0-2 (chosen on them), no detected
     # attribute falling; untuned seeds 3-6: +0.008 / +0.073 / +0.042 / +0.073.
     # With the 16-item data of session 46 (its only RL prompts): +0.053 / +0.009 / +0.058, shape
     # -0.06 on seed 0; with 120 items at 4 a step: +0.067 / +0.056 / +0.037; at 4 a step a
@@ -40,6 +40,13 @@ def get_config():
     tp.dataset.build_tiny_split = "train_sized"
     tp.dataset.build_tiny_layout = "fixed"
     tp.train_on = (0, 2, 4, 6, -1)
+    # Each trained step's log-ratio over its transition std (not cosmos-rl's): unscaled, the
+    # first step (sigma 218 -> 115) carries about two thirds of the policy gradient and the
+    # step at sigma 3 under 1%. Session 48 (docs/shapes_world.md, "DDRL's steps weighted alike"):
+    # +0.098 / +0.066 / +0.083 on seeds 0-2 (chosen on them) against +0.066 / +0.066 / +0.058
+    # unscaled; untuned seeds 3-6 +0.079 / +0.093 / +0.092 / +0.093 (unscaled: +0.008 / +0.073 /
+    # +0.042 / +0.073); no detected attribute falls.
+    tp.log_ratio_norm = "std"
     tp.kl_beta = 0.0
     tp.data_on_first_only = True  # speed on 2 CPU cores: one data-loss forward per batch
     tp.update_ref_every_iter = 0
