@@ -349,7 +349,7 @@ CHOICES = {
     "train.ckpt.upload_s3": ("", "final", "all"),
     "train.train_policy.type": ("sft", "nft", "grpo", "ddrl", "wfm_rl"),
     "train.train_policy.wfm.solver_option": ("2ab", "1euler", "2heun_edm"),
-    "train.train_policy.log_ratio_norm": ("none", "std"),  # algorithms/ddrl/loss.py
+    "train.train_policy.log_ratio_norm": ("none", "std"),  # algorithms/ddrl/loss.py LOG_RATIO_NORMS
     "train.train_policy.remote_reward.on_failure": ("raise", "drop"),
     "train.train_policy.remote_reward.media_type": ("pixels", "latent"),
     "train.train_policy.dataset.layout": ("paired", "wfm", "prompts", "mock", "conversations"),

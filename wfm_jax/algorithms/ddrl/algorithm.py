@@ -43,11 +43,11 @@ from wfm_jax.algorithms.base import (
     Velocity,
 )
 from wfm_jax.algorithms.ddrl.loss import (
+    LOG_RATIO_NORMS,
     ddrl_data_loss,
     ddrl_loss,
     draw_data_sigma,
     edm_noisy,
-    step_log_ratio,
 )
 from wfm_jax.algorithms.grpo.algorithm import cfg_velocity, full_uncond, guide_of
 from wfm_jax.sampling import steps as S
@@ -171,9 +171,9 @@ class DDRL(RLAlgorithm[DDRLConfig]):
         self.exp_reward = bool(c.exp_reward)
         self.data_sigma = (float(c.data_sigma_p_mean), float(c.data_sigma_p_std))
         self.update_ref_every = int(c.update_ref_every_iter)
-        if c.log_ratio_norm not in ("none", "std"):
+        if c.log_ratio_norm not in LOG_RATIO_NORMS:
             raise AlgorithmConfigError(f"config key 'train.train_policy.log_ratio_norm' = "
-                                       f"{c.log_ratio_norm!r} is not one of ['none', 'std']")
+                                       f"{c.log_ratio_norm!r} is not one of {list(LOG_RATIO_NORMS)}")
         self.norm_by_std = c.log_ratio_norm == "std"
         self.train_fields = (self._STEP_FIELDS + (("std",) if self.norm_by_std else ())
                              + (("noise", "data_x0") if self.data_beta else ()))
@@ -303,8 +303,6 @@ class DDRL(RLAlgorithm[DDRLConfig]):
                                   clip_ratio=self.clip_range, kl_beta=self.kl_beta,
                                   mean_ref=mean_ref, data_beta=self.data_beta, data_loss=data,
                                   loss_scale=self.loss_scale, std=std)
-        ratio = jnp.exp(step_log_ratio(x_next, mean, old, std))
-        metrics = dict(metrics, ratio_abs_dev=jax.lax.stop_gradient(jnp.max(jnp.abs(ratio - 1))))
         return loss, (metrics, jax.lax.stop_gradient(mean))
 
     def grads(self, velocity: Velocity, state, ref_params, batch: dict, key, *, old=None,

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 from wfm_jax.sampling.steps import mean_over_sample, per_sample
 
 F32 = jnp.float32
+LOG_RATIO_NORMS = ("none", "std")  # train.train_policy.log_ratio_norm (config/schema.py CHOICES)
 
 
 def unscaled_log_ratio(x_next, mean_theta, mean_old):
@@ -99,6 +100,7 @@ def ddrl_loss(x_next, mean_theta, mean_old, advantages, *, clip_ratio: float = 1
         "log_prob_ratio": jnp.mean(log_ratio),
         "ratio_mean": jnp.mean(ratio),
         "clipfrac": jnp.mean((jnp.abs(ratio - 1.0) > clip_ratio).astype(F32)),
+        "ratio_abs_dev": jnp.max(jnp.abs(ratio - 1.0)),  # 0 exactly on the first inner epoch
         "loss": loss,
     }
     return loss, jax.tree.map(jax.lax.stop_gradient, metrics)
