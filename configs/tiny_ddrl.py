@@ -41,8 +41,9 @@ def get_config():
     tp.dataset.build_tiny_layout = "fixed"
     tp.train_on = (0, 2, 4, 6, -1)
     # Each trained step's log-ratio over its transition std (not cosmos-rl's): unscaled, the
-    # first step (sigma 218 -> 115) carries about two thirds of the policy gradient and the
-    # step at sigma 3 under 1%. Session 48 (docs/shapes_world.md, "DDRL's steps weighted alike"):
+    # first step (sigma 218 -> 115) carries 70-75% of the update's gradient and the step at
+    # sigma 3 0.3% (measured in session 49, tools/ddrl_step_gradients.py). Session 48
+    # (docs/shapes_world.md, "DDRL's steps weighted alike"):
     # +0.098 / +0.066 / +0.083 on seeds 0-2 (chosen on them) against +0.066 / +0.066 / +0.058
     # unscaled; untuned seeds 3-6 +0.079 / +0.093 / +0.092 / +0.093 (unscaled: +0.008 / +0.073 /
     # +0.042 / +0.073); no detected attribute falls. It leans on the data term: with advantages
