@@ -27,6 +27,9 @@ def get_config():
     # blocks unrolled: by the TPU cost model on v5p:2x2x1 (--layers 2), update 115 s at 54 GB a
     # chip against 156 s at 95 GB scanned; est. MFU update 45.5%, rollout 46.8% (docs/tpu_tuning.md)
     c.policy.scan_layers = False
+    # the norms' own checkpoints off: on v5p:2x2x1 they cost this update both memory and time
+    # (53.16 against 50.49 GB a chip, 103.3 against 102.0 s; docs/recipe_targets.md, session 50)
+    c.policy.norm_checkpoints = False
     c.validation.enable = True
     c.validation.batch_size = 16
     c.plan.target = "v5p:2x2x1"  # what it is planned to fit: 4 chips

@@ -273,6 +273,9 @@ DEFAULTS = {
         # offload_dot_with_no_batch_dims (GPU/TPU); see models/layers/remat.py
         "remat": "everything_saveable",
         "scan_layers": True,  # runs of identical blocks as one lax.scan (same checkpoint layout)
+        # DiTs: each norm and AdaLN helper as its own jax.checkpoint keeping only its inputs and
+        # per-row statistics (models/layers/norms.py): the same numbers; memory and time by program
+        "norm_checkpoints": True,
         # vision-language SFT (policy.family in VLM_FAMILIES; specs/reason2.md §4.1); data:
         # train.train_policy.dataset.local_dir, layout "conversations" (LLaVA JSON dir / file,
         # or WebDataset tar shards, local or s3://); held-out accuracy: validation.dataset.local_dir

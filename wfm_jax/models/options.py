@@ -1,9 +1,10 @@
 """How a trainable transformer is built beyond its architecture config, as one typed value.
 
-The recipe's `policy.attention_impl`, `policy.remat`, `policy.scan_layers` and
-`policy.context_parallel_impl` travel from the trainer, planner and benchmark through the family
-loaders to the model constructor as a `ModelOptions`, never as a loose dict. `remat` holds a
-`jax.checkpoint_policies` name (the short aliases of models/layers/remat.py are turned into it).
+The recipe's `policy.attention_impl`, `policy.remat`, `policy.scan_layers`,
+`policy.context_parallel_impl` and `policy.norm_checkpoints` travel from the trainer, planner
+and benchmark through the family loaders to the model constructor as a `ModelOptions`, never as
+a loose dict. `remat` holds a `jax.checkpoint_policies` name (the short aliases of
+models/layers/remat.py are turned into it).
 """
 from __future__ import annotations
 
@@ -21,12 +22,14 @@ class ModelOptions:
     """attention_impl: auto | xla | cudnn | blockwise | pallas (auto: by the mesh's platform);
     remat: per block, a jax.checkpoint_policies name; scan_layers: runs of identical blocks as
     one lax.scan; context_parallel_impl: how a context-split sequence attends (auto | ulysses |
-    ring)."""
+    ring); norm_checkpoints: each norm and modulation helper as its own jax.checkpoint
+    (models/layers/norms.py), on by default."""
 
     attention_impl: str | None = "auto"
     remat: str = NO_REMAT
     scan_layers: bool = False
     context_parallel_impl: str = "auto"
+    norm_checkpoints: bool = True
 
     def __post_init__(self) -> None:
         if self.attention_impl not in ATTENTION_IMPLS:
@@ -37,6 +40,7 @@ class ModelOptions:
                              f"got {self.context_parallel_impl!r}")
         object.__setattr__(self, "remat", check_remat(self.remat))
         object.__setattr__(self, "scan_layers", bool(self.scan_layers))
+        object.__setattr__(self, "norm_checkpoints", bool(self.norm_checkpoints))
 
     @classmethod
     def from_policy(cls, policy: Any, **overrides: Any) -> ModelOptions:

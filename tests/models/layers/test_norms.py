@@ -9,7 +9,7 @@ from flax import nnx
 from jax._src.ad_checkpoint import saved_residuals
 
 from wfm_jax.models.layers.modulation import gated_residual, modulate
-from wfm_jax.models.layers.norms import LayerNorm, RMSNorm
+from wfm_jax.models.layers.norms import LayerNorm, RMSNorm, norm_checkpoints
 
 B, T, D = 2, 8, 32
 
@@ -82,3 +82,24 @@ def test_bf16_norms_and_modulation_keep_no_fp32_activation():
                                  .astype(jnp.float32)),
                lambda x: jnp.sum(gated_residual(x, gate, x * 2).astype(jnp.float32))):
         assert _fp32_activations(fn, x) == []
+
+
+def test_norm_checkpoints_off_keeps_plain_autodiffs_residuals_and_its_numbers():
+    """Inside norm_checkpoints(False) each helper is its plain body: autodiff keeps its fp32
+    activations again (what the checkpoints avoid), and values and gradients equal the
+    checkpointed ones."""
+    x, scale, bias = _inputs(jnp.bfloat16)
+    shift, mod_scale = (jnp.asarray(np.random.default_rng(i).normal(0, 0.1, (B, D)), jnp.float32)
+                        for i in (2, 3))
+    ln = _norm("layer", scale, bias)
+    w = jnp.asarray(np.random.default_rng(5).normal(size=(B, T, D)), jnp.float32)
+    out = lambda x: modulate(ln, x, shift, mod_scale, jnp.bfloat16).astype(jnp.float32)
+    summed, weighted = (lambda x: jnp.sum(out(x))), (lambda x: jnp.sum(out(x) * w))
+    with norm_checkpoints(False):
+        assert _fp32_activations(summed, x)
+        off = jax.value_and_grad(weighted)(x)
+    assert _fp32_activations(summed, x) == []  # the default again once the block is left
+    on = jax.value_and_grad(weighted)(x)
+    np.testing.assert_allclose(off[0], on[0], rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(off[1], np.float32), np.asarray(on[1], np.float32),
+                               rtol=1e-5, atol=1e-5)

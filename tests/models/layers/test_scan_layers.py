@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from tests.conformance.model import checkpoints
+from tests.conformance.model import checkpoints, eqns
 from wfm_jax.models.cosmos.transformer import CosmosTransformer
+from wfm_jax.models.layers.norms import KEEP_NORM_STATS
 from wfm_jax.models.layers.remat import REMAT_POLICIES, block_groups, check_remat, resolve_remat
 from wfm_jax.models.sana.transformer import SanaTransformer
 from wfm_jax.models.sana.video import SanaVideoTransformer
@@ -74,8 +75,8 @@ def _model(family, **options):
 
 
 @functools.cache  # shared between the tests: the same (family, scan, policy) compiles once
-def _value_and_grads(family, scan_layers, remat):
-    model = _model(family, scan_layers=scan_layers, remat=remat)
+def _value_and_grads(family, scan_layers, remat, norm_checkpoints=True):
+    model = _model(family, scan_layers=scan_layers, remat=remat, norm_checkpoints=norm_checkpoints)
     graph, params, rest = nnx.split(model, nnx.Param, ...)
     kwargs = FAMILIES[family][2]
 
@@ -111,6 +112,34 @@ def test_every_named_policy_gives_the_same_gradients():
         np.testing.assert_allclose(out, want_out, atol=2e-5, rtol=0)
         for k, g in grads.items():
             np.testing.assert_allclose(g, want_grads[k], atol=2e-5, rtol=1e-5, err_msg=str(k))
+
+
+def _norm_checkpoints(family, **options) -> int:
+    """How many of the norms' own checkpoints (layers/norms.py) the forward traces."""
+    graph, state = nnx.split(nnx.eval_shape(lambda: _model(family, **options)))
+    jaxpr = jax.make_jaxpr(lambda s, kw: nnx.merge(graph, s)(**kw))(state, FAMILIES[family][2])
+    return sum(e.primitive.name in ("checkpoint", "remat2") and e.params["policy"] is KEEP_NORM_STATS
+               for e in eqns(jaxpr.jaxpr))
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_norm_checkpoints_off_traces_none_and_changes_no_number(family):
+    """policy.norm_checkpoints=False (ModelOptions): the forward traces none of the norms' own
+    checkpoints (it does with the default, scanned or not); per-block remat is untouched; the
+    values and gradients are the plain loop's (two families compiled: the checkpoints switch
+    in SD3's forward and in the SANA base's shared body)."""
+    assert _norm_checkpoints(family, scan_layers=False) > 0
+    assert _norm_checkpoints(family, scan_layers=True, remat="dots") > 0
+    assert _norm_checkpoints(family, scan_layers=False, norm_checkpoints=False) == 0
+    assert _norm_checkpoints(family, scan_layers=True, remat="dots", norm_checkpoints=False) == 0
+    if family not in ("sd3", "sana_video"):
+        return
+    want_out, want_grads = _value_and_grads(family, False, "everything_saveable")
+    out, grads = _value_and_grads(family, False, "everything_saveable", False)
+    np.testing.assert_allclose(out, want_out, atol=2e-5, rtol=0)
+    assert grads.keys() == want_grads.keys()
+    for k, g in grads.items():
+        np.testing.assert_allclose(g, want_grads[k], atol=2e-5, rtol=1e-5, err_msg=str(k))
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))

@@ -25,6 +25,7 @@ from wfm_jax.models.cosmos.embeddings import CosmosTimeEmbedding, PatchEmbed, re
 from wfm_jax.models.cosmos.rope import check_head_dim, rope_tables
 from wfm_jax.models.layers.attention import check_attention_impl
 from wfm_jax.models.layers.linear import Linear
+from wfm_jax.models.layers.norms import traced_with_norm_checkpoints
 from wfm_jax.models.layers.remat import check_remat, run_blocks
 
 # diffusers CosmosTransformer3DModel.__init__ defaults
@@ -100,13 +101,14 @@ class CosmosTransformer(nnx.Module):
 
     def __init__(self, config: dict, *, dtype=None, param_dtype=jnp.float32, rngs: nnx.Rngs,
                  attention_impl="xla", remat: str = "everything_saveable", context_parallel_impl="auto",
-                 scan_layers: bool = False):
+                 scan_layers: bool = False, norm_checkpoints: bool = True):
         cfg = cosmos_config(config)
         self._config_items = tuple(sorted(cfg.items()))  # hashable: part of the static graph
         self.dtype = jnp.dtype(dtype or param_dtype)
         check_attention_impl(attention_impl, self.dtype)
         remat = check_remat(remat)  # the JAX policy name (short aliases accepted)
         self.remat, self.scan_layers = remat, bool(scan_layers)
+        self.norm_checkpoints = bool(norm_checkpoints)  # layers/norms.py
         heads, head_dim = cfg["num_attention_heads"], cfg["attention_head_dim"]
         dim = heads * head_dim
         self.head_dim, self.patch_size = head_dim, cfg["patch_size"]
@@ -163,6 +165,7 @@ class CosmosTransformer(nnx.Module):
             parts.append(jnp.broadcast_to(pad[:, :, None], (b, 1, t, h, w)))
         return jnp.concatenate(parts, axis=1)
 
+    @traced_with_norm_checkpoints
     def __call__(self, hidden_states, timestep, encoder_hidden_states, *,
                  condition_mask=None, padding_mask=None, fps=None, attention_mask=None,
                  block_controlnet_hidden_states=None):

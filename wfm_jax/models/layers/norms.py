@@ -6,9 +6,17 @@ call (the upcast input, the centred input, the normalised output), twice the byt
 activation itself, where recomputing them from that input is a few element-wise operations
 fused into the backward. On the SD3.5-M step this was the largest share of what the layer scan
 stores (docs/bench_notes.md, "gpu 2026-12-04 H200").
+
+The checkpoints are on unless the model is traced inside `norm_checkpoints(False)` (each DiT's
+`norm_checkpoints` option, `policy.norm_checkpoints`): the same numbers either way, but what the
+TPU compiler makes of them differs by program. On the v5p plans they saved 21 GB a chip on
+Cosmos-Predict2.5-2B DDRL's update, and cost SD3.5-M GRPO's update 4.9% of its estimated time
+and SD3.5-M NFT's 2.7 GB and 1.4% (docs/recipe_targets.md, session 50).
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 
 import jax
@@ -22,6 +30,32 @@ NORM_STATS = "norm_statistics"  # per-row mean / reciprocal std, (..., 1) fp32: 
 # the policy of every such layer-internal checkpoint (norms, layers/modulation.py), which is how
 # a jaxpr tells them from the per-block remat of layers/remat.py
 KEEP_NORM_STATS = jax.checkpoint_policies.save_only_these_names(NORM_STATS)
+# read when a norm is traced: set by a model's forward for its whole trace (norm_checkpoints)
+_CHECKPOINTS = contextvars.ContextVar("wfm_jax_norm_checkpoints", default=True)
+
+
+@contextlib.contextmanager
+def norm_checkpoints(enabled: bool):
+    """Trace the norms and modulation helpers inside the block with (True, the default) or
+    without (False) their checkpoints."""
+    token = _CHECKPOINTS.set(bool(enabled))
+    try:
+        yield
+    finally:
+        _CHECKPOINTS.reset(token)
+
+
+def norm_checkpointed(static_argnums: tuple[int, ...] = ()):
+    """Decorator: fn as one jax.checkpoint keeping its inputs and NORM_STATS, or fn itself
+    where traced inside norm_checkpoints(False)."""
+    def wrap(fn):
+        checkpoint = jax.checkpoint(fn, policy=KEEP_NORM_STATS, static_argnums=static_argnums)
+
+        @functools.wraps(fn)
+        def call(*args):
+            return checkpoint(*args) if _CHECKPOINTS.get() else fn(*args)
+        return call
+    return wrap
 
 
 def layer_norm_f32(x, scale, bias, eps: float):
@@ -36,12 +70,12 @@ def layer_norm_f32(x, scale, bias, eps: float):
     return y
 
 
-@functools.partial(jax.checkpoint, policy=KEEP_NORM_STATS, static_argnums=(3,))
+@norm_checkpointed(static_argnums=(3,))
 def _layer_norm(x, scale, bias, eps):
     return layer_norm_f32(x.astype(jnp.float32), scale, bias, eps).astype(x.dtype)
 
 
-@functools.partial(jax.checkpoint, policy=KEEP_NORM_STATS, static_argnums=(2,))
+@norm_checkpointed(static_argnums=(2,))
 def _rms_norm(x, scale, eps):
     f = x.astype(jnp.float32)
     y = f * checkpoint_name(jax.lax.rsqrt(jnp.mean(jnp.square(f), axis=-1, keepdims=True) + eps),
@@ -49,6 +83,15 @@ def _rms_norm(x, scale, eps):
     if scale is not None:
         y = y * scale.astype(jnp.float32)
     return y.astype(x.dtype)
+
+
+def traced_with_norm_checkpoints(forward):
+    """A model's forward method traced inside norm_checkpoints(self.norm_checkpoints)."""
+    @functools.wraps(forward)
+    def call(self, *args, **kwargs):
+        with norm_checkpoints(self.norm_checkpoints):
+            return forward(self, *args, **kwargs)
+    return call
 
 
 def _value(p):

@@ -22,7 +22,7 @@ from flax import nnx
 from wfm_jax.core import mesh
 from wfm_jax.models.layers.attention import check_context_parallel_impl
 from wfm_jax.models.layers.linear import Linear, param
-from wfm_jax.models.layers.norms import LayerNorm
+from wfm_jax.models.layers.norms import LayerNorm, traced_with_norm_checkpoints
 from wfm_jax.models.layers.remat import check_remat, run_blocks
 from wfm_jax.models.sana.block import SanaBlock
 from wfm_jax.models.sana.cross_attention import mask_bias
@@ -84,7 +84,7 @@ class SanaBase(nnx.Module):
     video = False
 
     def __init__(self, cfg: dict, *, dtype, param_dtype, rngs: nnx.Rngs, attention_impl, remat,
-                 scan_layers):
+                 scan_layers, norm_checkpoints: bool = True):
         if attention_impl not in ATTENTION_IMPLS:
             raise ValueError(f"SANA attention_impl must be one of {ATTENTION_IMPLS} (its masked "
                              f"cross-attention runs on XLA), got {attention_impl!r}")
@@ -94,6 +94,7 @@ class SanaBase(nnx.Module):
         self.dtype = jnp.dtype(dtype or param_dtype)
         self.remat, self.guidance_embeds = remat, cfg["guidance_embeds"]
         self.scan_layers = bool(scan_layers)
+        self.norm_checkpoints = bool(norm_checkpoints)  # layers/norms.py
         self.out_channels = cfg["out_channels"]
         dim = cfg["num_attention_heads"] * cfg["attention_head_dim"]
         kw = dict(rngs=rngs, dtype=self.dtype, param_dtype=param_dtype)
@@ -139,6 +140,7 @@ class SanaBase(nnx.Module):
         tproj, temb = self.time_embed(t, g)
         return tproj.reshape(batch, per, 6, -1), temb.reshape(batch, per, -1)
 
+    @traced_with_norm_checkpoints
     def _run(self, x, grid, rope, encoder_hidden_states, timestep, guidance,
              encoder_attention_mask, attention_mask):
         """Shared forward from the patch tokens x (B, N, D) to the final projection."""
@@ -166,14 +168,14 @@ class SanaTransformer(SanaBase):
 
     def __init__(self, config: dict, *, dtype=None, param_dtype=jnp.float32, rngs: nnx.Rngs,
                  attention_impl="xla", remat: str = "everything_saveable", context_parallel_impl="auto",
-                 scan_layers: bool = False):
+                 scan_layers: bool = False, norm_checkpoints: bool = True):
         # linear attention splits over `context` with one psum of its K.V state, never Ulysses or
         # a ring: the option is accepted (one recipe key for every family) and only checked
         check_context_parallel_impl(context_parallel_impl)
         cfg = sana_config(config)
         super().__init__(cfg, dtype=dtype, param_dtype=param_dtype, rngs=rngs,
                          attention_impl=attention_impl, remat=remat,
-                         scan_layers=scan_layers)
+                         scan_layers=scan_layers, norm_checkpoints=norm_checkpoints)
         dim = cfg["num_attention_heads"] * cfg["attention_head_dim"]
         self.patch_size = cfg["patch_size"]
         self.patch_embed = PatchEmbed2D(sample_size=cfg["sample_size"], patch_size=self.patch_size,

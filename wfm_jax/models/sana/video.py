@@ -41,14 +41,14 @@ class SanaVideoTransformer(SanaBase):
 
     def __init__(self, config: dict, *, dtype=None, param_dtype=jnp.float32, rngs: nnx.Rngs,
                  attention_impl="xla", remat: str = "everything_saveable", context_parallel_impl="auto",
-                 scan_layers: bool = False):
+                 scan_layers: bool = False, norm_checkpoints: bool = True):
         # linear attention splits over `context` with one psum of its K.V state, never Ulysses or
         # a ring: the option is accepted (one recipe key for every family) and only checked
         check_context_parallel_impl(context_parallel_impl)
         cfg = sana_video_config(config)
         super().__init__(cfg, dtype=dtype, param_dtype=param_dtype, rngs=rngs,
                          attention_impl=attention_impl, remat=remat,
-                         scan_layers=scan_layers)
+                         scan_layers=scan_layers, norm_checkpoints=norm_checkpoints)
         self.head_dim, self.patch_size = cfg["attention_head_dim"], cfg["patch_size"]
         self.rope_max_seq_len = cfg["rope_max_seq_len"]
         self.patch_embedding = PatchEmbed3D(self.patch_size, cfg["in_channels"],

@@ -15,6 +15,7 @@ from wfm_jax.core import mesh
 from wfm_jax.models.layers.attention import check_attention_impl
 from wfm_jax.models.layers.embeddings import CombinedTimestepTextProjEmbeddings, PatchEmbed
 from wfm_jax.models.layers.linear import Linear
+from wfm_jax.models.layers.norms import traced_with_norm_checkpoints
 from wfm_jax.models.layers.remat import REMAT_POLICIES, block_groups, call_block, check_remat, run_blocks  # noqa: F401 (re-exported)
 from wfm_jax.models.sd3.blocks import AdaLayerNormContinuous, JointTransformerBlock
 
@@ -67,7 +68,7 @@ class SD3Transformer(nnx.Module):
 
     def __init__(self, config: dict, *, dtype=None, param_dtype=jnp.float32, rngs: nnx.Rngs,
                  attention_impl="xla", remat: str = "everything_saveable", scan_layers: bool = True,
-                 context_parallel_impl="auto"):
+                 context_parallel_impl="auto", norm_checkpoints: bool = True):
         cfg = sd3_config(config)
         self._config_items = tuple(sorted(cfg.items()))  # hashable: part of the static graph
         self.dtype = jnp.dtype(dtype or param_dtype)
@@ -75,6 +76,7 @@ class SD3Transformer(nnx.Module):
         remat = check_remat(remat)  # the JAX policy name (short aliases accepted)
         self.remat = remat
         self.scan_layers = bool(scan_layers)
+        self.norm_checkpoints = bool(norm_checkpoints)  # layers/norms.py
         self.patch_size = cfg["patch_size"]
         self.out_channels = cfg["out_channels"]
         dim = cfg["num_attention_heads"] * cfg["attention_head_dim"]
@@ -118,6 +120,7 @@ class SD3Transformer(nnx.Module):
         return run_blocks(self.transformer_blocks, (x, c), apply, remat=self.remat,
                           scan_layers=self.scan_layers)
 
+    @traced_with_norm_checkpoints
     def __call__(self, hidden_states, encoder_hidden_states, pooled_projections, timestep):
         """(B,C,H,W) latents, (B,L,joint_dim) text, (B,pooled_dim), (B,) float t -> (B,C_out,H,W)."""
         b, _, height, width = hidden_states.shape

@@ -21,7 +21,7 @@ from wfm_jax.models.layers.attention import check_attention_impl
 from wfm_jax.models.layers.feedforward import FeedForward
 from wfm_jax.models.layers.linear import Linear, param
 from wfm_jax.models.layers.modulation import gated_residual, modulate
-from wfm_jax.models.layers.norms import LayerNorm
+from wfm_jax.models.layers.norms import LayerNorm, traced_with_norm_checkpoints
 from wfm_jax.models.layers.remat import check_remat, run_blocks
 from wfm_jax.models.wan.attention import WanAttention
 from wfm_jax.models.wan.embeddings import PatchEmbed3D, WanConditionEmbedder
@@ -103,13 +103,14 @@ class WanTransformer(nnx.Module):
 
     def __init__(self, config: dict, *, dtype=None, param_dtype=jnp.float32, rngs: nnx.Rngs,
                  attention_impl="xla", remat: str = "everything_saveable", context_parallel_impl="auto",
-                 scan_layers: bool = False):
+                 scan_layers: bool = False, norm_checkpoints: bool = True):
         cfg = wan_config(config)
         self._config_items = tuple(sorted(cfg.items()))  # hashable: part of the static graph
         self.dtype = jnp.dtype(dtype or param_dtype)
         check_attention_impl(attention_impl, self.dtype)
         remat = check_remat(remat)  # the JAX policy name (short aliases accepted)
         self.remat, self.scan_layers = remat, bool(scan_layers)
+        self.norm_checkpoints = bool(norm_checkpoints)  # layers/norms.py
         heads, head_dim = cfg["num_attention_heads"], cfg["attention_head_dim"]
         dim = heads * head_dim
         self.head_dim, self.patch_size = head_dim, cfg["patch_size"]
@@ -133,6 +134,7 @@ class WanTransformer(nnx.Module):
     def config(self) -> dict:
         return dict(self._config_items)
 
+    @traced_with_norm_checkpoints
     def __call__(self, hidden_states, timestep, encoder_hidden_states):
         """(B, C, T, H, W) latents, (B,) timesteps (~1000 sigma), (B, L, text_dim) UMT5 states
         -> (B, C_out, T, H, W) velocity in the compute dtype."""
