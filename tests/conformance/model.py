@@ -52,10 +52,19 @@ def eqns(jaxpr):
                     yield from eqns(sub)
 
 
+def _checkpoint_eqns(jaxpr, norms: bool) -> list:
+    return [e for e in eqns(jaxpr) if e.primitive.name in ("checkpoint", "remat2")
+            and (e.params["policy"] is KEEP_NORM_STATS) == norms]
+
+
 def checkpoints(jaxpr) -> list:
     """The per-block remat checkpoints (not the norms' own: layers/norms.py KEEP_NORM_STATS)."""
-    return [e for e in eqns(jaxpr) if e.primitive.name in ("checkpoint", "remat2")
-            and e.params["policy"] is not KEEP_NORM_STATS]
+    return _checkpoint_eqns(jaxpr, norms=False)
+
+
+def norm_checkpoints(jaxpr) -> list:
+    """The norms' and modulation helpers' own checkpoints (layers/norms.py KEEP_NORM_STATS)."""
+    return _checkpoint_eqns(jaxpr, norms=True)
 
 
 def to_torch(args, kwargs):

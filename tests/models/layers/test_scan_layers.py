@@ -11,9 +11,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from tests.conformance.model import checkpoints, eqns
+from tests.conformance.model import checkpoints, norm_checkpoints
 from wfm_jax.models.cosmos.transformer import CosmosTransformer
-from wfm_jax.models.layers.norms import KEEP_NORM_STATS
 from wfm_jax.models.layers.remat import REMAT_POLICIES, block_groups, check_remat, resolve_remat
 from wfm_jax.models.sana.transformer import SanaTransformer
 from wfm_jax.models.sana.video import SanaVideoTransformer
@@ -118,8 +117,7 @@ def _norm_checkpoints(family, **options) -> int:
     """How many of the norms' own checkpoints (layers/norms.py) the forward traces."""
     graph, state = nnx.split(nnx.eval_shape(lambda: _model(family, **options)))
     jaxpr = jax.make_jaxpr(lambda s, kw: nnx.merge(graph, s)(**kw))(state, FAMILIES[family][2])
-    return sum(e.primitive.name in ("checkpoint", "remat2") and e.params["policy"] is KEEP_NORM_STATS
-               for e in eqns(jaxpr.jaxpr))
+    return len(norm_checkpoints(jaxpr.jaxpr))
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
