@@ -45,6 +45,6 @@ def get_config():
     d = c.policy.diffusers
     d.sample.noise_level = 1.0  # unused by a deterministic rollout (as in cosmos-rl)
     d.sample.solver = "dpm_solver"
-    c.validation.enable = False  # as the toml; point validation.dataset.local_dir to turn it on
+    c.validation.enable = False  # as the toml; on: validation.enable=True and dataset.local_dir
     c.plan.target = "v5p:2x2x1"  # what it is planned to fit: 4 chips
     return c

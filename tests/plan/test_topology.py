@@ -102,14 +102,25 @@ def test_tiny_sft_planned_for_v5p_with_the_sequence_split(sd3_dir, capsys):
 
 
 @pytest.mark.slow  # three programs (rollout chunk, update, evaluate) through the TPU compiler
-def test_tiny_nft_planned_for_v5p(sd3_dir, capsys):
+def test_tiny_nft_planned_for_v5p(sd3_dir, tmp_path, capsys):
+    """Then with the recipe's validation off: the run compiles no evaluate program, so neither
+    does the plan, and it says why (the rollout and update from the first plan's cache)."""
     _libtpu()
-    r = _main_json(["--topology", "v5p:2x2x1",
-                    *_tiny("configs/tiny_nft.py", sd3_dir,
-                           "--config.train.train_batch_per_replica=8",
-                           "--config.train.train_policy.mini_batch=2")], capsys)
+    argv = ["--topology", "v5p:2x2x1", "--cache-dir", str(tmp_path / "cache"),
+            *_tiny("configs/tiny_nft.py", sd3_dir, "--config.train.train_batch_per_replica=8",
+                   "--config.train.train_policy.mini_batch=2")]
+    r = _main_json(argv, capsys)
     assert r["algorithm"] == "nft" and r["devices"] == 4
     assert set(r["programs"]) == {"rollout", "update", "evaluate"}
+    assert r["validation"]["planned"] and "validation.enable" in r["validation"]["why"]
+    off = _main_json([*argv, "--config.validation.enable=False"], capsys)
+    assert set(off["programs"]) == {"rollout", "update"} and not off["validation"]["planned"]
+    assert "--config.validation.enable=True" in off["validation"]["why"]
+    assert {k: off["programs"][k]["peak_bytes"] for k in off["programs"]} == {
+        k: r["programs"][k]["peak_bytes"] for k in off["programs"]}
+    assert plan_lib.main([*argv, "--config.validation.enable=False"]) == 0
+    assert "validation: not planned: the recipe's validation.enable is False" \
+        in capsys.readouterr().out
     for name, p in r["programs"].items():
         _check_program(name, p, r)
     assert r["programs"]["update"]["donated"]

@@ -215,8 +215,8 @@ def _plan(args, config, limit) -> dict:
         peak(rollout, resident + stored + rollout["chunk_bytes"], topo is not None)
         step = update
     sampler = programs.evaluate if rl else programs.sample
-    if topo is not None and sampler is not None and not args.no_validation:
-        # what a TPU run also compiles: validation
+    out["validation"] = validation_plan(args, config, rl, topo is not None, sampler is not None)
+    if out["validation"]["planned"]:  # what a TPU run also compiles: validation
         name = "evaluate" if rl else "sample"
         p = compiled[name] = compiled_as(name, True)
         peak(p, resident + per_device_bytes(programs.abstract_args(name)[3:]), True)
@@ -231,6 +231,24 @@ def _plan(args, config, limit) -> dict:
         rollout["chunks_per_step"] = chunks
         rollout["estimated_seconds_per_step"] = rollout["estimated_step_seconds"] * chunks
     return out
+
+
+def validation_plan(args, config, rl: bool, on_tpu: bool, has_sampler: bool) -> dict:
+    """{"planned": whether the plan compiles the validation program (RL: evaluate, SFT: the
+    sampler), "why"}. An RL run compiles evaluate only with validation.enable, so a recipe that
+    turns it off is planned without it (45 s of sana_video_nft's plan on 2 cores); the same
+    --config.validation.enable=True that turns it on for the run plans it."""
+    if not on_tpu:
+        return {"planned": False, "why": "a CPU screen compiles the training programs only"}
+    if not has_sampler:
+        return {"planned": False, "why": "this setup has no VAE, so no sampler"}
+    if args.no_validation:
+        return {"planned": False, "why": "--no-validation"}
+    if rl and not bool(config.validation.enable):
+        return {"planned": False, "why": "the recipe's validation.enable is False, so its run "
+                "compiles no evaluate program (--config.validation.enable=True plans it)"}
+    return {"planned": True, "why": "the run's validation sampler"
+            + (" (validation.enable)" if rl else " (generation with the trained weights)")}
 
 
 def program_signature(program) -> str:
@@ -367,6 +385,9 @@ def describe(r: dict) -> str:
             lines.append(f"    {estimate_line(p)}")
         if breakdown_line(p):
             lines.append(f"    {breakdown_line(p)}")
+    v = r.get("validation")
+    if r.get("topology") and v and not v["planned"]:
+        lines.append(f"  validation: not planned: {v['why']}")
     lines.append(fit_line(r))
     if r.get("near_limit_note"):
         lines.append(f"  note: {r['near_limit_note']}")
