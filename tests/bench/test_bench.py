@@ -19,6 +19,7 @@ from wfm_jax.bench import flops, report, runner, timing
 from wfm_jax.bench.__main__ import main
 from wfm_jax.bench.devices import peak_flops_for
 from wfm_jax.bench.suites import CPU_VAE, LORA_TARGETS, TINY_TRANSFORMER, Options, get_suite
+from wfm_jax.core.abstract import abstract_module
 from wfm_jax.models.layers.embeddings import Buffer
 from wfm_jax.models.lora import attach_lora
 from wfm_jax.models.sd3.transformer import SD3Transformer
@@ -35,7 +36,7 @@ def _abstract_transformer(lora_rank: int = 0):
         if lora_rank:
             attach_lora(m, LORA_TARGETS, lora_rank, 2.0 * lora_rank)
         return m
-    return nnx.eval_shape(make)
+    return abstract_module(make)
 
 
 def _inputs():
@@ -86,7 +87,7 @@ def test_lora_flops_convention_bounds_autodiff():
 @pytest.mark.parametrize("post_quant", [False, True])
 def test_vae_decode_flops_match_jaxpr(post_quant):
     cfg = dict(CPU_VAE, use_post_quant_conv=post_quant)
-    graph, state = nnx.split(nnx.eval_shape(lambda: AutoencoderKL(cfg, rngs=nnx.Rngs(0))))
+    graph, state = nnx.split(abstract_module(lambda: AutoencoderKL(cfg, rngs=nnx.Rngs(0))))
     z = jax.ShapeDtypeStruct((1, cfg["latent_channels"], 6, 4), jnp.float32)
     got = _jaxpr_flops(lambda s, z: nnx.merge(graph, s).decode(z), state, z)
     assert got == flops.vae_decode(cfg, 6, 4)
@@ -272,7 +273,7 @@ def _abstract_cosmos(cfg, lora_rank: int = 0):
         if lora_rank:
             attach_lora(m, COSMOS_LORA_TARGETS, lora_rank, 2.0 * lora_rank)
         return m
-    return nnx.eval_shape(make)
+    return abstract_module(make)
 
 
 def _cosmos_call(cfg):

@@ -20,6 +20,7 @@ import torch
 from flax import nnx
 
 from converters.table import ConversionError, convert_to_diffusers, convert_to_jax
+from wfm_jax.core.abstract import abstract_module
 from wfm_jax.core.tree import flat_arrays, flat_params, flat_shapes
 
 # (test class, variant) -> the torch model, its fp32 tensors and whatever the class adds
@@ -126,7 +127,7 @@ class ConverterConformance:
 
     def abstract(self, config: dict, **kw):
         """The model without random init (that costs one compile per shape)."""
-        return nnx.eval_shape(lambda: self.make_model(config, rngs=nnx.Rngs(0), **kw))
+        return abstract_module(lambda: self.make_model(config, rngs=nnx.Rngs(0), **kw))
 
     def jax_model(self, config: dict, tensors: dict, *, dtype=None, param_dtype=jnp.float32,
                   **options):

@@ -16,6 +16,7 @@ from flax import nnx
 from tests._support.paths import CONFIGS
 from wfm_jax.config.recipe import load_config
 from wfm_jax.core import mesh as wmesh
+from wfm_jax.core.abstract import abstract_module
 from wfm_jax.train import setup as setup_lib
 
 CONFIGS = CONFIGS
@@ -23,7 +24,7 @@ MiB = 2 ** 20
 
 
 def _param_bytes(make) -> int:
-    model = nnx.eval_shape(make)
+    model = abstract_module(make)
     return sum(math.prod(v.get_value().shape) * v.get_value().dtype.itemsize
                for _, v in nnx.state(model, nnx.Param).flat_state())
 

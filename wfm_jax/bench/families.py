@@ -351,9 +351,9 @@ def wan_decode_flops(vae_config: dict, frames: int, latent_size: int) -> float:
     from flax import nnx
 
     from wfm_jax.bench.flops import count_jaxpr_flops
+    from wfm_jax.core.abstract import abstract_module
     from wfm_jax.models.wan.vae import AutoencoderKLWan
-    graph, state = nnx.split(nnx.eval_shape(lambda: AutoencoderKLWan(vae_config,
-                                                                     rngs=nnx.Rngs(0))))
+    graph, state = nnx.split(abstract_module(lambda: AutoencoderKLWan(vae_config, rngs=nnx.Rngs(0))))
     z = jax.ShapeDtypeStruct((1, vae_config["z_dim"], frames, latent_size, latent_size),
                              jnp.float32)
     return count_jaxpr_flops(jax.make_jaxpr(lambda s, z: nnx.merge(graph, s).decode(z))(state, z))

@@ -96,12 +96,13 @@ def jax_module(kind: str, config: dict, *, dtype, param_dtype, seed: int = 0, **
 
     from converters.registry import spec_for
     from converters.table import convert_to_jax
+    from wfm_jax.core.abstract import abstract_module
     from wfm_jax.core.tree import flat_shapes, path_str
 
     cfg = dict(config, _class_name=class_name(kind))
     spec = spec_for(cfg)
-    model = nnx.eval_shape(lambda: spec.make_model(config, dtype=dtype, param_dtype=param_dtype,
-                                                   rngs=nnx.Rngs(0), **options))
+    model = abstract_module(lambda: spec.make_model(config, dtype=dtype, param_dtype=param_dtype,
+                                                    rngs=nnx.Rngs(0), **options))
     from wfm_jax.bench.timing import progress
     shapes = flat_shapes(model)
     where = _cache_dir(kind, config, seed, shapes)

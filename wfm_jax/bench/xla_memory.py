@@ -78,9 +78,10 @@ def _one_layer_model(suite, options, scan: bool):
     from flax import nnx
 
     from converters.registry import spec_for
+    from wfm_jax.core.abstract import abstract_module
     wl = suite.workload
     spec = spec_for(dict(suite.transformer, _class_name=wl.transformer_class))
-    return nnx.eval_shape(lambda: spec.make_model(
+    return abstract_module(lambda: spec.make_model(
         suite.transformer, dtype=jnp.bfloat16, param_dtype=jnp.float32, rngs=nnx.Rngs(0),
         attention_impl=options.attention_impl, remat=options.remat, scan_layers=scan))
 

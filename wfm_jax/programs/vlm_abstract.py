@@ -58,8 +58,9 @@ def parameter_count(model_config: dict) -> int:
     import jax
     from flax import nnx
 
+    from wfm_jax.core.abstract import abstract_module
     from wfm_jax.models.qwen3_vl.model import make_model
-    model = nnx.eval_shape(lambda: make_model(model_config, rngs=nnx.Rngs(0)))
+    model = abstract_module(lambda: make_model(model_config, rngs=nnx.Rngs(0)))
     return sum(math.prod(x.shape) for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
 
 
@@ -84,6 +85,7 @@ def abstract_vlm_setup(config, mesh, rules, model_config: dict, source: str, rem
     import jax
     from flax import nnx
 
+    from wfm_jax.core.abstract import abstract_module
     from wfm_jax.models import lora as lora_lib
     from wfm_jax.models.qwen3_vl.model import make_model
     from wfm_jax.programs import abstract as abstract_lib
@@ -104,7 +106,7 @@ def abstract_vlm_setup(config, mesh, rules, model_config: dict, source: str, rem
                                  init=str(p.lora.init_lora_weights))
         return model
     try:
-        model = nnx.eval_shape(make)
+        model = abstract_module(make)
     except ValueError as e:  # a config.json the model cannot take
         raise SetupError(f"{source}: {e}") from None
     wanted = vlm_sft.trainable_filter(lora, bool(p.vlm.train_vision))

@@ -32,6 +32,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from wfm_jax.config.run_length import resolve_max_steps
+from wfm_jax.core.abstract import abstract_module
 from wfm_jax.core.console import say
 from wfm_jax.core.errors import UserError
 from wfm_jax.core.mesh import MeshConfig, check_batch, make_mesh
@@ -298,7 +299,7 @@ class VLMSFTTrainer:
         model = self.model()
         if self.lora:
             merged = lora_merged(model)
-            base = nnx.eval_shape(lambda: make_model(model.config.to_dict(), rngs=nnx.Rngs(0)))
+            base = abstract_module(lambda: make_model(model.config.to_dict(), rngs=nnx.Rngs(0)))
             for path, var in nnx.state(base, nnx.Param).flat_state():
                 var.set_value(jnp.asarray(merged[".".join(map(str, path))]))
             model = base

@@ -31,6 +31,7 @@ from converters.cosmos_transformer import build_table, make_model
 from converters.loading import check_against_model
 from tests.conformance import ModelConformance
 from tests.conformance.model import to_torch
+from wfm_jax.core.abstract import abstract_module
 from wfm_jax.core.tree import flat_shapes
 from wfm_jax.models.cosmos import COSMOS25_PREDICT_2B, COSMOS25_PREDICT_14B, CosmosTransformer
 from wfm_jax.models.cosmos.embeddings import resize_nearest
@@ -181,7 +182,7 @@ class TestCosmosTransformer(ModelConformance):
         one = {**config, "num_layers": 1}
         with torch.device("meta"):
             ref = {k: tuple(v.shape) for k, v in CosmosTransformer3DModel(**one).state_dict().items()}
-        model = nnx.eval_shape(lambda: CosmosTransformer(one, rngs=nnx.Rngs(0)))
+        model = abstract_module(lambda: CosmosTransformer(one, rngs=nnx.Rngs(0)))
         check_against_model(build_table(one), {k: (s, "F32") for k, s in ref.items()}, model)
         sizes = {k: int(np.prod(s)) for k, s in flat_shapes(model).items()}
         assert sizes["patch_embed.proj.kernel"] == 72 * 128 * config["num_attention_heads"]
@@ -191,7 +192,7 @@ class TestCosmosTransformer(ModelConformance):
 
     def test_bad_config_and_inputs_fail_clearly(self):
         def build(**overrides):
-            return nnx.eval_shape(lambda: CosmosTransformer({**BASE, **overrides}, rngs=nnx.Rngs(0)))
+            return abstract_module(lambda: CosmosTransformer({**BASE, **overrides}, rngs=nnx.Rngs(0)))
 
         with pytest.raises(ValueError, match="extra_pos_embed_type='learnable'"):
             build(extra_pos_embed_type="learnable")
@@ -231,7 +232,7 @@ class TestCosmosTransformer(ModelConformance):
         crossattn_proj."""
         from wfm_jax.models.lora import find_targets
         targets = ["to_q", "to_k", "to_v", "to_out.0", "ff.net.0.proj", "ff.net.2"]
-        model = nnx.eval_shape(lambda: CosmosTransformer(BASE, rngs=nnx.Rngs(0)))
+        model = abstract_module(lambda: CosmosTransformer(BASE, rngs=nnx.Rngs(0)))
         found = set(find_targets(model, targets))
         torch_model = CosmosTransformer3DModel(**BASE)
         peft_like = {name for name, m in torch_model.named_modules()

@@ -15,6 +15,7 @@ from converters.dcae import build_table, make_model
 from converters.registry import spec_for
 from converters.table import convert_to_jax
 from tests.conformance import ConverterConformance
+from wfm_jax.core.abstract import abstract_module
 from wfm_jax.core.tree import flat_params, flat_shapes
 from wfm_jax.models.dcae import AutoencoderDC, DCAEConfig, scale_latents, unscale_latents
 
@@ -82,7 +83,7 @@ def torch_state(vae) -> dict[str, np.ndarray]:
 
 
 def abstract_vae(config: dict, **kw) -> AutoencoderDC:
-    return nnx.eval_shape(lambda: AutoencoderDC(config, rngs=nnx.Rngs(0), **kw))
+    return abstract_module(lambda: AutoencoderDC(config, rngs=nnx.Rngs(0), **kw))
 
 
 def load_jax(vae, state=None, **kw) -> AutoencoderDC:
@@ -156,7 +157,7 @@ def checkpoint():
 def test_registry_serves_the_dcae(checkpoint):
     config, _, shapes = checkpoint
     spec = spec_for({**config, "_class_name": "AutoencoderDC"})
-    model = nnx.eval_shape(lambda: spec.make_model(config, rngs=nnx.Rngs(0)))
+    model = abstract_module(lambda: spec.make_model(config, rngs=nnx.Rngs(0)))
     assert flat_shapes(model) == shapes
     assert {r.jax for r in spec.build_table(config)} == set(shapes)
 

@@ -14,6 +14,7 @@ from tests import _tiny_sd3
 from wfm_jax.config import recipe as cfg
 from wfm_jax.config.base import ConfigError
 from wfm_jax.core import mesh as wmesh
+from wfm_jax.core.abstract import abstract_module
 from wfm_jax.core.tree import assign, flat_shapes
 from wfm_jax.models.layers.attention import (
     BLOCKWISE_MIN_SEQ,
@@ -68,7 +69,7 @@ def test_explicit_choices_pass_through_and_bad_ones_fail():
 
 def test_model_built_with_auto_runs_xla_on_this_cpu():
     assert not is_cuda_platform()
-    model = nnx.eval_shape(lambda: SD3Transformer(_tiny_sd3.CONFIG, dtype=jnp.bfloat16,
+    model = abstract_module(lambda: SD3Transformer(_tiny_sd3.CONFIG, dtype=jnp.bfloat16,
                                                   rngs=nnx.Rngs(0), attention_impl="auto"))
     layers = [m for _, m in model.iter_modules() if isinstance(m, Attention)]
     assert len(layers) == 3  # two joint blocks + block 0's second (MMDiT-X) attention

@@ -9,6 +9,7 @@ import pytest
 from flax import nnx
 from jax.sharding import AbstractDevice, AbstractMesh
 
+from wfm_jax.core.abstract import abstract_module
 from wfm_jax.models.layers.attention import (
     Attention,
     is_cuda_platform,
@@ -64,7 +65,7 @@ def test_modules_leave_auto_to_the_call():
     # a module may be built without a mesh (or under another) and traced for a TPU mesh: it
     # keeps "auto" and each call resolves it under the mesh it is traced for (test above); a
     # target given explicitly decides at once
-    layer = nnx.eval_shape(lambda: Attention(16, 2, 8, rngs=nnx.Rngs(0), attention_impl="auto",
+    layer = abstract_module(lambda: Attention(16, 2, 8, rngs=nnx.Rngs(0), attention_impl="auto",
                                              dtype=jnp.bfloat16))
     assert layer.attention_impl == "auto"
     assert resolve_attention_impl("auto", jnp.bfloat16, 64, mesh=TPU) == "pallas"

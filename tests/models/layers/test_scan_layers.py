@@ -12,6 +12,7 @@ import pytest
 from flax import nnx
 
 from tests.conformance.model import checkpoints, norm_checkpoints
+from wfm_jax.core.abstract import abstract_module
 from wfm_jax.models.cosmos.transformer import CosmosTransformer
 from wfm_jax.models.layers.remat import REMAT_POLICIES, block_groups, check_remat, resolve_remat
 from wfm_jax.models.sana.transformer import SanaTransformer
@@ -115,7 +116,7 @@ def test_every_named_policy_gives_the_same_gradients():
 
 def _norm_checkpoints(family, **options) -> int:
     """How many of the norms' own checkpoints (layers/norms.py) the forward traces."""
-    graph, state = nnx.split(nnx.eval_shape(lambda: _model(family, **options)))
+    graph, state = nnx.split(abstract_module(lambda: _model(family, **options)))
     jaxpr = jax.make_jaxpr(lambda s, kw: nnx.merge(graph, s)(**kw))(state, FAMILIES[family][2])
     return len(norm_checkpoints(jaxpr.jaxpr))
 
@@ -142,15 +143,15 @@ def test_norm_checkpoints_off_traces_none_and_changes_no_number(family):
 
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_scan_keeps_the_parameter_layout(family):
-    scanned = nnx.eval_shape(lambda: _model(family, scan_layers=True))
-    unrolled = nnx.eval_shape(lambda: _model(family, scan_layers=False))
+    scanned = abstract_module(lambda: _model(family, scan_layers=True))
+    unrolled = abstract_module(lambda: _model(family, scan_layers=False))
     shapes = lambda m: {k: v.shape for k, v in nnx.to_flat_state(nnx.state(m, nnx.Param))}
     assert shapes(scanned) == shapes(unrolled)
 
 
 @pytest.mark.parametrize("family", ["wan", "cosmos", "sana", "sana_video"])
 def test_identical_blocks_run_as_one_scan_with_the_policy_inside(family):
-    model = nnx.eval_shape(lambda: _model(family, scan_layers=True, remat="dots"))
+    model = abstract_module(lambda: _model(family, scan_layers=True, remat="dots"))
     blocks = model.blocks if family == "wan" else model.transformer_blocks
     assert block_groups(blocks, True) == [[0, 1, 2]]
     graph, state = nnx.split(model)
@@ -175,7 +176,7 @@ def test_policies_carry_jax_names_and_the_short_names_map_onto_them():
         "none": "everything_saveable", "full": "nothing_saveable",
         "dots": "dots_with_no_batch_dims_saveable", "dots_no_batch": "dots_saveable",
         "offload": "offload_dot_with_no_batch_dims"}
-    model = nnx.eval_shape(lambda: _model("wan", scan_layers=True, remat="full"))
+    model = abstract_module(lambda: _model("wan", scan_layers=True, remat="full"))
     assert model.remat == "nothing_saveable"  # the model stores the JAX name
 
 

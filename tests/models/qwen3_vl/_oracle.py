@@ -8,6 +8,7 @@ import numpy as np
 from flax import nnx
 
 from converters.qwen3_vl import load_tensors
+from wfm_jax.core.abstract import abstract_module
 from wfm_jax.models.qwen3_vl import Qwen3VLForConditionalGeneration
 
 IMAGE, VIDEO, VSTART, VEND, EOS = 5, 6, 3, 4, 2
@@ -66,7 +67,7 @@ def tensors_of(torch_model) -> dict[str, np.ndarray]:
 def flax_model(torch_model, **options) -> Qwen3VLForConditionalGeneration:
     config = torch_model.config.to_dict()
     # abstract first: no initialiser runs (eager init costs more than the tests themselves)
-    model = nnx.eval_shape(lambda: Qwen3VLForConditionalGeneration(config, rngs=nnx.Rngs(0),
+    model = abstract_module(lambda: Qwen3VLForConditionalGeneration(config, rngs=nnx.Rngs(0),
                                                                    **options))
     load_tensors(model, tensors_of(torch_model))
     return model

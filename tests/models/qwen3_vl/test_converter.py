@@ -21,6 +21,7 @@ from tests.models.qwen3_vl._oracle import (
     torch_model,
     visual_run,
 )
+from wfm_jax.core.abstract import abstract_module
 from wfm_jax.models.qwen3_vl import Qwen3VLForConditionalGeneration, position_ids
 
 torch = pytest.importorskip("torch")
@@ -33,7 +34,7 @@ def tied():
 
 def _abstract(config):
     from flax import nnx
-    return nnx.eval_shape(lambda: Qwen3VLForConditionalGeneration(config, rngs=nnx.Rngs(0)))
+    return abstract_module(lambda: Qwen3VLForConditionalGeneration(config, rngs=nnx.Rngs(0)))
 
 
 def _assert_same_bytes(a: dict, b: dict):

@@ -22,6 +22,7 @@ from converters.sana_transformer import build_table, make_model
 from tests.conformance import ModelConformance
 from tests.conformance.model import ATOL, jit_forward, torch_forward
 from tests.models.sana._common import MASK, TEXT_LEN, TIMESTEPS
+from wfm_jax.core.abstract import abstract_module
 from wfm_jax.core.tree import flat_shapes
 from wfm_jax.models.sana import SANA15_1600M, SanaTransformer
 from wfm_jax.models.sana.linear_attention import linear_attention
@@ -116,7 +117,7 @@ class TestSanaTransformer(ModelConformance):
         one = {**SANA15_1600M, "num_layers": 1}
         with torch.device("meta"):
             ref = {k: tuple(v.shape) for k, v in SanaTransformer2DModel(**one).state_dict().items()}
-        model = nnx.eval_shape(lambda: SanaTransformer(one, rngs=nnx.Rngs(0)))
+        model = abstract_module(lambda: SanaTransformer(one, rngs=nnx.Rngs(0)))
         check_against_model(build_table(one), {k: (s, "F32") for k, s in ref.items()}, model)
         sizes = {k: int(np.prod(s)) for k, s in flat_shapes(model).items()}
         block = sum(v for k, v in sizes.items() if k.startswith("transformer_blocks.0."))
@@ -125,7 +126,7 @@ class TestSanaTransformer(ModelConformance):
 
     def test_bad_config_and_inputs_fail_clearly(self):
         def build(**kw):
-            return nnx.eval_shape(lambda: SanaTransformer({**BASE, **kw}, rngs=nnx.Rngs(0)))
+            return abstract_module(lambda: SanaTransformer({**BASE, **kw}, rngs=nnx.Rngs(0)))
         with pytest.raises(ValueError, match="qk_norm"):
             build(qk_norm="layer_norm")
         with pytest.raises(ValueError, match="cross_attention_dim"):
@@ -139,7 +140,7 @@ class TestSanaTransformer(ModelConformance):
             run(timestep=np.zeros((2, 3)))
         with pytest.raises(ValueError, match="no guidance embedding"):
             run(guidance=np.ones(2))
-        p2 = nnx.eval_shape(lambda: SanaTransformer({**BASE, "patch_size": 2}, rngs=nnx.Rngs(0)))
+        p2 = abstract_module(lambda: SanaTransformer({**BASE, "patch_size": 2}, rngs=nnx.Rngs(0)))
         graph2, state2 = nnx.split(p2)
         with pytest.raises(ValueError, match="not divisible by patch_size"):
             jax.eval_shape(lambda s: nnx.merge(graph2, s)(**{**_inputs(BASE), "hidden_states":
@@ -149,7 +150,7 @@ class TestSanaTransformer(ModelConformance):
     def test_lora_targets_address_diffusers_module_names(self):
         """cosmos-rl's SANA LoRA targets (spec §5.3) find the same layers peft would."""
         from wfm_jax.models.lora import find_targets
-        model = nnx.eval_shape(lambda: SanaTransformer(BASE, rngs=nnx.Rngs(0)))
+        model = abstract_module(lambda: SanaTransformer(BASE, rngs=nnx.Rngs(0)))
         found = find_targets(model, ["attn1.to_q", "attn1.to_k", "attn1.to_v", "attn1.to_out.0",
                                      "attn2.to_q", "attn2.to_k", "attn2.to_v", "attn2.to_out.0"])
         assert len(found) == BASE["num_layers"] * 8

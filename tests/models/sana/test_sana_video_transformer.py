@@ -26,6 +26,7 @@ from converters.sana_transformer import build_video_table, make_video_model
 from tests.conformance import ModelConformance
 from tests.conformance.model import ATOL, eqns, jit_forward, torch_forward
 from tests.models.sana._common import MASK, TEXT_LEN, TIMESTEPS
+from wfm_jax.core.abstract import abstract_module
 from wfm_jax.core.tree import flat_shapes
 from wfm_jax.models.sana import SANA_VIDEO_2B, SanaVideoTransformer
 from wfm_jax.models.sana.linear_attention import linear_attention
@@ -145,7 +146,7 @@ class TestSanaVideoTransformer(ModelConformance):
         with torch.device("meta"):
             ref = {k: tuple(v.shape)
                    for k, v in SanaVideoTransformer3DModel(**one).state_dict().items()}
-        model = nnx.eval_shape(lambda: SanaVideoTransformer(one, rngs=nnx.Rngs(0)))
+        model = abstract_module(lambda: SanaVideoTransformer(one, rngs=nnx.Rngs(0)))
         check_against_model(build_video_table(one), {k: (s, "F32") for k, s in ref.items()}, model)
         sizes = {k: int(np.prod(s)) for k, s in flat_shapes(model).items()}
         block = sum(v for k, v in sizes.items() if k.startswith("transformer_blocks.0."))
@@ -153,7 +154,7 @@ class TestSanaVideoTransformer(ModelConformance):
         assert abs(total / 1e9 - 2.057) < 0.001, total
 
     def test_bad_inputs_fail_clearly(self):
-        model = nnx.eval_shape(lambda: SanaVideoTransformer(BASE, rngs=nnx.Rngs(0)))
+        model = abstract_module(lambda: SanaVideoTransformer(BASE, rngs=nnx.Rngs(0)))
         graph, state = nnx.split(model)
         run = lambda **kw: jax.eval_shape(lambda s: nnx.merge(graph, s)(**{**_inputs(BASE), **kw}),
                                           state)
@@ -161,7 +162,7 @@ class TestSanaVideoTransformer(ModelConformance):
             run(hidden_states=np.zeros((2, 4, 3, 7, 6), np.float32))
         with pytest.raises(ValueError, match="rope_max_seq_len"):
             run(hidden_states=np.zeros((2, 4, 40, 2, 2), np.float32))
-        g = nnx.eval_shape(lambda: SanaVideoTransformer({**BASE, "guidance_embeds": True},
+        g = abstract_module(lambda: SanaVideoTransformer({**BASE, "guidance_embeds": True},
                                                         rngs=nnx.Rngs(0)))
         graph_g, state_g = nnx.split(g)
         with pytest.raises(ValueError, match="pass guidance"):

@@ -20,6 +20,7 @@ from flax import nnx
 from converters.sd3_transformer import build_table, make_model
 from tests.conformance import ModelConformance
 from tests.conformance.model import checkpoints
+from wfm_jax.core.abstract import abstract_module
 from wfm_jax.models.layers.embeddings import Buffer
 from wfm_jax.models.layers.remat import check_remat, rematerialises
 from wfm_jax.models.sd3 import REMAT_POLICIES, SD3Transformer
@@ -103,7 +104,7 @@ class TestSD3Transformer(ModelConformance):
 
     def test_sd35_medium_groups_and_scan_matches_unrolled(self):
         sd35m = dict(num_layers=24, dual_attention_layers=tuple(range(13)), qk_norm="rms_norm")
-        model = nnx.eval_shape(lambda: SD3Transformer({**BASE, **sd35m}, rngs=nnx.Rngs(0)))
+        model = abstract_module(lambda: SD3Transformer({**BASE, **sd35m}, rngs=nnx.Rngs(0)))
         assert model.block_groups() == [list(range(13)), list(range(13, 23)), [23]]
         config = {**BASE, "num_layers": 5, "dual_attention_layers": (0, 1), "qk_norm": "rms_norm"}
         outs = []
@@ -116,8 +117,8 @@ class TestSD3Transformer(ModelConformance):
 
     def test_bad_inputs_fail_clearly(self):
         with pytest.warns(UserWarning, match="pos_embed_max"):  # diffusers ignores unknown keys too
-            nnx.eval_shape(lambda: SD3Transformer({**BASE, "pos_embed_max": 4}, rngs=nnx.Rngs(0)))
-        graph, state = nnx.split(nnx.eval_shape(lambda: SD3Transformer(BASE, rngs=nnx.Rngs(0))))
+            abstract_module(lambda: SD3Transformer({**BASE, "pos_embed_max": 4}, rngs=nnx.Rngs(0)))
+        graph, state = nnx.split(abstract_module(lambda: SD3Transformer(BASE, rngs=nnx.Rngs(0))))
         _, text, pooled, t = _inputs()
         too_big = np.zeros((1, 4, 2 * 25, 8), np.float32)  # 25 patches > pos_embed_max_size 24
         with pytest.raises(ValueError, match="pos_embed_max_size"):

@@ -18,6 +18,7 @@ from converters import gemma2 as gemma2_conv
 from converters.registry import spec_for
 from converters.safetensors_io import open_checkpoint, save_checkpoint
 from converters.table import ConversionError, convert_to_diffusers, convert_to_jax
+from wfm_jax.core.abstract import abstract_module
 from wfm_jax.core.mesh import MESH_AXES
 from wfm_jax.core.tree import flat_arrays, flat_params, flat_shapes
 from wfm_jax.models.text.gemma2 import Gemma2Config, select_sana_tokens
@@ -68,7 +69,7 @@ def _loaders(state):
 
 def _jax_model(cfg: dict, state, dtype=None, param_dtype=jnp.float32):
     config = transformers.Gemma2Config(**cfg).to_dict()
-    model = nnx.eval_shape(lambda: gemma2_conv.make_model(config, dtype=dtype,
+    model = abstract_module(lambda: gemma2_conv.make_model(config, dtype=dtype,
                                                           param_dtype=param_dtype,
                                                           rngs=nnx.Rngs(0)))
     flat = convert_to_jax(gemma2_conv.build_table(config), _loaders(state), flat_shapes(model))
@@ -191,7 +192,7 @@ def test_round_trip_bit_identical(dtype, tmp_path):
     spec = spec_for(config)
     assert spec is gemma2_conv.SPEC
     param_dtype = jnp.bfloat16 if dtype == torch.bfloat16 else jnp.float32
-    jax_model = nnx.eval_shape(lambda: spec.make_model(config, param_dtype=param_dtype,
+    jax_model = abstract_module(lambda: spec.make_model(config, param_dtype=param_dtype,
                                                        rngs=nnx.Rngs(1)))
     table = spec.build_table(config)
     flat = convert_to_jax(table, open_checkpoint(str(src)), flat_shapes(jax_model))
@@ -221,7 +222,7 @@ def test_missing_extra_and_misshaped_keys_are_named():
     config = transformers.Gemma2Config(**cfg).to_dict()
     state = _numpy_state(_torch_model(cfg))
     table = gemma2_conv.build_table(config)
-    shapes = flat_shapes(nnx.eval_shape(lambda: gemma2_conv.make_model(config,
+    shapes = flat_shapes(abstract_module(lambda: gemma2_conv.make_model(config,
                                                                        rngs=nnx.Rngs(0))))
     assert {r.jax for r in table} == set(shapes) and {r.hf for r in table} == set(state)
     victim = "layers.1.pre_feedforward_layernorm.weight"

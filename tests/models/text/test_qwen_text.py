@@ -21,6 +21,7 @@ from converters.loading import check_against_model
 from converters.registry import spec_for
 from converters.safetensors_io import open_checkpoint, save_checkpoint
 from converters.table import ConversionError, convert_to_diffusers, convert_to_jax
+from wfm_jax.core.abstract import abstract_module
 from wfm_jax.core.mesh import MESH_AXES
 from wfm_jax.core.tree import flat_params
 from wfm_jax.families.cosmos.tiny_qwen import qwen_config, qwen_tokenizer
@@ -69,7 +70,7 @@ def _loaders(state):
 
 
 def _jax_model(config, state, param_dtype=jnp.float32, dtype=None):
-    model = nnx.eval_shape(lambda: make_model(config, dtype=dtype, param_dtype=param_dtype,
+    model = abstract_module(lambda: make_model(config, dtype=dtype, param_dtype=param_dtype,
                                               rngs=nnx.Rngs(0)))
     variables = dict(nnx.state(model, nnx.Variable).flat_state())
     flat = convert_to_jax(qwen_conv.build_table(config), _loaders(state))
@@ -138,7 +139,7 @@ def test_bf16_compute_tracks_fp32(pair):
     config, _, jax_model = pair
     ids = jnp.asarray(_ids(config, 2, np.random.default_rng(2)))
     ref = np.asarray(_apply(jax_model, ids)[-1])
-    bf16 = nnx.eval_shape(lambda: make_model(config, dtype=jnp.bfloat16, rngs=nnx.Rngs(0)))
+    bf16 = abstract_module(lambda: make_model(config, dtype=jnp.bfloat16, rngs=nnx.Rngs(0)))
     for (_path, var), (_, src) in zip(nnx.state(bf16, nnx.Variable).flat_state(),
                                      nnx.state(jax_model, nnx.Variable).flat_state()):
         var.set_value(src.get_value())
@@ -336,7 +337,7 @@ def test_bad_keys_are_named(pair, tmp_path):
     state = _saved_state(torch_model, tmp_path)
     table = qwen_conv.build_table(config)
     shapes = {".".join(map(str, p)): tuple(v.shape) for p, v in nnx.state(
-        nnx.eval_shape(lambda: make_model(config, rngs=nnx.Rngs(0))), nnx.Variable).flat_state()}
+        abstract_module(lambda: make_model(config, rngs=nnx.Rngs(0))), nnx.Variable).flat_state()}
     for victim in ("model.layers.1.self_attn.k_proj.bias", "visual.blocks.0.attn.qkv.weight",
                    "lm_head.weight"):
         missing = {k: v for k, v in state.items() if k != victim}
@@ -390,7 +391,7 @@ def test_released_legacy_config_and_bad_configs():
     assert {k: v[0] for k, v in stored.items() if not k.startswith("model.")} == shapes
     # the whole table against the abstract 7B model: keys, paths and every shape
     check_against_model(qwen_conv.build_table(legacy), stored,
-                        nnx.eval_shape(lambda: make_model(legacy, rngs=nnx.Rngs(0))))
+                        abstract_module(lambda: make_model(legacy, rngs=nnx.Rngs(0))))
 
     with pytest.raises(ValueError, match="unsupported Qwen2.5-VL rope_type 'yarn'"):
         QwenTextConfig.from_dict(dict(legacy, rope_scaling={"type": "yarn", "factor": 4.0}))

@@ -19,6 +19,7 @@ from converters import t5 as t5_conv
 from converters.registry import spec_for
 from converters.safetensors_io import open_checkpoint, save_checkpoint
 from converters.table import ConversionError, convert_to_diffusers, convert_to_jax
+from wfm_jax.core.abstract import abstract_module
 from wfm_jax.core.mesh import MESH_AXES
 from wfm_jax.core.tree import flat_arrays, flat_params, flat_shapes
 from wfm_jax.models.text.t5 import relative_position_buckets
@@ -80,7 +81,7 @@ def _set_params(model, flat: dict[str, np.ndarray]) -> None:
 
 
 def _jax_model(make_model, config: dict, table, hf_state, param_dtype=jnp.float32, dtype=None):
-    model = nnx.eval_shape(lambda: make_model(config, dtype=dtype, param_dtype=param_dtype,
+    model = abstract_module(lambda: make_model(config, dtype=dtype, param_dtype=param_dtype,
                                               rngs=nnx.Rngs(0)))
     _set_params(model, convert_to_jax(table, _loaders(hf_state), flat_shapes(model)))
     return model
@@ -195,7 +196,7 @@ def test_t5_bf16_compute_tracks_fp32(t5_pair):
     _, jax_model = t5_pair
     ids, mask = _t5_tokens(2, np.random.default_rng(4))
     ref = np.asarray(_jit_apply(jax_model, jnp.asarray(ids), jnp.asarray(mask)))
-    bf16 = nnx.eval_shape(lambda: t5_conv.make_model(T5_CONFIG, dtype=jnp.bfloat16,
+    bf16 = abstract_module(lambda: t5_conv.make_model(T5_CONFIG, dtype=jnp.bfloat16,
                                                      rngs=nnx.Rngs(0)))
     _set_params(bf16, flat_arrays(jax_model))
     got = _jit_apply(bf16, jnp.asarray(ids), jnp.asarray(mask))
@@ -229,7 +230,7 @@ def _round_trip(torch_cls, hf_config, conv, dtype, tmp_path, saved_state):
     spec = spec_for(config)
     assert spec is conv.SPEC
     param_dtype = jnp.bfloat16 if dtype == torch.bfloat16 else jnp.float32
-    jax_model = nnx.eval_shape(lambda: spec.make_model(config, param_dtype=param_dtype,
+    jax_model = abstract_module(lambda: spec.make_model(config, param_dtype=param_dtype,
                                                        rngs=nnx.Rngs(1)))
     table = spec.build_table(config)
     _set_params(jax_model, convert_to_jax(table, open_checkpoint(str(src)), flat_shapes(jax_model)))
@@ -289,7 +290,7 @@ def test_missing_extra_and_misshaped_keys_are_named(which):
         torch_model = _torch_model(transformers.T5EncoderModel, transformers.T5Config(**cfg))
         conv, state = t5_conv, _t5_saved_state(torch_model)
     table = conv.build_table(cfg)
-    shapes = flat_shapes(nnx.eval_shape(lambda: conv.make_model(cfg, rngs=nnx.Rngs(0))))
+    shapes = flat_shapes(abstract_module(lambda: conv.make_model(cfg, rngs=nnx.Rngs(0))))
     victim = sorted(state)[len(state) // 2]
 
     missing = {k: v for k, v in state.items() if k != victim}
@@ -418,7 +419,7 @@ def test_umt5_table_matches_state_dict_and_spec():
     table = t5_conv.build_umt5_table(UMT5_CONFIG)
     assert {r.hf for r in table} == set(_t5_saved_state(torch_model))
     assert len({r.jax for r in table}) == len(table)
-    model = nnx.eval_shape(lambda: t5_conv.make_umt5_model(UMT5_CONFIG, rngs=nnx.Rngs(0)))
+    model = abstract_module(lambda: t5_conv.make_umt5_model(UMT5_CONFIG, rngs=nnx.Rngs(0)))
     assert {r.jax for r in table} == set(flat_shapes(model))
     assert spec_for({"architectures": ["UMT5EncoderModel"]}) is t5_conv.UMT5_SPEC
     # a T5 checkpoint (one shared table) is not a UMT5 one: the missing tables are named

@@ -15,6 +15,7 @@ from converters.registry import spec_for
 from converters.table import ConversionError, convert_to_jax
 from converters.vae import build_table, make_model
 from tests.conformance import ConverterConformance
+from wfm_jax.core.abstract import abstract_module
 from wfm_jax.core.tree import flat_params, flat_shapes
 from wfm_jax.models.vae import (
     AutoencoderKL,
@@ -73,7 +74,7 @@ def torch_state(vae) -> dict[str, np.ndarray]:
 
 
 def abstract_vae(config: dict, **kw) -> AutoencoderKL:
-    return nnx.eval_shape(lambda: AutoencoderKL(config, rngs=nnx.Rngs(0), **kw))
+    return abstract_module(lambda: AutoencoderKL(config, rngs=nnx.Rngs(0), **kw))
 
 
 def load_jax(vae, state=None, **kw) -> AutoencoderKL:
@@ -174,7 +175,7 @@ def test_config_without_quant_convs_rejects_checkpoint_with_them(checkpoint):
 def test_registry_serves_the_vae(checkpoint):
     config, _, shapes = checkpoint
     spec = spec_for({**config, "_class_name": "AutoencoderKL"})
-    model = nnx.eval_shape(lambda: spec.make_model(config, rngs=nnx.Rngs(0)))
+    model = abstract_module(lambda: spec.make_model(config, rngs=nnx.Rngs(0)))
     assert flat_shapes(model) == shapes
     assert {r.jax for r in spec.build_table(config)} == set(shapes)
 
@@ -244,7 +245,7 @@ def test_large_decode_does_not_hold_every_attention_score():
     from wfm_jax.families import tiny
     from wfm_jax.families.sd3.pipeline import decode_latents
     cfg = tiny.vae_config()
-    graphdef, state = nnx.split(nnx.eval_shape(lambda: AutoencoderKL(cfg, rngs=nnx.Rngs(0))))
+    graphdef, state = nnx.split(abstract_module(lambda: AutoencoderKL(cfg, rngs=nnx.Rngs(0))))
     latents = jax.ShapeDtypeStruct((2, 4, 192, 192), jnp.float32)
     decode = jax.jit(lambda s, x: decode_latents(nnx.merge(graphdef, s), cfg, x))
     temp = decode.lower(state, latents).compile().memory_analysis().temp_size_in_bytes

@@ -21,6 +21,7 @@ from flax import nnx
 from converters.loading import check_against_model
 from converters.wan_transformer import build_table, make_model
 from tests.conformance import ModelConformance
+from wfm_jax.core.abstract import abstract_module
 from wfm_jax.core.tree import flat_shapes
 from wfm_jax.models.wan import WAN21_T2V_1_3B, WAN21_T2V_14B, WanTransformer
 from wfm_jax.models.wan.rope import rope_tables
@@ -90,7 +91,7 @@ class TestWanTransformer(ModelConformance):
         one = {**config, "num_layers": 1}
         with torch.device("meta"):
             ref = {k: tuple(v.shape) for k, v in WanTransformer3DModel(**one).state_dict().items()}
-        model = nnx.eval_shape(lambda: WanTransformer(one, rngs=nnx.Rngs(0)))
+        model = abstract_module(lambda: WanTransformer(one, rngs=nnx.Rngs(0)))
         check_against_model(build_table(one), {k: (s, "F32") for k, s in ref.items()}, model)
         sizes = {k: int(np.prod(s)) for k, s in flat_shapes(model).items()}
         block = sum(v for k, v in sizes.items() if k.startswith("blocks.0."))
@@ -99,8 +100,8 @@ class TestWanTransformer(ModelConformance):
 
     def test_bad_config_and_inputs_fail_clearly(self):
         with pytest.raises(ValueError, match="image-to-video"):
-            nnx.eval_shape(lambda: WanTransformer({**BASE, "image_dim": 16}, rngs=nnx.Rngs(0)))
-        graph, state = nnx.split(nnx.eval_shape(lambda: WanTransformer(BASE, rngs=nnx.Rngs(0))))
+            abstract_module(lambda: WanTransformer({**BASE, "image_dim": 16}, rngs=nnx.Rngs(0)))
+        graph, state = nnx.split(abstract_module(lambda: WanTransformer(BASE, rngs=nnx.Rngs(0))))
         _, t, text = _inputs(BASE)
         odd = np.zeros((2, 4, 3, 7, 6), np.float32)  # H=7 not divisible by patch 2
         with pytest.raises(ValueError, match="not divisible by patch_size"):
@@ -109,7 +110,7 @@ class TestWanTransformer(ModelConformance):
     def test_lora_targets_address_diffusers_module_names(self):
         """The Wan LoRA list (spec video_models.md §5.5) finds the same layers peft would."""
         from wfm_jax.models.lora import find_targets
-        model = nnx.eval_shape(lambda: WanTransformer(BASE, rngs=nnx.Rngs(0)))
+        model = abstract_module(lambda: WanTransformer(BASE, rngs=nnx.Rngs(0)))
         found = find_targets(model, ["to_q", "to_k", "to_v", "to_out.0", "ffn.net.0.proj",
                                      "ffn.net.2"])
         assert len(found) == BASE["num_layers"] * (2 * 4 + 2)

@@ -21,6 +21,7 @@ from converters.registry import spec_for
 from converters.table import convert_to_jax
 from converters.wan_vae import _resample, build_table, make_model
 from tests.conformance import ConverterConformance
+from wfm_jax.core.abstract import abstract_module
 from wfm_jax.core.tree import flat_params, flat_shapes
 from wfm_jax.models.vae.blocks import Conv2d
 from wfm_jax.models.wan.vae import (
@@ -87,7 +88,7 @@ def loaders(state: dict) -> dict:
 
 def load_jax(vae) -> AutoencoderKLWan:
     config = dict(vae.config)
-    model = nnx.eval_shape(lambda: AutoencoderKLWan(config, rngs=nnx.Rngs(0)))
+    model = abstract_module(lambda: AutoencoderKLWan(config, rngs=nnx.Rngs(0)))
     flat = convert_to_jax(build_table(config), loaders(torch_state(vae)), flat_shapes(model))
     for key, var in flat_params(model).items():
         var.set_value(jnp.asarray(flat[key], var.dtype))
@@ -236,7 +237,7 @@ def test_frame_count_not_4k_plus_1_is_one_clear_error():
     assert [latent_frames(n) for n in (1, 5, 9, 81)] == [1, 2, 3, 21]
     cfg = WanVAEConfig.from_dict(TINY)
     assert (cfg.temporal_factor, cfg.spatial_factor) == (4, 8)
-    model = nnx.eval_shape(lambda: AutoencoderKLWan(TINY, rngs=nnx.Rngs(0)))
+    model = abstract_module(lambda: AutoencoderKLWan(TINY, rngs=nnx.Rngs(0)))
     for frames in (0, 2, 6, 8):
         with pytest.raises(ValueError, match=f"4k\\+1 frames .*got {frames}$"):
             model.encode_moments(jnp.zeros((1, 3, frames, 32, 32)))
@@ -250,7 +251,7 @@ def test_temporal_resample_chunks_match_diffusers(mode, chunks):
     torch.manual_seed(3)
     ref = torch_wan.WanResample(8, mode).eval()
     state = {f"m.{k}": v for k, v in torch_state(ref).items()}
-    model = nnx.eval_shape(lambda: Resample(8, mode, rngs=nnx.Rngs(0)))
+    model = abstract_module(lambda: Resample(8, mode, rngs=nnx.Rngs(0)))
     shapes = {f"m.{k}": v for k, v in flat_shapes(model).items()}
     flat = convert_to_jax(_resample("m", "m", mode), loaders(state), shapes)
     for key, var in flat_params(model).items():
@@ -276,7 +277,7 @@ def test_bf16_compute_keeps_fp32_norms_and_stays_close():
     # the Wan pipelines run this VAE in fp32; bf16 compute is possible and stays within bf16's
     # rounding (8 mantissa bits) of the fp32 result through one residual block
     from wfm_jax.models.wan.vae_layers import ResidualBlock
-    blocks = [nnx.eval_shape(lambda d=d: ResidualBlock(8, 16, dtype=d, rngs=nnx.Rngs(0)))
+    blocks = [abstract_module(lambda d=d: ResidualBlock(8, 16, dtype=d, rngs=nnx.Rngs(0)))
               for d in (None, jnp.bfloat16)]  # abstract: random init costs compiles
     rng = np.random.default_rng(1)
     for key, var in flat_params(blocks[0]).items():
@@ -297,7 +298,7 @@ def test_released_config_maps_every_key_and_parameter():
         vae = TorchWanVAE()
     table = build_table(dict(vae.config))
     assert sorted(r.hf for r in table) == sorted(vae.state_dict())
-    shapes = flat_shapes(nnx.eval_shape(lambda: AutoencoderKLWan({}, rngs=nnx.Rngs(0))))
+    shapes = flat_shapes(abstract_module(lambda: AutoencoderKLWan({}, rngs=nnx.Rngs(0))))
     assert sorted(r.jax for r in table) == sorted(shapes)
     assert sum(int(np.prod(v)) for v in shapes.values()) == sum(
         p.numel() for p in vae.parameters()) == 126_892_531

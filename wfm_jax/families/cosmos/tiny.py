@@ -85,9 +85,10 @@ def qwen_weights(config: dict, rng: np.random.Generator) -> tuple[dict[str, np.n
     from converters.loading import all_variables
     from converters.qwen2_5_vl import build_text_table
     from converters.table import convert_to_diffusers
+    from wfm_jax.core.abstract import abstract_module
     from wfm_jax.models.text.qwen2_5_vl import make_text_model, passthrough_shapes
 
-    model = nnx.eval_shape(lambda: make_text_model(config, rngs=nnx.Rngs(0)))
+    model = abstract_module(lambda: make_text_model(config, rngs=nnx.Rngs(0)))
     shapes = {k: tuple(v.shape) for k, v in all_variables(model).items()}
     table = build_text_table(config, prefix="")
     flat = {r.jax: tiny._draw(r.jax, r.transform, shapes, rng)

@@ -143,9 +143,10 @@ def random_model(config: dict, seed: int = 0, std: float = 0.02, overrides: dict
     import numpy as np
     from flax import nnx
 
+    from wfm_jax.core.abstract import abstract_module
     from wfm_jax.models.qwen3_vl.model import make_model
 
-    model = nnx.eval_shape(lambda: make_model(config, rngs=nnx.Rngs(0)))
+    model = abstract_module(lambda: make_model(config, rngs=nnx.Rngs(0)))
     rng = np.random.default_rng(seed)
     for path, var in nnx.state(model, nnx.Param).flat_state():
         leaf, shape = str(path[-1]), tuple(var.get_value().shape)
