@@ -14,6 +14,7 @@ import os
 import jax.numpy as jnp
 from flax import nnx
 
+from wfm_jax.core.abstract import abstract_module
 from wfm_jax.models.text.qwen2_5_vl import QwenTextModel, make_text_model, passthrough_shapes
 
 CLASS_NAME = "Qwen2_5_VLForConditionalGeneration"
@@ -34,8 +35,8 @@ def load_text_tower(path: str, *, component: str = "text_encoder", dtype=None,
     if registry.class_name_of(config) != CLASS_NAME:
         raise registry.UnsupportedModelError(
             f"{directory} holds {registry.class_name_of(config)!r}, not a {CLASS_NAME}")
-    model = nnx.eval_shape(lambda: make_text_model(config, dtype=dtype, param_dtype=param_dtype,
-                                                   rngs=nnx.Rngs(0)))
+    model = abstract_module(lambda: make_text_model(config, dtype=dtype, param_dtype=param_dtype,
+                                                    rngs=nnx.Rngs(0)))
     shardings = loading.model_shardings(model, mesh, rules)
     variables = loading.all_variables(model)
 
